@@ -1,0 +1,15 @@
+"""The one error type users see: a single line naming the file, line or option at fault."""
+
+from __future__ import annotations
+
+
+class TrainperfError(Exception):
+    """A problem with the user's input or environment, reported as one clear line (no traceback)."""
+
+
+class RunAborted(Exception):
+    """Raised inside the timed loop to end a run early; the harness logs `run_stop` as aborted."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -1,0 +1,64 @@
+"""One run's MLPerf log, written through the official `mlperf_logging.mllog` (never re-implemented).
+
+Each record is flushed as it is written, so a run that is killed still leaves every record it
+reached. The harness passes the clock reading (`time_ms`) so that the log and the time-to-train
+agree to the millisecond.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from pathlib import Path
+from typing import Any
+
+from mlperf_logging.mllog import mllog
+from mlperf_logging.mllog import constants
+
+_ids = itertools.count()
+
+
+class MLPerfLog:
+    """An mllog logger bound to one file (or to nothing, on ranks that do not write)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.records: list[dict[str, Any]] = []
+        # A private logger per run: no shared global logger, several runs may live in one process.
+        self._logger = logging.getLogger(f"trainperf.mllog.{next(_ids)}")
+        self._logger.propagate = False
+        self._logger.setLevel(logging.INFO)
+        self._handler: logging.Handler
+        if path is not None:
+            self._handler = logging.FileHandler(path, mode="w", encoding="utf-8")
+        else:
+            self._handler = logging.NullHandler()
+        self._handler.setFormatter(logging.Formatter("%(message)s"))
+        self._logger.addHandler(self._handler)
+        self._ml = mllog.MLLogger(logger=self._logger, default_stack_offset=2)
+
+    def _record(self, kind: str, key: str, value: Any, metadata: dict[str, Any] | None, time_ms: int) -> None:
+        self.records.append({"event_type": kind, "key": key, "value": value, "metadata": metadata or {},
+                             "time_ms": time_ms})
+
+    def event(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None, *,
+              time_ms: int) -> None:
+        self._ml.event(key=key, value=value, metadata=metadata, time_ms=time_ms)
+        self._record(constants.POINT_IN_TIME, key, value, metadata, time_ms)
+
+    def start(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None, *,
+              time_ms: int) -> None:
+        self._ml.start(key=key, value=value, metadata=metadata, time_ms=time_ms)
+        self._record(constants.INTERVAL_START, key, value, metadata, time_ms)
+
+    def end(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None, *,
+            time_ms: int) -> None:
+        self._ml.end(key=key, value=value, metadata=metadata, time_ms=time_ms)
+        self._record(constants.INTERVAL_END, key, value, metadata, time_ms)
+
+    def keys(self) -> list[str]:
+        return [r["key"] for r in self.records]
+
+    def close(self) -> None:
+        self._handler.close()
+        self._logger.removeHandler(self._handler)

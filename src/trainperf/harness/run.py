@@ -1,0 +1,307 @@
+"""THE time-to-train loop: MLPerf clock, event sequence, evaluation schedule and stop rules.
+
+Sequence (MLPerf Training rules): cache_clear, submission_*, init_start, seed and hyperparameters,
+init_stop, run_start (before any data is touched), then blocks of epochs between evaluations
+(block_start / epoch_start / epoch_stop / eval_start / eval_stop / eval_accuracy / block_stop), and
+run_stop with status `success` when the target is met or `aborted` otherwise (epoch budget spent,
+SIGINT/SIGTERM, a non-finite loss, or an error while reading data).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from mlperf_logging.mllog import constants as C
+
+from trainperf.errors import RunAborted, TrainperfError
+from trainperf.harness.mlperf_log import MLPerfLog
+from trainperf.harness.progress import NoProgress, PlainProgress
+from trainperf.runtime import environment
+from trainperf.runtime.context import RuntimeContext
+from trainperf.runtime.step import TrainStep
+from trainperf.spec import Evaluation, Recipe, RunResult, Workload
+
+
+@dataclass
+class RunConfig:
+    """What to run and how to label it in the log."""
+
+    workload: Workload
+    recipe: Recipe
+    scale: str
+    data_dir: Path
+    seed: int
+    log_path: Path | None
+    division: str = "open"
+    org: str = "trainperf"
+    status: str = "onprem"
+    clear_caches: bool = False
+    extra_env: dict[str, Any] = field(default_factory=dict)
+
+
+class Clock:
+    """Wall-clock milliseconds, read only after the device has finished its queued work."""
+
+    def __init__(self, ctx: RuntimeContext) -> None:
+        self.ctx = ctx
+
+    def now_ms(self) -> int:
+        self.ctx.synchronize()
+        return int(time.time() * 1000)
+
+
+def clear_page_cache() -> bool:
+    """Drop the OS page cache (needs root), as MLPerf submissions do before a run."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as fh:
+            fh.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def abort_on_signals() -> Iterator[None]:
+    """Turn SIGINT/SIGTERM into RunAborted inside the timed loop (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise RunAborted(f"received {signal.Signals(signum).name}")
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None = None) -> RunResult:
+    """Train `config.workload` to its target under the MLPerf clock and return the result.
+
+    Whatever happens after init_start, the MLPerf log ends with run_stop: `success` when the target
+    was met, `aborted` (with a reason) otherwise. A TrainperfError (bad data, say) or a signal ends
+    the run as aborted; any other exception is a bug and is re-raised once the log is closed.
+    """
+    workload, recipe = config.workload, config.recipe
+    progress = progress if (progress is not None and ctx.is_main) else NoProgress()
+    log = MLPerfLog(config.log_path if ctx.is_main else None)
+    clock = Clock(ctx)
+    loop = _TimedLoop(config, ctx, log, clock, progress)
+    status, reason, bug = "aborted", None, None
+    try:
+        with abort_on_signals():
+            try:
+                reached = loop.execute()
+                if reached:
+                    status = "success"
+                else:
+                    reason = (f"target {workload.metric.name} {recipe.target} not reached within "
+                              f"{recipe.max_epochs} epochs")
+            except RunAborted as exc:
+                reason = exc.reason
+            except KeyboardInterrupt:
+                reason = "interrupted"
+            except TrainperfError as exc:
+                reason = str(exc)
+            except Exception as exc:  # noqa: BLE001 - the log must close whatever went wrong
+                reason = f"internal error: {type(exc).__name__}: {exc}"
+                bug = exc
+            loop.stop(status, reason)
+    finally:
+        progress.close()
+        log.close()
+    if bug is not None:
+        raise bug
+    return loop.result(status, reason)
+
+
+class _TimedLoop:
+    """One run's event sequence: initialisation, the timed blocks, and the closing run_stop."""
+
+    def __init__(self, config: RunConfig, ctx: RuntimeContext, log: MLPerfLog, clock: Clock,
+                 progress: PlainProgress) -> None:
+        self.config, self.ctx, self.log, self.clock, self.progress = config, ctx, log, clock, progress
+        self.init_start_ms: int | None = None
+        self.init_stop_ms: int | None = None
+        self.run_start_ms: int | None = None
+        self.run_stop_ms: int | None = None
+        self.evaluations: list[Evaluation] = []
+        self.epochs_done = 0
+        self.samples = 0
+        self.train_time_s = 0.0
+        self.epoch_times_s: list[float] = []
+        self.train_samples: int | None = None
+        self.eval_samples: int | None = None
+
+    # -- the sequence ---------------------------------------------------------------------------
+    def execute(self) -> bool:
+        """Log the untimed header and initialisation, then train; True when the target is met."""
+        config, log, clock, ctx = self.config, self.log, self.clock, self.ctx
+        workload, recipe = config.workload, config.recipe
+        cleared = clear_page_cache() if config.clear_caches else False
+        log.event(C.CACHE_CLEAR, cleared, time_ms=clock.now_ms())
+        now = clock.now_ms()
+        log.event(C.SUBMISSION_ORG, config.org, time_ms=now)
+        log.event(C.SUBMISSION_PLATFORM, environment.platform_name(ctx.device, ctx.world_size), time_ms=now)
+        log.event(C.SUBMISSION_DIVISION, config.division, time_ms=now)
+        log.event(C.SUBMISSION_STATUS, config.status, time_ms=now)
+        log.event(C.SUBMISSION_BENCHMARK, workload.benchmark, time_ms=now)
+        self.init_start_ms = clock.now_ms()
+        log.start(C.INIT_START, time_ms=self.init_start_ms)
+
+        log.event(C.SEED, config.seed, time_ms=clock.now_ms())
+        torch.manual_seed(config.seed)
+        parts = workload.build(recipe, ctx)
+        now = clock.now_ms()
+        log.event(C.GLOBAL_BATCH_SIZE, recipe.global_batch_size, time_ms=now)
+        log.event(C.GRADIENT_ACCUMULATION_STEPS, recipe.grad_accum_steps, time_ms=now)
+        for key, value in workload.mlperf_hyperparameters(recipe, ctx).items():
+            log.event(key, value, time_ms=now)
+        self._end_init()
+        ctx.barrier()
+        self.run_start_ms = clock.now_ms()
+        log.start(C.RUN_START, time_ms=self.run_start_ms)
+        return self._train(parts)
+
+    def _end_init(self) -> None:
+        self.ctx.barrier()
+        self.init_stop_ms = self.clock.now_ms()
+        self.log.end(C.INIT_STOP, time_ms=self.init_stop_ms)
+
+    def stop(self, status: str, reason: str | None) -> None:
+        """Close the log with run_stop; an abort during initialisation still yields a valid log."""
+        if self.init_start_ms is None:
+            return  # nothing was logged beyond the header: there is no run to stop
+        if self.run_start_ms is None:
+            if self.init_stop_ms is None:
+                self._end_init()
+            self.run_start_ms = self.clock.now_ms()
+            self.log.start(C.RUN_START, time_ms=self.run_start_ms)
+            reason = f"{reason} (during initialisation)"
+        self.ctx.barrier()
+        self.run_stop_ms = self.clock.now_ms()
+        metadata = {"status": status}
+        if reason:
+            metadata["reason"] = reason
+        self.log.end(C.RUN_STOP, metadata=metadata, time_ms=self.run_stop_ms)
+
+    def result(self, status: str, reason: str | None) -> RunResult:
+        config, ctx = self.config, self.ctx
+        workload, recipe = config.workload, config.recipe
+        evals = self.evaluations
+        success = status == "success"
+        timed = self.run_start_ms is not None and self.run_stop_ms is not None
+        initialised = self.init_start_ms is not None and self.init_stop_ms is not None
+        return RunResult(
+            workload=workload.name,
+            benchmark=workload.benchmark,
+            scale=config.scale,
+            recipe_name=recipe.name,
+            seed=config.seed,
+            status=status,
+            abort_reason=reason,
+            metric=workload.metric.name,
+            target=recipe.target,
+            time_to_train_s=(self.run_stop_ms - self.run_start_ms) / 1000.0 if timed else None,
+            init_time_s=(self.init_stop_ms - self.init_start_ms) / 1000.0 if initialised else 0.0,
+            epochs=self.epochs_done,
+            samples=self.samples,
+            epochs_to_target=evals[-1].epoch if success else None,
+            samples_to_target=evals[-1].samples if success else None,
+            final_metric=evals[-1].value if evals else None,
+            evaluations=evals,
+            train_samples_per_s=(self.samples / self.train_time_s) if self.train_time_s > 0 else None,
+            epoch_times_s=self.epoch_times_s,
+            train_samples=self.train_samples,
+            eval_samples=self.eval_samples,
+            division=config.division,
+            recipe=recipe.to_dict(),
+            environment={**environment.describe(ctx.device, ctx.world_size), **config.extra_env},
+            log_file=str(config.log_path) if config.log_path else None,
+        )
+
+    # -- the timed part -------------------------------------------------------------------------
+    def _train(self, parts: Any) -> bool:
+        config, log, clock = self.config, self.log, self.clock
+        recipe, workload = config.recipe, config.workload
+        data = workload.load_data(recipe, config.data_dir, self.ctx)
+        now = clock.now_ms()
+        self.train_samples, self.eval_samples = data.train_samples, data.eval_samples
+        log.event(C.TRAIN_SAMPLES, data.train_samples, time_ms=now)
+        log.event(C.EVAL_SAMPLES, data.eval_samples, time_ms=now)
+        step = TrainStep(parts, data.steps_per_epoch, recipe.grad_accum_steps)
+        self.progress.start(workload.name, recipe.max_epochs, data.steps_per_epoch)
+
+        for first, count in recipe.eval_schedule.blocks(recipe.max_epochs):
+            log.start(C.BLOCK_START, metadata={"first_epoch_num": first, "epoch_count": count},
+                      time_ms=clock.now_ms())
+            for epoch in range(first, first + count):
+                self._train_epoch(epoch, step, data)
+            last = first + count - 1
+            reached = False
+            if recipe.eval_schedule.due(last):
+                reached = self._evaluate(last, parts.model, data)
+            log.end(C.BLOCK_STOP, metadata={"first_epoch_num": first}, time_ms=clock.now_ms())
+            if reached:
+                return True
+        return False
+
+    def _train_epoch(self, epoch: int, step: TrainStep, data: Any) -> None:
+        log, clock, progress = self.log, self.clock, self.progress
+        t0 = clock.now_ms()
+        log.start(C.EPOCH_START, metadata={"epoch_num": epoch}, time_ms=t0)
+        progress.epoch_start(epoch)
+        step.model.train()
+        # Losses stay on the device; the host reads them once per epoch (or when the display asks).
+        loss_sum = torch.zeros((), device=self.ctx.device)
+        steps = samples = 0
+        wall0 = time.perf_counter()
+        for batch in data.train_batches(epoch):
+            loss = step(batch)
+            loss_sum += loss
+            steps += 1
+            samples += data.batch_samples(batch)
+            rate = samples / max(time.perf_counter() - wall0, 1e-9)
+            progress.step(epoch, steps, rate, float(loss) if progress.wants_loss() else None)
+        mean_loss = float(loss_sum) / max(steps, 1)
+        if not math.isfinite(mean_loss):
+            raise RunAborted(f"non-finite training loss in epoch {epoch}")
+        t1 = clock.now_ms()
+        log.end(C.EPOCH_STOP, metadata={"epoch_num": epoch}, time_ms=t1)
+        seconds = (t1 - t0) / 1000.0
+        self.epochs_done = epoch
+        self.samples += samples * self.ctx.world_size
+        self.train_time_s += seconds
+        self.epoch_times_s.append(seconds)
+        progress.epoch_end(epoch, samples * self.ctx.world_size / max(seconds, 1e-9), mean_loss)
+
+    def _evaluate(self, epoch: int, model: torch.nn.Module, data: Any) -> bool:
+        log, clock = self.log, self.clock
+        recipe, metric = self.config.recipe, self.config.workload.metric
+        log.start(C.EVAL_START, metadata={"epoch_num": epoch}, time_ms=clock.now_ms())
+        model.eval()
+        with torch.no_grad():
+            value = float(data.evaluate(model))
+        now = clock.now_ms()
+        log.end(C.EVAL_STOP, metadata={"epoch_num": epoch}, time_ms=now)
+        log.event(C.EVAL_ACCURACY, value, metadata={"epoch_num": epoch}, time_ms=now)
+        elapsed = (now - self.run_start_ms) / 1000.0 if self.run_start_ms is not None else 0.0
+        self.evaluations.append(Evaluation(epoch=epoch, value=value, samples=self.samples, time_s=elapsed))
+        self.progress.evaluation(epoch, metric.name, value, recipe.target)
+        if not math.isfinite(value):
+            raise RunAborted(f"non-finite {metric.name} at epoch {epoch}")
+        return metric.reached(value, recipe.target)

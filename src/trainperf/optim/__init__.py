@@ -1,0 +1,6 @@
+"""Optimizers and LR schedules the MLPerf references use and torch lacks."""
+
+from trainperf.optim.lars import LARS
+from trainperf.optim.schedules import warmup_poly
+
+__all__ = ["LARS", "warmup_poly"]

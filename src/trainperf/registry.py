@@ -1,0 +1,27 @@
+"""Workload name -> class, imported lazily so a workload's heavy dependencies load only when used."""
+
+from __future__ import annotations
+
+import importlib
+
+from trainperf.errors import TrainperfError
+from trainperf.spec import Workload
+
+# name -> "module:Class"; adding a workload is one line here plus its package.
+_WORKLOADS: dict[str, str] = {
+    "resnet": "trainperf.workloads.resnet:ResNetWorkload",
+}
+
+
+def names() -> list[str]:
+    return list(_WORKLOADS)
+
+
+def get(name: str) -> Workload:
+    """Instantiate the workload called `name`, or raise a one-line error listing the known ones."""
+    target = _WORKLOADS.get(name)
+    if target is None:
+        raise TrainperfError(f"unknown workload {name!r}; known workloads: " + ", ".join(_WORKLOADS))
+    module_name, _, cls_name = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    return cls()

@@ -1,0 +1,1 @@
+"""Run folders, result files and the official compliance check."""

@@ -1,0 +1,86 @@
+"""Run the official MLCommons compliance checker on a log, with the ruleset that knows its benchmark."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainperf.errors import TrainperfError
+
+# For logs of benchmarks trainperf has no workload for (yet): the oldest ruleset of the `:::MLLOG`
+# format whose checker knows the key. A trainperf workload's own `ruleset` takes precedence.
+OTHER_RULESETS = {
+    "resnet": "1.0.0", "ssd": "1.0.0", "maskrcnn": "1.0.0", "bert": "1.0.0", "rnnt": "1.0.0",
+    "unet3d": "1.0.0", "minigo": "1.0.0", "dlrm": "1.0.0", "gnmt": "0.7.0", "transformer": "0.7.0",
+}
+
+
+@dataclass
+class CheckResult:
+    valid: bool
+    benchmark: str
+    division: str
+    ruleset: str
+    output: str
+
+    @property
+    def verdict(self) -> str:
+        return "SUCCESS" if self.valid else "FAILED"
+
+    def problems(self) -> list[str]:
+        """The checker's own complaint lines (ERROR/WARNING), for a short report."""
+        return [line for line in self.output.splitlines()
+                if line.startswith(("ERROR", "WARNING")) and "FAILED" not in line]
+
+
+def ruleset_for(benchmark: str) -> str | None:
+    from trainperf import registry
+
+    for name in registry.names():
+        workload = registry.get(name)
+        if workload.benchmark == benchmark:
+            return workload.ruleset
+    return OTHER_RULESETS.get(benchmark)
+
+
+def read_header(log: Path) -> dict[str, str]:
+    """submission_benchmark and submission_division from a log (noise lines between records ignored)."""
+    found: dict[str, str] = {}
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as exc:
+        raise TrainperfError(f"{log}: cannot read ({exc.strerror})") from None
+    for line in lines:
+        marker = line.find(":::MLLOG ")
+        if marker < 0:
+            continue
+        try:
+            record = json.loads(line[marker + len(":::MLLOG "):])
+        except ValueError:
+            continue
+        if record.get("key") in ("submission_benchmark", "submission_division"):
+            found.setdefault(record["key"], str(record.get("value")))
+    if "submission_benchmark" not in found:
+        raise TrainperfError(f"{log}: no ':::MLLOG' submission_benchmark record (is this an MLPerf log?)")
+    return found
+
+
+def check(log: Path, ruleset: str | None = None) -> CheckResult:
+    """Run `python -m mlperf_logging.compliance_checker --usage training --ruleset R LOG`."""
+    header = read_header(log)
+    benchmark = header["submission_benchmark"]
+    if ruleset is None:
+        ruleset = ruleset_for(benchmark)
+        if ruleset is None:
+            raise TrainperfError(f"{log}: no compliance ruleset is known for benchmark {benchmark!r}")
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
+               "--ruleset", ruleset, "--log_output", str(Path(tmp) / "checker.log"), str(log)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    output = (proc.stdout + proc.stderr).strip()
+    return CheckResult(valid=proc.returncode == 0, benchmark=benchmark,
+                       division=header.get("submission_division", "?"), ruleset=ruleset, output=output)

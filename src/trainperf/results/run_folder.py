@@ -1,0 +1,31 @@
+"""A run folder: the MLPerf log and result.json, side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainperf.errors import TrainperfError
+from trainperf.results.files import write_json_atomic
+from trainperf.spec import RunResult
+
+LOG_NAME = "mlperf_log.txt"
+RESULT_NAME = "result.json"
+
+
+def claim(out_dir: Path) -> Path:
+    """Create the run folder and return the log path; refuse a folder that already holds a run."""
+    if (out_dir / LOG_NAME).exists() or (out_dir / RESULT_NAME).exists():
+        raise TrainperfError(f"--out {out_dir}: already holds a run ({LOG_NAME}); choose another folder")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise TrainperfError(f"--out {out_dir}: exists and is not a folder")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TrainperfError(f"--out {out_dir}: cannot create folder ({exc.strerror})") from None
+    return out_dir / LOG_NAME
+
+
+def save(out_dir: Path, result: RunResult) -> Path:
+    path = out_dir / RESULT_NAME
+    write_json_atomic(path, result.to_dict())
+    return path

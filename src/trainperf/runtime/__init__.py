@@ -1,0 +1,1 @@
+"""Where the code runs and how a step executes: device, process context, the training step."""

@@ -1,0 +1,87 @@
+"""What machine and software a result came from: versions, CPU, GPU, git sha, MLPerf platform name."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_names() -> list[str]:
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def platform_name(device: torch.device, world_size: int = 1) -> str:
+    """The `submission_platform` value: '<N>x<accelerator>' or '<cores>-core <CPU>'."""
+    if device.type == "cuda":
+        return f"{world_size}x{torch.cuda.get_device_name(device)}"
+    return f"{os.cpu_count()}-core {cpu_model()}"
+
+
+def git_sha() -> str | None:
+    """The commit of the trainperf source tree, when it runs from a git checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    sha = out.stdout.strip()
+    return sha if out.returncode == 0 and sha else None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _torchvision_version() -> str | None:
+    try:
+        import torchvision
+    except ImportError:
+        return None
+    return torchvision.__version__
+
+
+def describe(device: torch.device, world_size: int = 1) -> dict[str, Any]:
+    """Everything needed to say where a number came from."""
+    return {
+        "platform": platform_name(device, world_size),
+        "device": str(device),
+        "world_size": world_size,
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpus": gpu_names(),
+        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+        "hostname": platform.node(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {
+            **{name: _version(name) for name in ("trainperf", "mlperf-logging", "numpy", "scikit-learn")},
+            # torch's own strings carry the build (+cpu, +cu130), which the wheel metadata drops.
+            "torch": torch.__version__,
+            "torchvision": _torchvision_version(),
+        },
+        "git_sha": git_sha(),
+    }

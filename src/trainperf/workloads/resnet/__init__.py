@@ -1,0 +1,288 @@
+"""ResNet-50 v1.5 on ImageNet (MLPerf key `resnet`), and its mini scale on real handwritten digits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, RandomSampler
+
+from trainperf.errors import TrainperfError
+from trainperf.optim import LARS, warmup_poly
+from trainperf.spec import DataParts, Metric, ModelParts, Recipe, Workload
+from trainperf.workloads.resnet import data as D
+from trainperf.workloads.resnet.model import MiniResNet, build_resnet50
+
+IMAGENET_TRAIN, IMAGENET_VAL, IMAGENET_CLASSES = 1_281_167, 50_000, 1000
+
+
+@dataclass(frozen=True)
+class ResNetRecipe(Recipe):
+    model: str = "resnet50"
+    num_classes: int = 1000
+    optimizer: str = "lars"
+    base_lr: float = 10.5
+    end_lr: float = 1e-4
+    warmup_epochs: float = 2.0
+    # LR horizon: linear warmup, then polynomial decay until this epoch (decay = train - warmup).
+    train_epochs: float = 39.0
+    poly_power: float = 2.0
+    momentum: float = 0.9
+    weight_decay: float = 5e-5
+    label_smoothing: float = 0.1
+    lars_eta: float = 0.001
+    lars_epsilon: float = 0.0
+    image_size: int = 224
+    eval_resize: int = 256
+    min_crop_area: float = 0.05
+    hflip: bool = True
+    in_memory: bool = False
+    num_workers: int = 8
+    eval_batch_size: int = 256
+    # mini model shape (model=mini)
+    stem_width: int = 32
+    widths: tuple[int, ...] = (16, 32, 64)
+    blocks: tuple[int, ...] = (1, 1, 1)
+
+    CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("resnet50", "mini"), "optimizer": ("sgd", "lars")}
+
+    def validate(self) -> None:
+        super().validate()
+        if self.base_lr <= 0 or self.train_epochs <= self.warmup_epochs or self.warmup_epochs < 0:
+            raise TrainperfError("recipe: need base_lr > 0 and train_epochs > warmup_epochs >= 0")
+        if not 0 < self.min_crop_area <= 1:
+            raise TrainperfError(f"recipe field min_crop_area must be in (0, 1], got {self.min_crop_area}")
+        if self.model == "mini" and len(self.widths) != len(self.blocks):
+            raise TrainperfError("recipe fields widths and blocks must have the same length")
+
+
+def _lars(bs: int, lr: float, warmup: float, decay: float, wd: float, max_epochs: int) -> ResNetRecipe:
+    return ResNetRecipe(
+        name=f"lars-{bs}", global_batch_size=bs, max_epochs=max_epochs, target=0.759, eval_every=4,
+        eval_first=3, optimizer="lars", base_lr=lr, warmup_epochs=warmup, train_epochs=warmup + decay,
+        weight_decay=wd,
+    )
+
+
+# Full-scale recipes: the MLPerf reference convergence points (mlperf_logging RCPs, LARS, poly 2).
+FULL_RECIPES = {
+    r.name: r
+    for r in (
+        _lars(3264, 10.5, 2, 37, 5e-5, 45),
+        _lars(1632, 7.4, 2, 35, 5e-5, 45),
+        _lars(4096, 10.0, 5, 42, 2e-4, 50),
+        _lars(8192, 17.0, 5, 39, 2e-4, 50),
+        ResNetRecipe(
+            name="sgd-256", global_batch_size=256, max_epochs=90, target=0.759, eval_every=4, eval_first=4,
+            optimizer="sgd", base_lr=0.1, warmup_epochs=5, train_epochs=90, weight_decay=1e-4,
+        ),
+    )
+}
+
+MINI_RECIPE = ResNetRecipe(
+    name="mini", global_batch_size=32, max_epochs=12, target=0.97, eval_every=1, eval_first=1,
+    model="mini", num_classes=10, optimizer="sgd", base_lr=0.05, warmup_epochs=1, train_epochs=6,
+    weight_decay=4e-4, image_size=32, eval_resize=32, min_crop_area=0.35, hflip=False, in_memory=True,
+    num_workers=0, eval_batch_size=512,
+)
+
+
+def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """BatchNorm parameters and biases get no weight decay (and no LARS scaling), as in the reference."""
+    decay, skip = [], []
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if isinstance(module, nn.modules.batchnorm._BatchNorm) or name == "bias":
+                skip.append(param)
+            else:
+                decay.append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": skip, "weight_decay": 0.0, "lars_exclude": True},
+    ]
+
+
+class ResNetWorkload(Workload):
+    name = "resnet"
+    benchmark = "resnet"
+    ruleset = "1.0.0"
+    metric = Metric("top1", higher_is_better=True)
+    summary = "ResNet-50 v1.5, ImageNet top-1 (mini: small ResNet on real handwritten digits)"
+    mlperf_runs = 5
+
+    # -- declaration ----------------------------------------------------------------------------
+    def recipes(self, scale: str) -> dict[str, Recipe]:
+        return {"mini": MINI_RECIPE} if scale == "mini" else dict(FULL_RECIPES)
+
+    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
+        if scale == "mini":
+            if D.mini_ready(data_dir, MINI_RECIPE.image_size):
+                return []
+            return [f"{data_dir}: mini dataset not generated yet (trainperf prepare resnet)"]
+        return D.layout_problems(data_dir)
+
+    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
+        if scale == "mini":
+            if D.mini_ready(data_dir, MINI_RECIPE.image_size):
+                say(f"mini dataset already present in {data_dir}")
+                return
+            D.generate_mini(data_dir, image_size=MINI_RECIPE.image_size, say=say)
+            return
+        problems = D.layout_problems(data_dir)
+        if problems:
+            more = f" (+{len(problems) - 1} more problems)" if len(problems) > 1 else ""
+            raise TrainperfError(problems[0] + more)
+        train = D.scan_split(data_dir, "train")
+        val = D.scan_split(data_dir, "val", train.classes)
+        say(f"{data_dir}: {len(train.paths)} train images in {len(train.classes)} classes, "
+            f"{len(val.paths)} val images")
+        if (len(train.paths), len(val.paths), len(train.classes)) != (IMAGENET_TRAIN, IMAGENET_VAL,
+                                                                      IMAGENET_CLASSES):
+            say(f"note: ILSVRC-2012 has {IMAGENET_TRAIN} train / {IMAGENET_VAL} val images in "
+                f"{IMAGENET_CLASSES} classes; results on this copy are not comparable to MLPerf's")
+
+    def mlperf_hyperparameters(self, recipe: Recipe, ctx: Any) -> dict[str, Any]:
+        assert isinstance(recipe, ResNetRecipe)
+        decay_epochs = recipe.train_epochs - recipe.warmup_epochs
+        # BN statistics are per process (not synchronised): the span is the per-process micro-batch.
+        bn_span = recipe.global_batch_size // (ctx.world_size * recipe.grad_accum_steps)
+        if recipe.optimizer == "lars":
+            return {
+                "opt_name": "lars",
+                "lars_opt_base_learning_rate": recipe.base_lr,
+                "lars_opt_end_learning_rate": recipe.end_lr,
+                "lars_opt_learning_rate_decay_poly_power": recipe.poly_power,
+                "lars_opt_learning_rate_decay_steps": decay_epochs,
+                "lars_epsilon": recipe.lars_epsilon,
+                "lars_opt_learning_rate_warmup_epochs": recipe.warmup_epochs,
+                "lars_opt_momentum": recipe.momentum,
+                "lars_opt_weight_decay": recipe.weight_decay,
+                "model_bn_span": bn_span,
+            }
+        return {
+            "opt_name": "sgd",
+            "sgd_opt_base_learning_rate": recipe.base_lr,
+            "sgd_opt_end_learning_rate": recipe.end_lr,
+            "sgd_opt_learning_rate_decay_poly_power": recipe.poly_power,
+            "sgd_opt_learning_rate_decay_steps": decay_epochs,
+            "sgd_opt_weight_decay": recipe.weight_decay,
+            "sgd_opt_momentum": recipe.momentum,
+            "opt_learning_rate_warmup_epochs": recipe.warmup_epochs,
+            "model_bn_span": bn_span,
+        }
+
+    # -- parts ----------------------------------------------------------------------------------
+    def build(self, recipe: Recipe, ctx: Any) -> ModelParts:
+        assert isinstance(recipe, ResNetRecipe)
+        if recipe.model == "mini":
+            model: nn.Module = MiniResNet(recipe.num_classes, recipe.stem_width, recipe.widths, recipe.blocks)
+        else:
+            model = build_resnet50(recipe.num_classes)
+        model = model.to(ctx.device)
+        groups = _param_groups(model, recipe.weight_decay)
+        if recipe.optimizer == "lars":
+            optimizer: torch.optim.Optimizer = LARS(
+                groups, lr=recipe.base_lr, momentum=recipe.momentum, trust_coefficient=recipe.lars_eta,
+                eps=recipe.lars_epsilon,
+            )
+        else:
+            for group in groups:
+                group.pop("lars_exclude", None)
+            optimizer = torch.optim.SGD(groups, lr=recipe.base_lr, momentum=recipe.momentum, foreach=True)
+
+        smoothing = recipe.label_smoothing
+
+        def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            images, labels = batch
+            return F.cross_entropy(model(images), labels, label_smoothing=smoothing)
+
+        def lr_schedule(steps_per_epoch: int) -> Callable[[int], float]:
+            return warmup_poly(
+                recipe.base_lr, recipe.end_lr, round(recipe.warmup_epochs * steps_per_epoch),
+                round(recipe.train_epochs * steps_per_epoch), recipe.poly_power,
+            )
+
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, lr_schedule=lr_schedule)
+
+    def load_data(self, recipe: Recipe, data_dir: Path, ctx: Any) -> DataParts:
+        assert isinstance(recipe, ResNetRecipe)
+        train_index = D.scan_split(data_dir, "train")
+        val_index = D.scan_split(data_dir, "val", train_index.classes)
+        if len(train_index.classes) > recipe.num_classes:
+            raise TrainperfError(f"{data_dir / 'train'}: {len(train_index.classes)} classes, but the model has "
+                                 f"{recipe.num_classes} outputs (--set num_classes=N)")
+        per_process = recipe.global_batch_size // ctx.world_size
+        if per_process * ctx.world_size != recipe.global_batch_size:
+            raise TrainperfError(f"global_batch_size {recipe.global_batch_size} is not divisible by "
+                                 f"{ctx.world_size} processes")
+        if recipe.in_memory:
+            return self._resident_data(recipe, train_index, val_index, per_process, ctx)
+        return self._streamed_data(recipe, train_index, val_index, per_process, ctx)
+
+    def _resident_data(self, recipe: ResNetRecipe, train_index: D.ImageIndex, val_index: D.ImageIndex,
+                       per_process: int, ctx: Any) -> DataParts:
+        device = ctx.device
+        train_x, train_y = D.load_resident(train_index, device)
+        val_x, val_y = D.load_resident(val_index, device)
+        gen = torch.Generator(device=device)
+        gen.manual_seed(int(torch.initial_seed()))
+        n = train_x.shape[0]
+        steps = -(-n // per_process)
+
+        def train_batches(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            order = torch.randperm(n, device=device, generator=gen)
+            for start in range(0, n, per_process):
+                idx = order[start:start + per_process]
+                images = D.random_resized_crop(train_x[idx].float(), recipe.min_crop_area, recipe.hflip, gen)
+                yield D.normalize(images), train_y[idx]
+
+        def evaluate(model: nn.Module) -> float:
+            correct = torch.zeros((), dtype=torch.long, device=device)
+            for start in range(0, val_x.shape[0], recipe.eval_batch_size):
+                images = D.normalize(val_x[start:start + recipe.eval_batch_size])
+                logits = model(images)
+                correct += (logits.argmax(1) == val_y[start:start + recipe.eval_batch_size]).sum()
+            return correct.item() / val_x.shape[0]
+
+        return DataParts(train_batches=train_batches, steps_per_epoch=steps, train_samples=n,
+                         eval_samples=int(val_x.shape[0]), evaluate=evaluate)
+
+    def _streamed_data(self, recipe: ResNetRecipe, train_index: D.ImageIndex, val_index: D.ImageIndex,
+                       per_process: int, ctx: Any) -> DataParts:
+        device = ctx.device
+        pin = device.type == "cuda"
+        workers = recipe.num_workers
+        extra = {"persistent_workers": True, "prefetch_factor": 4} if workers > 0 else {}
+        gen = torch.Generator()
+        gen.manual_seed(int(torch.initial_seed()))
+        train_set = D.FolderDataset(train_index, D.train_transform(recipe.image_size, recipe.min_crop_area))
+        train_loader = DataLoader(
+            train_set, batch_size=per_process, sampler=RandomSampler(train_set, generator=gen),
+            num_workers=workers, pin_memory=pin, drop_last=len(train_set) >= per_process, **extra,
+        )
+        val_set = D.FolderDataset(val_index, D.eval_transform(recipe.image_size, recipe.eval_resize))
+        val_loader = DataLoader(val_set, batch_size=recipe.eval_batch_size, shuffle=False, num_workers=workers,
+                                pin_memory=pin, **extra)
+        train_feed = D.DevicePrefetcher(train_loader, device)
+        val_feed = D.DevicePrefetcher(val_loader, device)
+
+        def train_batches(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            for images, labels in train_feed:
+                yield D.normalize(images.to(device)), labels.to(device)
+
+        def evaluate(model: nn.Module) -> float:
+            correct = torch.zeros((), dtype=torch.long, device=device)
+            total = 0
+            for images, labels in val_feed:
+                logits = model(D.normalize(images.to(device)))
+                correct += (logits.argmax(1) == labels.to(device)).sum()
+                total += int(labels.shape[0])
+            return correct.item() / total
+
+        return DataParts(train_batches=train_batches, steps_per_epoch=len(train_loader),
+                         train_samples=len(train_set), eval_samples=len(val_set), evaluate=evaluate)

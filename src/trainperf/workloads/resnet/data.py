@@ -1,0 +1,265 @@
+"""ImageNet in the standard folder layout: scanning, decoding, loaders, and the mini generator.
+
+Both scales read the same layout (`train/<wnid>/*.JPEG`, `val/<wnid>/*.JPEG`) with the same
+scanning and decoding code. `full` streams it through DataLoader workers with per-sample
+torchvision transforms; `mini` decodes it once into memory and augments whole batches with tensor
+ops (the MLPerf winners keep datasets resident on the device).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+from torchvision.io import ImageReadMode, decode_image, read_file
+from torchvision.transforms import v2
+
+from trainperf.errors import TrainperfError
+
+IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
+SPLITS = ("train", "val")
+# The reference subtracts the ImageNet RGB means (0-255 scale) and does not divide by a std.
+RGB_MEANS = (123.68, 116.78, 103.94)
+MANIFEST = "trainperf_dataset.json"
+MINI_FORMAT_VERSION = 1
+_WNID = re.compile(r"^n\d{8}$")
+
+
+@dataclass(frozen=True)
+class ImageIndex:
+    """One split of an ImageNet-layout folder: file paths, integer labels and class names (wnids)."""
+
+    paths: list[Path]
+    labels: list[int]
+    classes: list[str]
+
+
+def scan_split(root: Path, split: str, classes: list[str] | None = None) -> ImageIndex:
+    """List `root/split/<class>/*.JPEG`. Class ids follow the sorted class-folder names (as in
+    torchvision's ImageFolder), or `classes` when given so that val ids match train ids."""
+    split_dir = root / split
+    if not split_dir.is_dir():
+        raise TrainperfError(f"{split_dir}: missing folder (expected {split}/<wnid>/*.JPEG)")
+    found = sorted(e.name for e in os.scandir(split_dir) if e.is_dir())
+    if not found:
+        raise TrainperfError(f"{split_dir}: no class folders (expected {split}/<wnid>/*.JPEG)")
+    if classes is None:
+        classes = found
+    else:
+        unknown = sorted(set(found) - set(classes))
+        if unknown:
+            raise TrainperfError(f"{split_dir / unknown[0]}: class folder not present in train/")
+    class_id = {name: i for i, name in enumerate(classes)}
+    paths: list[Path] = []
+    labels: list[int] = []
+    for name in found:
+        files = sorted(e.name for e in os.scandir(split_dir / name)
+                       if e.is_file() and e.name.lower().endswith(IMAGE_SUFFIXES))
+        if not files:
+            raise TrainperfError(f"{split_dir / name}: class folder holds no .JPEG images")
+        paths.extend(split_dir / name / f for f in files)
+        labels.extend([class_id[name]] * len(files))
+    return ImageIndex(paths=paths, labels=labels, classes=classes)
+
+
+def layout_problems(root: Path) -> list[str]:
+    """Everything missing or malformed in an ImageNet-layout folder, one line each."""
+    if not root.is_dir():
+        return [f"{root}: folder does not exist (expected an ImageNet root with train/ and val/)"]
+    problems = []
+    train_classes = None
+    for split in SPLITS:
+        try:
+            index = scan_split(root, split, None if split == "train" else train_classes)
+        except TrainperfError as exc:
+            problems.append(str(exc))
+            continue
+        if split == "train":
+            train_classes = index.classes
+    return problems
+
+
+def decode(path: Path) -> torch.Tensor:
+    """Decode one image file to a uint8 RGB tensor (C, H, W); a clear error names a bad file."""
+    try:
+        return decode_image(read_file(str(path)), mode=ImageReadMode.RGB)
+    except (RuntimeError, OSError) as exc:
+        raise TrainperfError(f"{path}: cannot decode image ({str(exc).splitlines()[0]})") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# full scale: DataLoader workers, per-sample transforms, pinned memory, device prefetch
+# ---------------------------------------------------------------------------------------------
+class FolderDataset(Dataset):
+    def __init__(self, index: ImageIndex, transform: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.index = index
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.index.paths)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.transform(decode(self.index.paths[i])), self.index.labels[i]
+
+
+def train_transform(image_size: int, min_area: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The reference training augmentation: distorted crop (area 0.05-1, aspect 3/4-4/3) resized to
+    the training size (aspect not kept), random horizontal flip."""
+    return v2.Compose([
+        v2.RandomResizedCrop(image_size, scale=(min_area, 1.0), ratio=(3 / 4, 4 / 3), antialias=True),
+        v2.RandomHorizontalFlip(),
+    ])
+
+
+def eval_transform(image_size: int, resize: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The reference evaluation crop: short side to `resize` (aspect kept), centre crop."""
+    return v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(image_size)])
+
+
+class DevicePrefetcher:
+    """Copies the next batch to the device on a side stream while the current one trains."""
+
+    def __init__(self, loader: DataLoader, device: torch.device) -> None:
+        self.loader = loader
+        self.device = device
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.device.type != "cuda":
+            yield from self.loader
+            return
+        stream = torch.cuda.Stream(self.device)
+        pending = None
+        for images, labels in self.loader:
+            with torch.cuda.stream(stream):
+                nxt = (images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True))
+            if pending is not None:
+                yield pending
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            for t in nxt:
+                t.record_stream(torch.cuda.current_stream(self.device))
+            pending = nxt
+        if pending is not None:
+            yield pending
+
+
+def normalize(images: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
+    """uint8 (N,3,H,W) -> float, ImageNet means subtracted (done on the device, batched)."""
+    mean = torch.tensor(RGB_MEANS, device=images.device, dtype=torch.float32).view(1, 3, 1, 1)
+    out = images.float() - mean
+    return out.contiguous(memory_format=torch.channels_last) if channels_last else out
+
+
+# ---------------------------------------------------------------------------------------------
+# mini scale: decode once, keep in memory, batched tensor augmentation
+# ---------------------------------------------------------------------------------------------
+def load_resident(index: ImageIndex, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode a whole split into one uint8 tensor on the device (all images must share a size)."""
+    images = [decode(p) for p in index.paths]
+    shapes = {tuple(img.shape) for img in images}
+    if len(shapes) != 1:
+        raise TrainperfError(f"{index.paths[0].parent.parent}: in-memory loading needs images of one size, "
+                             f"found {sorted(shapes)[:3]}")
+    return torch.stack(images).to(device), torch.tensor(index.labels, device=device)
+
+
+def random_resized_crop(images: torch.Tensor, min_area: float, hflip: bool,
+                        generator: torch.Generator) -> torch.Tensor:
+    """Batched distorted crop (area min_area-1, aspect 3/4-4/3, random position) resized back to the
+    input size with one affine grid_sample; optional horizontal flip. Float in, float out."""
+    n = images.shape[0]
+    dev = images.device
+    area = torch.empty(n, device=dev).uniform_(min_area, 1.0, generator=generator)
+    log_ratio = torch.empty(n, device=dev).uniform_(np.log(3 / 4), np.log(4 / 3), generator=generator)
+    ratio = torch.exp(log_ratio)
+    sx = torch.sqrt(area * ratio).clamp(max=1.0)
+    sy = torch.sqrt(area / ratio).clamp(max=1.0)
+    tx = (torch.rand(n, device=dev, generator=generator) * 2 - 1) * (1 - sx)
+    ty = (torch.rand(n, device=dev, generator=generator) * 2 - 1) * (1 - sy)
+    if hflip:
+        flip = torch.rand(n, device=dev, generator=generator) < 0.5
+        sx = torch.where(flip, -sx, sx)
+    theta = torch.zeros(n, 2, 3, device=dev)
+    theta[:, 0, 0], theta[:, 1, 1], theta[:, 0, 2], theta[:, 1, 2] = sx, sy, tx, ty
+    grid = F.affine_grid(theta, list(images.shape), align_corners=False)
+    return F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# the mini dataset: scikit-learn's digits written as an ImageNet-layout JPEG folder
+# ---------------------------------------------------------------------------------------------
+def mini_wnid(digit: int) -> str:
+    return f"n{digit:08d}"
+
+
+def read_manifest(root: Path) -> dict | None:
+    try:
+        return json.loads((root / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def generate_mini(root: Path, image_size: int = 32, val_fraction: float = 0.2, quality: int = 95,
+                  say: Callable[[str], None] = print) -> None:
+    """Write scikit-learn's bundled handwritten digits (1,797 real 8x8 scans) as RGB JPEGs in the
+    ImageNet folder layout, with a stratified held-out val split fixed by seed 0.
+
+    Written into a temporary sibling folder and renamed into place, so an interrupted generation
+    never leaves a half dataset behind.
+    """
+    from PIL import Image
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = (digits.images / 16.0 * 255.0).round().astype(np.uint8)
+    idx = np.arange(len(images))
+    train_idx, val_idx = train_test_split(idx, test_size=val_fraction, stratify=digits.target, random_state=0)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    try:
+        for split, ids in (("train", train_idx), ("val", val_idx)):
+            for i in ids:
+                label = int(digits.target[i])
+                folder = tmp / split / mini_wnid(label)
+                folder.mkdir(parents=True, exist_ok=True)
+                img = Image.fromarray(images[i], mode="L").resize((image_size, image_size), Image.BICUBIC)
+                img.convert("RGB").save(folder / f"{mini_wnid(label)}_{i:05d}.JPEG", quality=quality)
+        manifest = {
+            "dataset": "sklearn-digits-imagenet-layout",
+            "format_version": MINI_FORMAT_VERSION,
+            "image_size": image_size,
+            "train_samples": len(train_idx),
+            "eval_samples": len(val_idx),
+            "classes": [mini_wnid(d) for d in range(10)],
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        if root.exists():
+            shutil.rmtree(root)
+        os.replace(tmp, root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    say(f"wrote {len(train_idx)} train and {len(val_idx)} val JPEGs ({image_size}x{image_size}) to {root}")
+
+
+def mini_ready(root: Path, image_size: int) -> bool:
+    manifest = read_manifest(root)
+    return bool(manifest and manifest.get("format_version") == MINI_FORMAT_VERSION
+                and manifest.get("image_size") == image_size and not layout_problems(root))
+
+
+def wnid_like(name: str) -> bool:
+    return bool(_WNID.match(name))

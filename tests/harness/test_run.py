@@ -1,0 +1,187 @@
+"""The MLPerf event sequence and clock rules of the harness, on a tiny fake workload."""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from tests.conftest import read_log
+from trainperf.errors import TrainperfError
+from trainperf.harness import RunConfig, run
+from trainperf.runtime.context import RuntimeContext
+from trainperf.spec import DataParts, Metric, ModelParts, Recipe, Workload
+
+
+@dataclass(frozen=True)
+class FakeRecipe(Recipe):
+    lr: float = 0.1
+
+
+class FakeWorkload(Workload):
+    """Regression of y = 2x; the 'metric' is a scripted sequence so tests control when it converges."""
+
+    name = "fake"
+    benchmark = "resnet"
+    ruleset = "1.0.0"
+    metric = Metric("score")
+    summary = "test double"
+    mlperf_runs = 5
+
+    def __init__(self, scores: list[float], on_step: Any = None, fail_load: bool = False,
+                 nan_at_epoch: int | None = None) -> None:
+        self.scores = list(scores)
+        self.on_step = on_step
+        self.fail_load = fail_load
+        self.nan_at_epoch = nan_at_epoch
+        self.data_touched_before_run_start = False
+
+    def recipes(self, scale: str) -> dict[str, Recipe]:
+        return {"t": FakeRecipe(name="t", global_batch_size=4, max_epochs=8, target=0.9, eval_every=2,
+                                eval_first=1)}
+
+    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
+        return []
+
+    def prepare(self, scale: str, data_dir: Path, say: Any) -> None:
+        pass
+
+    def mlperf_hyperparameters(self, recipe: Recipe, ctx: Any) -> dict[str, Any]:
+        return {"opt_name": "sgd", "opt_base_learning_rate": recipe.lr}
+
+    def build(self, recipe: Recipe, ctx: Any) -> ModelParts:
+        model = nn.Linear(1, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=recipe.lr)
+        nan_at = self.nan_at_epoch
+        state = {"epoch": 0}
+        self._state = state
+
+        def loss_fn(m: nn.Module, batch: Any) -> torch.Tensor:
+            x, y = batch
+            loss = ((m(x) - y) ** 2).mean()
+            if nan_at is not None and state["epoch"] >= nan_at:
+                loss = loss * float("nan")
+            return loss
+
+        return ModelParts(model=model, optimizer=opt, loss_fn=loss_fn, lr_schedule=lambda spe: (lambda s: 1.0))
+
+    def load_data(self, recipe: Recipe, data_dir: Path, ctx: Any) -> DataParts:
+        if self.fail_load:
+            raise TrainperfError(f"{data_dir}/broken.JPEG: cannot decode image")
+        x = torch.linspace(-1, 1, 16).unsqueeze(1)
+        y = 2 * x
+        scores = iter(self.scores)
+
+        def batches(epoch: int):
+            self._state["epoch"] = epoch
+            for i in range(0, 16, 4):
+                if self.on_step:
+                    self.on_step(epoch, i)
+                yield x[i:i + 4], y[i:i + 4]
+
+        return DataParts(train_batches=batches, steps_per_epoch=4, train_samples=16, eval_samples=8,
+                         evaluate=lambda model: next(scores))
+
+
+def _run(tmp_path: Path, workload: FakeWorkload, **overrides: Any):
+    recipe = workload.recipe("mini")
+    if overrides:
+        recipe = recipe.with_overrides(f"{k}={v}" for k, v in overrides.items())
+    log = tmp_path / "log.txt"
+    cfg = RunConfig(workload=workload, recipe=recipe, scale="mini", data_dir=tmp_path, seed=7, log_path=log)
+    return run(cfg, RuntimeContext.create("cpu")), read_log(log)
+
+
+def _keys(records: list[dict]) -> list[str]:
+    return [r["key"] for r in records]
+
+
+def test_event_sequence_and_clock(tmp_path):
+    result, records = _run(tmp_path, FakeWorkload(scores=[0.2, 0.5, 0.95]))
+    keys = _keys(records)
+    assert result.status == "success"
+    # Header first, in MLPerf order; then init; then the timed region.
+    assert keys[0] == "cache_clear"
+    assert keys.index("init_start") > max(keys.index(k) for k in (
+        "submission_org", "submission_platform", "submission_division", "submission_status",
+        "submission_benchmark"))
+    for key in ("seed", "global_batch_size", "gradient_accumulation_steps", "opt_name",
+                "opt_base_learning_rate"):
+        assert keys.index("init_start") < keys.index(key) < keys.index("init_stop")
+    assert keys.index("init_stop") < keys.index("run_start") < keys.index("train_samples")
+    assert keys.index("eval_samples") < keys.index("block_start")
+    assert keys[-1] == "run_stop"
+    for key in ("init_start", "init_stop", "run_start", "run_stop", "seed", "train_samples", "eval_samples"):
+        assert keys.count(key) == 1, key
+    # Timestamps never go backwards; time-to-train is run_stop - run_start from the log's clock.
+    times = [r["time_ms"] for r in records]
+    assert times == sorted(times)
+    start = next(r for r in records if r["key"] == "run_start")["time_ms"]
+    stop = next(r for r in records if r["key"] == "run_stop")
+    assert stop["metadata"]["status"] == "success"
+    assert result.time_to_train_s == pytest.approx((stop["time_ms"] - start) / 1000.0)
+    # Schedule every 2 from epoch 1: evals after epochs 1, 3, 5; blocks [1], [2,3], [4,5].
+    evals = [r["metadata"]["epoch_num"] for r in records if r["key"] == "eval_accuracy"]
+    assert evals == [1, 3, 5]
+    blocks = [(r["metadata"]["first_epoch_num"], r["metadata"]["epoch_count"])
+              for r in records if r["key"] == "block_start"]
+    assert blocks == [(1, 1), (2, 2), (4, 2)]
+    epochs = [r["metadata"]["epoch_num"] for r in records if r["key"] == "epoch_start"]
+    assert epochs == [1, 2, 3, 4, 5]
+    assert [r["metadata"]["epoch_num"] for r in records if r["key"] == "epoch_stop"] == epochs
+    assert result.epochs_to_target == 5 and result.samples_to_target == 5 * 16
+    assert [e.value for e in result.evaluations] == [0.2, 0.5, 0.95]
+
+
+def test_epoch_budget_exhausted_is_aborted(tmp_path):
+    result, records = _run(tmp_path, FakeWorkload(scores=[0.1] * 10), max_epochs=3)
+    assert result.status == "aborted"
+    assert "not reached within 3 epochs" in result.abort_reason
+    stop = records[-1]
+    assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "aborted"
+    # Budget 3 with evals at 1, 3: the last block is cut at the budget and still evaluated.
+    assert [r["metadata"]["epoch_num"] for r in records if r["key"] == "eval_accuracy"] == [1, 3]
+
+
+def test_non_finite_loss_aborts(tmp_path):
+    result, records = _run(tmp_path, FakeWorkload(scores=[0.1] * 10, nan_at_epoch=2))
+    assert result.status == "aborted"
+    assert "non-finite training loss in epoch 2" in result.abort_reason
+    assert records[-1]["metadata"]["status"] == "aborted"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_aborts_with_valid_log(tmp_path, sig):
+    def on_step(epoch: int, i: int) -> None:
+        if epoch == 2 and i == 8:
+            os.kill(os.getpid(), sig)
+
+    result, records = _run(tmp_path, FakeWorkload(scores=[0.1] * 10, on_step=on_step))
+    assert result.status == "aborted"
+    assert result.abort_reason == f"received {sig.name}"
+    assert records[-1]["key"] == "run_stop"
+    assert records[-1]["metadata"] == {**records[-1]["metadata"], "status": "aborted"}
+    # The handler is restored afterwards.
+    assert signal.getsignal(sig) in (signal.default_int_handler, signal.SIG_DFL)
+
+
+def test_data_error_in_timed_region_closes_the_log(tmp_path):
+    result, records = _run(tmp_path, FakeWorkload(scores=[], fail_load=True))
+    assert result.status == "aborted"
+    assert "broken.JPEG: cannot decode image" in result.abort_reason
+    keys = _keys(records)
+    assert keys.index("run_start") < keys.index("run_stop")
+
+
+def test_schedule_is_recorded_in_the_result(tmp_path):
+    result, _ = _run(tmp_path, FakeWorkload(scores=[0.95]))
+    assert result.recipe["eval_every"] == 2 and result.recipe["eval_first"] == 1
+    env = result.environment
+    assert env["versions"]["torch"] == torch.__version__
+    assert env["cpu_count"] == os.cpu_count() and env["platform"]
