@@ -66,10 +66,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if problems and args.scale == "full":
         raise TrainperfError(problems[0])
     ctx = RuntimeContext.create(args.device)
+    out_dir = Path(args.out) if args.out else default_run_dir(workload.name)
+    run_folder.check_free(out_dir)
     if problems:
         workload.prepare(args.scale, data_dir, print)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") % (2**31)
-    out_dir = Path(args.out) if args.out else default_run_dir(workload.name)
     log_path = run_folder.claim(out_dir)
     division = args.division or ("closed" if args.scale == "full" else "open")
     config = RunConfig(workload=workload, recipe=recipe, scale=args.scale, data_dir=data_dir, seed=seed,

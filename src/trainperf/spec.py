@@ -79,6 +79,8 @@ class Recipe:
     eval_every: int
     eval_first: int
     grad_accum_steps: int = 1
+    # Speedups the recipe turns on (applied by the runtime, never by the workload).
+    channels_last: bool = False
 
     # Values a field may take, for fields restricted to a set (checked by `validate`).
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {}
@@ -183,6 +185,8 @@ class Workload(ABC):
     metric: ClassVar[Metric]
     summary: ClassVar[str]
     mlperf_runs: ClassVar[int]  # number of runs MLPerf scores with the olympic mean
+    # Switches that apply to this workload (e.g. channels-last needs a convolutional model).
+    supports_channels_last: ClassVar[bool] = False
 
     @abstractmethod
     def recipes(self, scale: str) -> dict[str, Recipe]:

@@ -12,8 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from mlperf_logging.mllog import mllog
-from mlperf_logging.mllog import constants
+from mlperf_logging.mllog import constants, mllog
 
 _ids = itertools.count()
 

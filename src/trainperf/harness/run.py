@@ -26,7 +26,7 @@ from mlperf_logging.mllog import constants as C
 from trainperf.errors import RunAborted, TrainperfError
 from trainperf.harness.mlperf_log import MLPerfLog
 from trainperf.harness.progress import NoProgress, PlainProgress
-from trainperf.runtime import environment
+from trainperf.runtime import environment, speedups
 from trainperf.runtime.context import RuntimeContext
 from trainperf.runtime.step import TrainStep
 from trainperf.spec import Evaluation, Recipe, RunResult, Workload
@@ -165,7 +165,7 @@ class _TimedLoop:
 
         log.event(C.SEED, config.seed, time_ms=clock.now_ms())
         torch.manual_seed(config.seed)
-        parts = workload.build(recipe, ctx)
+        parts = speedups.apply(workload, recipe, workload.build(recipe, ctx))
         now = clock.now_ms()
         log.event(C.GLOBAL_BATCH_SIZE, recipe.global_batch_size, time_ms=now)
         log.event(C.GRADIENT_ACCUMULATION_STEPS, recipe.grad_accum_steps, time_ms=now)

@@ -12,12 +12,17 @@ LOG_NAME = "mlperf_log.txt"
 RESULT_NAME = "result.json"
 
 
-def claim(out_dir: Path) -> Path:
-    """Create the run folder and return the log path; refuse a folder that already holds a run."""
+def check_free(out_dir: Path) -> None:
+    """Refuse a folder that already holds a run, before any work starts."""
     if (out_dir / LOG_NAME).exists() or (out_dir / RESULT_NAME).exists():
         raise TrainperfError(f"--out {out_dir}: already holds a run ({LOG_NAME}); choose another folder")
     if out_dir.exists() and not out_dir.is_dir():
         raise TrainperfError(f"--out {out_dir}: exists and is not a folder")
+
+
+def claim(out_dir: Path) -> Path:
+    """Create the run folder and return the log path."""
+    check_free(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

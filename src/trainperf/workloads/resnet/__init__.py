@@ -65,7 +65,7 @@ def _lars(bs: int, lr: float, warmup: float, decay: float, wd: float, max_epochs
     return ResNetRecipe(
         name=f"lars-{bs}", global_batch_size=bs, max_epochs=max_epochs, target=0.759, eval_every=4,
         eval_first=3, optimizer="lars", base_lr=lr, warmup_epochs=warmup, train_epochs=warmup + decay,
-        weight_decay=wd,
+        weight_decay=wd, channels_last=True,
     )
 
 
@@ -80,15 +80,16 @@ FULL_RECIPES = {
         ResNetRecipe(
             name="sgd-256", global_batch_size=256, max_epochs=90, target=0.759, eval_every=4, eval_first=4,
             optimizer="sgd", base_lr=0.1, warmup_epochs=5, train_epochs=90, weight_decay=1e-4,
+            channels_last=True,
         ),
     )
 }
 
 MINI_RECIPE = ResNetRecipe(
     name="mini", global_batch_size=32, max_epochs=12, target=0.97, eval_every=1, eval_first=1,
-    model="mini", num_classes=10, optimizer="sgd", base_lr=0.05, warmup_epochs=1, train_epochs=6,
-    weight_decay=4e-4, image_size=32, eval_resize=32, min_crop_area=0.35, hflip=False, in_memory=True,
-    num_workers=0, eval_batch_size=512,
+    model="mini", num_classes=10, optimizer="sgd", base_lr=0.2, warmup_epochs=0.5, train_epochs=6,
+    weight_decay=4e-4, image_size=32, eval_resize=32, min_crop_area=0.8, hflip=False, in_memory=True,
+    num_workers=0, eval_batch_size=512, channels_last=True,
 )
 
 
@@ -114,6 +115,7 @@ class ResNetWorkload(Workload):
     metric = Metric("top1", higher_is_better=True)
     summary = "ResNet-50 v1.5, ImageNet top-1 (mini: small ResNet on real handwritten digits)"
     mlperf_runs = 5
+    supports_channels_last = True
 
     # -- declaration ----------------------------------------------------------------------------
     def recipes(self, scale: str) -> dict[str, Recipe]:

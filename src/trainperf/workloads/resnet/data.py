@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -20,9 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
-from torchvision.io import ImageReadMode, decode_image, read_file
 from torchvision.transforms import v2
+from torchvision.transforms.v2.functional import pil_to_tensor
 
 from trainperf.errors import TrainperfError
 
@@ -32,7 +32,6 @@ SPLITS = ("train", "val")
 RGB_MEANS = (123.68, 116.78, 103.94)
 MANIFEST = "trainperf_dataset.json"
 MINI_FORMAT_VERSION = 1
-_WNID = re.compile(r"^n\d{8}$")
 
 
 @dataclass(frozen=True)
@@ -90,11 +89,17 @@ def layout_problems(root: Path) -> list[str]:
 
 
 def decode(path: Path) -> torch.Tensor:
-    """Decode one image file to a uint8 RGB tensor (C, H, W); a clear error names a bad file."""
+    """Decode one image file to a uint8 RGB tensor (C, H, W); a clear error names a bad file.
+
+    Pillow, as torchvision's ImageFolder uses (torchvision's own decoders are deprecated from 0.29);
+    CMYK and greyscale files are converted to RGB, as the reference's preprocessing does.
+    """
     try:
-        return decode_image(read_file(str(path)), mode=ImageReadMode.RGB)
-    except (RuntimeError, OSError) as exc:
-        raise TrainperfError(f"{path}: cannot decode image ({str(exc).splitlines()[0]})") from None
+        with Image.open(path) as img:
+            return pil_to_tensor(img.convert("RGB"))
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TrainperfError(f"{path}: cannot decode image ({reason})") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,11 +160,10 @@ class DevicePrefetcher:
             yield pending
 
 
-def normalize(images: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
-    """uint8 (N,3,H,W) -> float, ImageNet means subtracted (done on the device, batched)."""
+def normalize(images: torch.Tensor) -> torch.Tensor:
+    """uint8 or float (N,3,H,W) 0-255 -> float with the ImageNet means subtracted (batched, on device)."""
     mean = torch.tensor(RGB_MEANS, device=images.device, dtype=torch.float32).view(1, 3, 1, 1)
-    out = images.float() - mean
-    return out.contiguous(memory_format=torch.channels_last) if channels_last else out
+    return images.float() - mean
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,7 +223,6 @@ def generate_mini(root: Path, image_size: int = 32, val_fraction: float = 0.2, q
     Written into a temporary sibling folder and renamed into place, so an interrupted generation
     never leaves a half dataset behind.
     """
-    from PIL import Image
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -259,7 +262,3 @@ def mini_ready(root: Path, image_size: int) -> bool:
     manifest = read_manifest(root)
     return bool(manifest and manifest.get("format_version") == MINI_FORMAT_VERSION
                 and manifest.get("image_size") == image_size and not layout_problems(root))
-
-
-def wnid_like(name: str) -> bool:
-    return bool(_WNID.match(name))

@@ -55,7 +55,7 @@ class MiniResNet(nn.Module):
         )
         layers: list[nn.Module] = []
         channels = stem_width
-        for stage, (width, count) in enumerate(zip(widths, blocks)):
+        for stage, (width, count) in enumerate(zip(widths, blocks, strict=True)):
             for i in range(count):
                 stride = 2 if (stage > 0 and i == 0) else 1
                 out = width * Bottleneck.expansion

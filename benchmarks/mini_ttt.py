@@ -1,0 +1,108 @@
+"""Mini time-to-train over seeds: median/min/max of run_start -> run_stop, and how many reached the target.
+
+    python benchmarks/mini_ttt.py resnet --runs 5
+    python benchmarks/mini_ttt.py resnet --runs 10 --set base_lr=0.2     # calibrate a recipe change
+    python benchmarks/mini_ttt.py resnet --runs 5 --vs-plain             # against a plain PyTorch loop
+
+`--vs-plain` (resnet) also trains a plain PyTorch loop, written the way the PyTorch tutorials do
+(torchvision ImageFolder + DataLoader over the same JPEG folder, a small CNN, Adam), to the same
+target on the same val split, for the same seeds, alternating with trainperf runs so that machine
+noise hits both alike. Its clock starts where run_start is (before the data is opened).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from trainperf import registry
+from trainperf.harness import RunConfig, run
+from trainperf.runtime.context import RuntimeContext
+
+
+def trainperf_run(workload, recipe, data_dir: Path, seed: int) -> tuple[float, bool, int | None]:
+    ctx = RuntimeContext.create("cpu")
+    result = run(RunConfig(workload=workload, recipe=recipe, scale="mini", data_dir=data_dir, seed=seed,
+                           log_path=None), ctx)
+    return result.time_to_train_s, result.status == "success", result.epochs_to_target
+
+
+def plain_loop(data_dir: Path, target: float, seed: int, max_epochs: int = 12) -> tuple[float, bool, int | None]:
+    """A tutorial-style loop: ImageFolder + ToTensor + Normalize, small CNN, Adam, eval every epoch."""
+    from torch.utils.data import DataLoader
+    from torchvision import datasets, transforms
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * 8 * 8, 128), nn.ReLU(), nn.Linear(128, 10),
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    start = time.perf_counter()
+    tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5,) * 3, (0.5,) * 3)])
+    train = DataLoader(datasets.ImageFolder(data_dir / "train", tf), batch_size=64, shuffle=True)
+    val = DataLoader(datasets.ImageFolder(data_dir / "val", tf), batch_size=512)
+    for epoch in range(1, max_epochs + 1):
+        model.train()
+        for x, y in train:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        model.eval()
+        correct = total = 0
+        with torch.no_grad():
+            for x, y in val:
+                correct += (model(x).argmax(1) == y).sum().item()
+                total += len(y)
+        if correct / total >= target:
+            return time.perf_counter() - start, True, epoch
+    return time.perf_counter() - start, False, None
+
+
+def summary(name: str, rows: list[tuple[float, bool, int | None]]) -> str:
+    times = [t for t, _, _ in rows]
+    ok = sum(1 for _, s, _ in rows if s)
+    epochs = [e for _, _, e in rows]
+    return (f"{name:>10}: median {statistics.median(times):6.2f} s  min {min(times):6.2f}  max {max(times):6.2f}"
+            f"  reached {ok}/{len(rows)}  epochs {epochs}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workload")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--vs-plain", action="store_true", help="also time a plain PyTorch loop (resnet)")
+    args = parser.parse_args()
+
+    workload = registry.get(args.workload)
+    recipe = workload.recipe("mini").with_overrides(args.set)
+    data_dir = workload.default_data_dir("mini")
+    if workload.data_problems("mini", data_dir):
+        workload.prepare("mini", data_dir, print)
+    ours, plain = [], []
+    for seed in range(args.first_seed, args.first_seed + args.runs):
+        ours.append(trainperf_run(workload, recipe, data_dir, seed))
+        line = f"seed {seed}: trainperf {ours[-1][0]:6.2f} s ({'ok' if ours[-1][1] else 'MISSED'})"
+        if args.vs_plain:
+            plain.append(plain_loop(data_dir, recipe.target, seed, recipe.max_epochs))
+            line += f"   plain loop {plain[-1][0]:6.2f} s ({'ok' if plain[-1][1] else 'MISSED'})"
+        print(line, flush=True)
+    print(f"{args.workload} mini time-to-train (run_start -> run_stop), {args.runs} seeds, target "
+          f"{recipe.target}, {torch.get_num_threads()} threads")
+    print(summary("trainperf", ours))
+    if plain:
+        print(summary("plain loop", plain))
+        ratio = statistics.median(t for t, _, _ in plain) / statistics.median(t for t, _, _ in ours)
+        print(f"speed vs plain loop (median plain / median trainperf): {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

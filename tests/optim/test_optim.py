@@ -1,0 +1,52 @@
+"""The MLPerf LR schedule and LARS update rule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainperf.optim import LARS, warmup_poly
+
+
+def test_warmup_then_poly_to_end_lr():
+    f = warmup_poly(base_lr=2.0, end_lr=1e-4, warmup_steps=4, total_steps=14, power=2)
+    assert [f(s) * 2.0 for s in range(4)] == pytest.approx([0.5, 1.0, 1.5, 2.0])
+    # Halfway through the decay: end + (base - end) * 0.5^2.
+    assert f(9) * 2.0 == pytest.approx(1e-4 + (2.0 - 1e-4) * 0.25)
+    assert f(14) * 2.0 == pytest.approx(1e-4)
+    assert f(100) * 2.0 == pytest.approx(1e-4)  # stays at end LR past the horizon
+
+
+def test_lars_matches_reference_formula():
+    w0 = torch.tensor([3.0, 4.0])  # |w| = 5
+    g = torch.tensor([0.6, 0.8])  # |g| = 1
+    p = torch.nn.Parameter(w0.clone())
+    opt = LARS([p], lr=0.5, momentum=0.9, weight_decay=0.01, trust_coefficient=0.001)
+    p.grad = g.clone()
+    opt.step()
+    trust = 0.001 * 5 / (1 + 0.01 * 5)
+    v1 = 0.5 * trust * (g + 0.01 * w0)
+    assert torch.allclose(p.detach(), w0 - v1)
+    p.grad = g.clone()
+    opt.step()
+    w1 = w0 - v1
+    trust2 = 0.001 * w1.norm() / (1 + 0.01 * w1.norm())
+    v2 = 0.9 * v1 + 0.5 * trust2 * (g + 0.01 * w1)
+    assert torch.allclose(p.detach(), w1 - v2, atol=1e-7)
+
+
+def test_lars_excluded_group_is_plain_momentum_sgd():
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    opt = LARS([{"params": [p], "weight_decay": 0.0, "lars_exclude": True}], lr=0.1, momentum=0.9,
+               weight_decay=0.5)
+    p.grad = torch.tensor([1.0, 1.0])
+    opt.step()
+    assert torch.allclose(p.detach(), torch.tensor([0.9, -2.1]))
+
+
+def test_lars_zero_weights_use_trust_one():
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = LARS([p], lr=0.1, momentum=0.0)
+    p.grad = torch.ones(3)
+    opt.step()
+    assert torch.allclose(p.detach(), -0.1 * torch.ones(3))

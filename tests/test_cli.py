@@ -1,0 +1,133 @@
+"""Bad input exits non-zero with one clear line naming the path or option: no traceback, nothing written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainperf.cli import main
+
+
+def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The real entry point, in a fresh interpreter (proves no traceback reaches the user)."""
+    return subprocess.run([sys.executable, "-m", "trainperf", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120)
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """In-process main(), for the many error cases (a fresh interpreter costs seconds of torch import)."""
+    def invoke(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(cwd)
+        code = main(list(args))
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, captured.out, captured.err)
+    return invoke
+
+
+def _one_line_error(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert lines[0].startswith("trainperf: error: ")
+    return lines[0]
+
+
+def test_unknown_workload(tmp_path):
+    line = _one_line_error(_run_cli("run", "resnot", cwd=tmp_path))
+    assert "unknown workload 'resnot'; known workloads: resnet" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_bad_set_key_lists_valid_keys(tmp_path, cli):
+    line = _one_line_error(cli("run", "resnet", "--set", "learning_rate=1", cwd=tmp_path))
+    assert "--set 'learning_rate=1': unknown recipe field" in line and "base_lr" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_bad_set_type(tmp_path, cli):
+    line = _one_line_error(cli("run", "resnet", "--set", "max_epochs=many", cwd=tmp_path))
+    assert "expected an integer, got 'many'" in line
+
+
+def test_full_without_data(tmp_path, cli):
+    line = _one_line_error(cli("run", "resnet", "--scale", "full", cwd=tmp_path))
+    assert "needs --data DIR" in line
+
+
+def test_missing_data_folder(tmp_path):
+    missing = tmp_path / "no-such-imagenet"
+    line = _one_line_error(_run_cli("run", "resnet", "--scale", "full", "--data", str(missing), cwd=tmp_path))
+    assert str(missing) in line and "does not exist" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_malformed_data_folder_names_what_is_missing(tmp_path, cli):
+    data = tmp_path / "imagenet"
+    (data / "train" / "n01440764").mkdir(parents=True)
+    (data / "train" / "n01440764" / "a.JPEG").write_bytes(b"not really")
+    line = _one_line_error(cli("prepare", "resnet", "--scale", "full", "--data", str(data), cwd=tmp_path))
+    assert str(data / "val") in line and "expected val/<wnid>/*.JPEG" in line
+
+
+def test_empty_class_folder(tmp_path, cli):
+    data = tmp_path / "imagenet"
+    (data / "train" / "n01440764").mkdir(parents=True)
+    (data / "val" / "n01440764").mkdir(parents=True)
+    line = _one_line_error(cli("prepare", "resnet", "--scale", "full", "--data", str(data), cwd=tmp_path))
+    assert "n01440764: class folder holds no .JPEG images" in line
+
+
+def test_out_folder_with_a_run_is_refused(tmp_path, cli):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mlperf_log.txt").write_text("old")
+    line = _one_line_error(cli("run", "resnet", "--out", str(out), cwd=tmp_path))
+    assert "already holds a run" in line
+    assert (out / "mlperf_log.txt").read_text() == "old"
+
+
+def test_check_missing_log(tmp_path, cli):
+    line = _one_line_error(cli("check", str(tmp_path / "nope.txt"), cwd=tmp_path))
+    assert "nope.txt: no such log file" in line
+
+
+def test_check_non_mlperf_file(tmp_path, cli):
+    f = tmp_path / "notes.txt"
+    f.write_text("hello\n")
+    line = _one_line_error(cli("check", str(f), cwd=tmp_path))
+    assert "no ':::MLLOG' submission_benchmark record" in line
+
+
+def test_corrupt_jpeg_ends_run_aborted_naming_the_file(tmp_path, capsys):
+    from tests.workloads.test_resnet import _imagenet_folder
+
+    data = _imagenet_folder(tmp_path / "imagenet")
+    bad = data / "val" / "n01440760" / "n01440760_0.JPEG"
+    bad.write_bytes(b"\xff\xd8 truncated")
+    out = tmp_path / "run"
+    code = main(["run", "resnet", "--scale", "full", "--data", str(data), "--out", str(out), "--quiet",
+                 "--set", "num_workers=0", "--set", "global_batch_size=4", "--set", "max_epochs=1",
+                 "--set", "eval_first=1", "--set", "image_size=32", "--set", "eval_resize=36"])
+    assert code == 1
+    assert f"{bad}: cannot decode image" in capsys.readouterr().out
+    import json
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "aborted" and str(bad) in result["abort_reason"]
+
+
+def test_list_shows_workloads(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "resnet" in out and "top1" in out and "0.759" in out and "0.97" in out
+
+
+@pytest.mark.parametrize("argv", [["--version"]])
+def test_version(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 0

@@ -1,0 +1,195 @@
+"""ResNet end to end through the CLI: the mini run reaches its target and its log passes the official
+checker; the full-scale path runs on a tiny ImageNet-layout folder; aborted runs stay well-formed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from tests.conftest import read_log
+from trainperf.cli import main
+from trainperf.harness.mlperf_log import MLPerfLog
+from trainperf.results.compliance import check
+from trainperf.workloads.resnet import MINI_RECIPE, ResNetWorkload
+from trainperf.workloads.resnet import data as D
+
+
+def _imagenet_folder(root: Path, classes: int = 2, train_per_class: int = 4, val_per_class: int = 2) -> Path:
+    """A tiny ImageNet-layout folder of real JPEGs of varied sizes."""
+    gen = torch.Generator().manual_seed(0)
+    for split, count in (("train", train_per_class), ("val", val_per_class)):
+        for c in range(classes):
+            folder = root / split / f"n0144076{c}"
+            folder.mkdir(parents=True)
+            for i in range(count):
+                h, w = 60 + 10 * i, 80 - 5 * i
+                pixels = torch.randint(0, 256, (h, w, 3), generator=gen, dtype=torch.uint8).numpy()
+                Image.fromarray(pixels).save(folder / f"n0144076{c}_{i}.JPEG")
+    return root
+
+
+@pytest.fixture(scope="module")
+def mini_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run") / "resnet-mini"
+    code = main(["run", "resnet", "--seed", "0", "--out", str(out), "--quiet"])
+    assert code == 0
+    return out
+
+
+def test_mini_reaches_target(mini_run):
+    result = json.loads((mini_run / "result.json").read_text())
+    assert result["status"] == "success"
+    assert result["final_metric"] >= MINI_RECIPE.target
+    assert result["evaluations"][-1]["value"] == result["final_metric"]
+    assert result["epochs_to_target"] == result["evaluations"][-1]["epoch"] <= MINI_RECIPE.max_epochs
+    assert result["train_samples"] == 1437 and result["eval_samples"] == 360
+    assert result["samples_to_target"] == result["epochs_to_target"] * 1437
+    assert 0 < result["time_to_train_s"] < 120
+    assert result["recipe"]["name"] == "mini" and result["recipe"]["eval_every"] == 1
+    assert result["environment"]["versions"]["mlperf-logging"]
+
+
+def test_mini_log_passes_official_checker(mini_run):
+    verdict = check(mini_run / "mlperf_log.txt")
+    assert verdict.valid, verdict.output
+    assert (verdict.benchmark, verdict.division, verdict.ruleset) == ("resnet", "open", "1.0.0")
+    records = read_log(mini_run / "mlperf_log.txt")
+    keys = [r["key"] for r in records]
+    for key in ("sgd_opt_base_learning_rate", "sgd_opt_end_learning_rate", "sgd_opt_weight_decay",
+                "sgd_opt_momentum", "model_bn_span", "opt_learning_rate_warmup_epochs", "seed"):
+        assert keys.count(key) == 1, key
+    assert records[-1]["metadata"]["status"] == "success"
+
+
+def test_check_command_prints_the_verdict(mini_run, capsys):
+    assert main(["check", str(mini_run / "mlperf_log.txt")]) == 0
+    assert "SUCCESS" in capsys.readouterr().out
+
+
+def test_check_rejects_a_broken_log(mini_run, tmp_path, capsys):
+    lines = (mini_run / "mlperf_log.txt").read_text().splitlines()
+    broken = tmp_path / "broken.txt"
+    broken.write_text("\n".join(line for line in lines if '"key": "run_start"' not in line) + "\n")
+    assert main(["check", str(broken)]) == 1
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_aborted_run_log_is_well_formed(tmp_path, capsys):
+    out = tmp_path / "aborted"
+    code = main(["run", "resnet", "--seed", "0", "--out", str(out), "--quiet", "--set", "max_epochs=1"])
+    assert code == 1
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "aborted" and "within 1 epochs" in result["abort_reason"]
+    records = read_log(out / "mlperf_log.txt")
+    assert records[-1]["key"] == "run_stop" and records[-1]["metadata"]["status"] == "aborted"
+    verdict = check(out / "mlperf_log.txt")
+    assert verdict.valid, verdict.output
+
+
+def test_sigint_mid_run_leaves_aborted_log(tmp_path):
+    out = tmp_path / "interrupted"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "trainperf", "run", "resnet", "--seed", "1", "--out", str(out),
+                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    log = out / "mlperf_log.txt"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (log.exists() and '"epoch_start"' in log.read_text()):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr
+    assert "Traceback" not in stderr
+    records = read_log(log)
+    assert records[-1]["key"] == "run_stop"
+    assert records[-1]["metadata"]["status"] == "aborted"
+    assert records[-1]["metadata"]["reason"] == "received SIGINT"
+    assert json.loads((out / "result.json").read_text())["status"] == "aborted"
+
+
+def test_full_path_on_tiny_imagenet_folder(tmp_path):
+    data = _imagenet_folder(tmp_path / "imagenet")
+    out = tmp_path / "full"
+    code = main(["run", "resnet", "--scale", "full", "--data", str(data), "--seed", "0", "--out", str(out),
+                 "--quiet", "--division", "open", "--set", "global_batch_size=4", "--set", "max_epochs=1",
+                 "--set", "eval_first=1", "--set", "num_workers=2", "--set", "image_size=64",
+                 "--set", "eval_resize=73", "--set", "eval_batch_size=3"])
+    assert code == 1  # a ResNet-50 does not reach 75.9% in one step on noise
+    result = json.loads((out / "result.json").read_text())
+    assert result["epochs"] == 1 and result["samples"] == 8
+    assert result["train_samples"] == 8 and result["eval_samples"] == 4
+    assert len(result["evaluations"]) == 1 and 0.0 <= result["final_metric"] <= 1.0
+    assert result["recipe"]["model"] == "resnet50" and result["recipe"]["optimizer"] == "lars"
+    records = read_log(out / "mlperf_log.txt")
+    keys = [r["key"] for r in records]
+    for key in ("lars_opt_base_learning_rate", "lars_opt_end_learning_rate", "lars_epsilon",
+                "lars_opt_learning_rate_decay_poly_power", "lars_opt_learning_rate_decay_steps",
+                "lars_opt_learning_rate_warmup_epochs", "lars_opt_momentum", "lars_opt_weight_decay"):
+        assert keys.count(key) == 1, key
+    assert check(out / "mlperf_log.txt").valid
+
+
+@pytest.mark.parametrize("name", list(ResNetWorkload().recipes("full")))
+def test_full_recipes_hyperparameters_pass_closed_rules(tmp_path, name):
+    """Each full recipe's hyperparameter block, in an otherwise minimal closed-division log, passes the
+    official closed ResNet rules (LR multiple, end LR, weight decay 1e-4*2^N, required keys)."""
+    workload = ResNetWorkload()
+    recipe = workload.recipe("full", name)
+    ctx = type("Ctx", (), {"world_size": 8})()
+    hp = workload.mlperf_hyperparameters(recipe, ctx)
+    assert hp["model_bn_span"] == recipe.global_batch_size // 8
+    log = MLPerfLog(tmp_path / "closed.txt")
+    t = 1_700_000_000_000
+    log.event("cache_clear", True, time_ms=t)
+    for key, value in (("submission_org", "trainperf"), ("submission_platform", "8xGPU"),
+                       ("submission_division", "closed"), ("submission_status", "onprem"),
+                       ("submission_benchmark", "resnet")):
+        log.event(key, value, time_ms=t)
+    log.start("init_start", time_ms=t)
+    for key, value in {"seed": 1, "global_batch_size": recipe.global_batch_size,
+                       "gradient_accumulation_steps": 1, **hp}.items():
+        log.event(key, value, time_ms=t)
+    log.end("init_stop", time_ms=t + 1)
+    log.start("run_start", time_ms=t + 2)
+    log.event("train_samples", 1281167, time_ms=t + 2)
+    log.event("eval_samples", 50000, time_ms=t + 2)
+    log.start("block_start", metadata={"first_epoch_num": 1, "epoch_count": 1}, time_ms=t + 3)
+    log.start("epoch_start", metadata={"epoch_num": 1}, time_ms=t + 3)
+    log.end("epoch_stop", metadata={"epoch_num": 1}, time_ms=t + 4)
+    log.start("eval_start", metadata={"epoch_num": 1}, time_ms=t + 4)
+    log.end("eval_stop", metadata={"epoch_num": 1}, time_ms=t + 5)
+    log.event("eval_accuracy", 0.76, metadata={"epoch_num": 1}, time_ms=t + 5)
+    log.end("block_stop", metadata={"first_epoch_num": 1}, time_ms=t + 5)
+    log.end("run_stop", metadata={"status": "success"}, time_ms=t + 6)
+    log.close()
+    verdict = check(tmp_path / "closed.txt")
+    assert verdict.valid and verdict.division == "closed", verdict.output
+
+
+def test_prepare_mini_writes_imagenet_layout(tmp_path, capsys):
+    root = tmp_path / "mini"
+    assert main(["prepare", "resnet", "--data", str(root)]) == 0
+    train = D.scan_split(root, "train")
+    val = D.scan_split(root, "val", train.classes)
+    assert train.classes == [f"n{d:08d}" for d in range(10)]
+    assert (len(train.paths), len(val.paths)) == (1437, 360)
+    assert all(p.suffix == ".JPEG" for p in train.paths[:20])
+    assert tuple(D.decode(train.paths[0]).shape) == (3, 32, 32)
+    assert not (set(p.name for p in train.paths) & set(p.name for p in val.paths))
+    assert main(["prepare", "resnet", "--data", str(root)]) == 0
+    assert "already present" in capsys.readouterr().out
+
+
+def test_prepare_full_reports_what_is_missing(tmp_path, capsys):
+    data = _imagenet_folder(tmp_path / "imagenet")
+    assert main(["prepare", "resnet", "--scale", "full", "--data", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert "8 train images in 2 classes, 4 val images" in out and "ILSVRC-2012 has 1281167" in out
