@@ -17,6 +17,7 @@ import torch
 
 from trainperf import registry
 from trainperf.harness import RunConfig, run
+from trainperf.runtime import speedups
 from trainperf.runtime.context import RuntimeContext
 
 
@@ -32,7 +33,8 @@ def harness_time(workload, recipe, data_dir: Path, seed: int, log_dir: Path) -> 
 def minimal_loop_time(workload, recipe, data_dir: Path, seed: int) -> float:
     ctx = RuntimeContext.create("cpu")
     torch.manual_seed(seed)
-    parts = workload.build(recipe, ctx)
+    # The same model in the same memory layout as the harness runs it (speedups of the recipe applied).
+    parts = speedups.apply(workload, recipe, workload.build(recipe, ctx))
     start = time.perf_counter()
     data = workload.load_data(recipe, data_dir, ctx)
     sched = torch.optim.lr_scheduler.LambdaLR(parts.optimizer, parts.lr_schedule(data.steps_per_epoch))

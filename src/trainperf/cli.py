@@ -27,9 +27,9 @@ def _data_dir(workload: Workload, scale: str, data: str | None) -> Path:
 
 def cmd_list(args: argparse.Namespace) -> int:
     table = Table(title="trainperf workloads")
-    for column in ("workload", "MLPerf key", "ruleset", "metric", "target mini", "target full",
-                   "mini data", "summary"):
-        table.add_column(column)
+    for column in ("workload", "MLPerf key", "ruleset", "metric", "target mini", "target full", "mini data",
+                   "what"):
+        table.add_column(column, no_wrap=column != "what")
     for name in registry.names():
         w = registry.get(name)
         mini_dir = w.default_data_dir("mini")
@@ -38,7 +38,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         table.add_row(name, w.benchmark, w.ruleset, w.metric.name,
                       f"{direction} {w.recipe('mini').target}", f"{direction} {w.recipe('full').target}",
                       ready, w.summary)
-    Console().print(table)
+    # Wide enough for the table when the output is a pipe (rich would assume 80 columns).
+    Console(width=None if sys.stdout.isatty() else 140).print(table)
     return 0
 
 

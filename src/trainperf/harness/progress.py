@@ -79,7 +79,8 @@ class RichProgress(PlainProgress):
 
     def epoch_start(self, epoch: int) -> None:
         super().epoch_start(epoch)
-        self._bar.reset(self._task, epoch=f"{epoch}/{self.max_epochs}", eval=self._last_eval)
+        # reset() replaces the task's fields wholesale: pass all of them.
+        self._bar.reset(self._task, epoch=f"{epoch}/{self.max_epochs}", rate=0.0, loss="-", eval=self._last_eval)
 
     def wants_loss(self) -> bool:
         return time.perf_counter() - self._last_refresh >= self.REFRESH_S

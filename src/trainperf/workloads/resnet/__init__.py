@@ -113,7 +113,7 @@ class ResNetWorkload(Workload):
     benchmark = "resnet"
     ruleset = "1.0.0"
     metric = Metric("top1", higher_is_better=True)
-    summary = "ResNet-50 v1.5, ImageNet top-1 (mini: small ResNet on real handwritten digits)"
+    summary = "ResNet-50 v1.5 on ImageNet (mini: a small ResNet on real handwritten digits)"
     mlperf_runs = 5
     supports_channels_last = True
 
