@@ -57,7 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from trainperf.harness.progress import make_progress
     from trainperf.paths import default_run_dir
     from trainperf.results import run_folder
-    from trainperf.runtime.context import RuntimeContext
+    from trainperf.runtime import distributed
 
     workload = registry.get(args.workload)
     recipe = workload.recipe(args.scale, args.recipe).with_overrides(args.set or [])
@@ -66,24 +66,75 @@ def cmd_run(args: argparse.Namespace) -> int:
     problems = workload.data_problems(args.scale, data_dir)
     if problems and args.scale == "full":
         raise TrainperfError(problems[0])
-    ctx = RuntimeContext.create(args.device)
+    placement = distributed.env_placement()
+    in_group = placement is not None and placement[2] > 1
+    if args.nproc < 1:
+        raise TrainperfError(f"--nproc {args.nproc}: expected a number of processes >= 1")
+    if in_group and args.nproc > 1:
+        raise TrainperfError("--nproc: this process was already started by a launcher (torchrun/srun)")
+    if args.nproc > 1 and recipe.global_batch_size % args.nproc:
+        raise TrainperfError(f"--nproc {args.nproc}: global_batch_size {recipe.global_batch_size} "
+                             "is not divisible by the number of processes")
     out_dir = Path(args.out) if args.out else default_run_dir(workload.name)
-    run_folder.check_free(out_dir)
-    if problems:
+    is_main = placement is None or placement[0] == 0
+    if is_main:
+        run_folder.check_free(out_dir)
+    if problems and not in_group:
         workload.prepare(args.scale, data_dir, print)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") % (2**31)
-    log_path = run_folder.claim(out_dir)
-    division = args.division or ("closed" if args.scale == "full" else "open")
-    config = RunConfig(workload=workload, recipe=recipe, scale=args.scale, data_dir=data_dir, seed=seed,
-                       log_path=log_path, division=division, org=args.org, clear_caches=args.clear_caches)
-    result = run(config, ctx, make_progress(args.quiet))
-    result_path = run_folder.save(out_dir, result)
-    ttt = f"{result.time_to_train_s:.2f} s" if result.time_to_train_s is not None else "-"
-    print(f"{workload.name} {args.scale}: {result.status} in {ttt}"
-          + (f" ({result.epochs_to_target} epochs, {workload.metric.name} {result.final_metric:.4f})"
-             if result.status == "success" else f" ({result.abort_reason})"))
-    print(f"log: {log_path}\nresult: {result_path}")
+
+    if args.nproc > 1:
+        # Every process gets the same run folder and seed; rank 0 writes the log and result.
+        argv = _passthrough_argv(args, out_dir, seed)
+        code = distributed.launch_local(args.nproc, argv)
+        result_path = out_dir / run_folder.RESULT_NAME
+        if result_path.exists():
+            _print_summary(workload, args.scale, run_folder.load(out_dir), out_dir)
+        return code
+
+    ctx = distributed.init_from_env(args.device)
+    seed = distributed.agree_seed(ctx, seed)
+    try:
+        log_path = run_folder.claim(out_dir) if ctx.is_main else None
+        division = args.division or ("closed" if args.scale == "full" else "open")
+        config = RunConfig(workload=workload, recipe=recipe, scale=args.scale, data_dir=data_dir, seed=seed,
+                           log_path=log_path, division=division, org=args.org, clear_caches=args.clear_caches)
+        result = run(config, ctx, make_progress(args.quiet))
+    finally:
+        distributed.shutdown()
+    if not ctx.is_main:
+        return 0 if result.status == "success" else 1
+    run_folder.save(out_dir, result)
+    if not in_group:
+        _print_summary(workload, args.scale, result.to_dict(), out_dir)
+    elif result.status != "success":
+        print(f"trainperf: run aborted: {result.abort_reason}", file=sys.stderr)
     return 0 if result.status == "success" else 1
+
+
+def _passthrough_argv(args: argparse.Namespace, out_dir: Path, seed: int) -> list[str]:
+    argv = ["run", args.workload, "--scale", args.scale, "--out", str(out_dir), "--seed", str(seed),
+            "--org", args.org]
+    for flag, value in (("--data", args.data), ("--recipe", args.recipe), ("--device", args.device),
+                        ("--division", args.division)):
+        if value is not None:
+            argv += [flag, str(value)]
+    for item in args.set or []:
+        argv += ["--set", item]
+    argv += [flag for flag, on in (("--clear-caches", args.clear_caches), ("--quiet", args.quiet)) if on]
+    return argv
+
+
+def _print_summary(workload: Workload, scale: str, result: dict, out_dir: Path) -> None:
+    ttt = f"{result['time_to_train_s']:.2f} s" if result["time_to_train_s"] is not None else "-"
+    if result["status"] == "success":
+        detail = f"{result['epochs_to_target']} epochs, {workload.metric.name} {result['final_metric']:.4f}"
+    else:
+        detail = result["abort_reason"]
+    procs = result["environment"].get("world_size", 1)
+    print(f"{workload.name} {scale}: {result['status']} in {ttt} ({detail})"
+          + (f" on {procs} processes" if procs > 1 else ""))
+    print(f"log: {out_dir / 'mlperf_log.txt'}\nresult: {out_dir / 'result.json'}")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -100,6 +151,56 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"{log}: {result.verdict} (official mlperf_logging compliance checker, training ruleset "
           f"{result.ruleset}, {result.division} division, benchmark {result.benchmark})")
     return 0 if result.valid else 1
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    from trainperf.bench import scaling
+
+    workload = registry.get(args.workload)
+    nprocs = scaling.parse_nprocs(args.nproc)
+    recipe = workload.recipe(args.scale, args.recipe).with_overrides(args.set or [])
+    if args.runs < 1:
+        raise TrainperfError(f"--runs {args.runs}: expected >= 1")
+    data_dir = _data_dir(workload, args.scale, args.data)
+    problems = workload.data_problems(args.scale, data_dir)
+    if problems and args.scale == "full":
+        raise TrainperfError(problems[0])
+    if problems:
+        workload.prepare(args.scale, data_dir, print)
+    out_dir = Path(args.out) if args.out else Path("runs") / f"scale-{workload.name}-{_stamp()}"
+    if (out_dir / "scaling.json").exists():
+        raise TrainperfError(f"--out {out_dir}: already holds a scaling study; choose another folder")
+    run_args = ["--scale", args.scale]
+    for flag, value in (("--data", args.data), ("--recipe", args.recipe), ("--device", args.device)):
+        if value is not None:
+            run_args += [flag, value]
+    for item in args.set or []:
+        run_args += ["--set", item]
+    rows = scaling.run_study(workload.name, nprocs, args.runs, recipe.global_batch_size, out_dir, run_args,
+                             fixed_global_batch=args.fixed_global_batch)
+    mode = "fixed global batch" if args.fixed_global_batch else "fixed per-device batch"
+    title = f"{workload.name} {args.scale}: {mode}, {args.runs} run(s) per point"
+    paths = scaling.save(rows, out_dir, title)
+    print(title)
+    print(scaling.table_text(rows))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def cmd_slurm(args: argparse.Namespace) -> int:
+    from trainperf.runtime.slurm import sbatch_script
+
+    workload = registry.get(args.workload)
+    print(sbatch_script(workload.name, args.nodes, args.gpus_per_node, args.run_args, partition=args.partition,
+                        account=args.account, time_limit=args.time, cpus_per_gpu=args.cpus_per_gpu,
+                        port=args.port), end="")
+    return 0
+
+
+def _stamp() -> str:
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,12 +226,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="run folder (default: runs/<workload>-<UTC time>/)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a recipe field (repeatable)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when present)")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="data-parallel processes to start on this machine (torch elastic launcher)")
     p.add_argument("--division", choices=("closed", "open"),
                    help="submission_division (default: closed for full, open for mini)")
     p.add_argument("--org", default="trainperf", help="submission_org to log")
     p.add_argument("--clear-caches", action="store_true", help="drop the OS page cache first (needs root)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("scale", help="scaling study: time-to-train, speedup and efficiency from 1 to N processes")
+    p.add_argument("workload")
+    p.add_argument("--nproc", default="1,2", metavar="N,N,...", help="process counts (default: 1,2)")
+    p.add_argument("--runs", type=int, default=1, help="runs per process count; the median is reported")
+    p.add_argument("--scale", choices=SCALES, default="mini")
+    p.add_argument("--data", metavar="DIR")
+    p.add_argument("--recipe", metavar="NAME")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p.add_argument("--device")
+    p.add_argument("--fixed-global-batch", action="store_true",
+                   help="keep the recipe's global batch at every size (default: keep the per-device batch)")
+    p.add_argument("--out", metavar="DIR", help="study folder (default: runs/scale-<workload>-<UTC time>/)")
+    p.set_defaults(func=cmd_scale)
+
+    p = sub.add_parser("slurm", help="print an sbatch script: one torchrun per node, c10d rendezvous")
+    p.add_argument("workload")
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--gpus-per-node", type=int, required=True)
+    p.add_argument("--partition")
+    p.add_argument("--account")
+    p.add_argument("--time", default="04:00:00", help="Slurm time limit (default: 04:00:00)")
+    p.add_argument("--cpus-per-gpu", type=int, default=8)
+    p.add_argument("--port", type=int, default=29500, help="rendezvous port on the first node")
+    p.set_defaults(func=cmd_slurm, takes_run_args=True)
+    p.epilog = "Arguments after -- are passed to `trainperf run WORKLOAD` on every node, safely quoted."
 
     p = sub.add_parser("check", help="run the official MLPerf compliance checker on a log")
     p.add_argument("log")
@@ -142,7 +271,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `trainperf slurm WORKLOAD ... -- RUN ARGS`: everything after -- is for `trainperf run`.
+    run_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, run_args = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if run_args and not getattr(args, "takes_run_args", False):
+        parser.error(f"unexpected arguments after --: {' '.join(run_args)}")
+    args.run_args = run_args
     try:
         return int(args.func(args))
     except TrainperfError as exc:

@@ -163,6 +163,16 @@ class ModelParts:
 
 
 @dataclass
+class EvalPartial:
+    """One process's share of an evaluation. The harness combines all processes (sums added, gathers
+    concatenated in rank order) and `metric` turns the combined tensors into the quality value."""
+
+    metric: Callable[[dict[str, torch.Tensor]], float]
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    gathers: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
 class DataParts:
     """What a workload opens after run_start: the training batches and the evaluation."""
 
@@ -171,8 +181,8 @@ class DataParts:
     steps_per_epoch: int
     train_samples: int
     eval_samples: int
-    # evaluate(model) -> the quality metric over the whole evaluation set.
-    evaluate: Callable[[torch.nn.Module], float]
+    # evaluate(model) -> this process's share of the evaluation set, scored (see EvalPartial).
+    evaluate: Callable[[torch.nn.Module], EvalPartial]
     batch_samples: Callable[[Any], int] = field(default=lambda batch: int(batch[0].shape[0]))
 
 

@@ -16,7 +16,7 @@ from tests.conftest import read_log
 from trainperf.errors import TrainperfError
 from trainperf.harness import RunConfig, run
 from trainperf.runtime.context import RuntimeContext
-from trainperf.spec import DataParts, Metric, ModelParts, Recipe, Workload
+from trainperf.spec import DataParts, EvalPartial, Metric, ModelParts, Recipe, Workload
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,12 @@ class FakeWorkload(Workload):
                     self.on_step(epoch, i)
                 yield x[i:i + 4], y[i:i + 4]
 
+        def evaluate(model: nn.Module) -> EvalPartial:
+            return EvalPartial(metric=lambda totals: totals["score"].item(),
+                               sums={"score": torch.tensor(next(scores), dtype=torch.float64)})
+
         return DataParts(train_batches=batches, steps_per_epoch=4, train_samples=16, eval_samples=8,
-                         evaluate=lambda model: next(scores))
+                         evaluate=evaluate)
 
 
 def _run(tmp_path: Path, workload: FakeWorkload, **overrides: Any):

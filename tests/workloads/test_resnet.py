@@ -23,15 +23,16 @@ from trainperf.workloads.resnet import MINI_RECIPE, ResNetWorkload
 from trainperf.workloads.resnet import data as D
 
 
-def _imagenet_folder(root: Path, classes: int = 2, train_per_class: int = 4, val_per_class: int = 2) -> Path:
-    """A tiny ImageNet-layout folder of real JPEGs of varied sizes."""
+def _imagenet_folder(root: Path, classes: int = 2, train_per_class: int = 4, val_per_class: int = 2,
+                     size: tuple[int, int] | None = None) -> Path:
+    """A tiny ImageNet-layout folder of real JPEGs (of varied sizes unless `size` is given)."""
     gen = torch.Generator().manual_seed(0)
     for split, count in (("train", train_per_class), ("val", val_per_class)):
         for c in range(classes):
             folder = root / split / f"n0144076{c}"
             folder.mkdir(parents=True)
             for i in range(count):
-                h, w = 60 + 10 * i, 80 - 5 * i
+                h, w = size or (60 + 10 * i, 80 - 5 * i)
                 pixels = torch.randint(0, 256, (h, w, 3), generator=gen, dtype=torch.uint8).numpy()
                 Image.fromarray(pixels).save(folder / f"n0144076{c}_{i}.JPEG")
     return root

@@ -26,7 +26,7 @@ from mlperf_logging.mllog import constants as C
 from trainperf.errors import RunAborted, TrainperfError
 from trainperf.harness.mlperf_log import MLPerfLog
 from trainperf.harness.progress import NoProgress, PlainProgress
-from trainperf.runtime import environment, speedups
+from trainperf.runtime import distributed, environment, speedups
 from trainperf.runtime.context import RuntimeContext
 from trainperf.runtime.step import TrainStep
 from trainperf.spec import Evaluation, Recipe, RunResult, Workload
@@ -118,8 +118,12 @@ def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None =
             except TrainperfError as exc:
                 reason = str(exc)
             except Exception as exc:  # noqa: BLE001 - the log must close whatever went wrong
-                reason = f"internal error: {type(exc).__name__}: {exc}"
-                bug = exc
+                if ctx.distributed and _collective_failure(exc):
+                    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    reason = f"rank {ctx.rank}: a collective failed, another rank died or hung ({first_line})"
+                else:
+                    reason = f"internal error: {type(exc).__name__}: {exc}"
+                    bug = exc
             loop.stop(status, reason)
     finally:
         progress.close()
@@ -127,6 +131,18 @@ def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None =
     if bug is not None:
         raise bug
     return loop.result(status, reason)
+
+
+_COLLECTIVE_MARKERS = ("gloo", "nccl", "connection closed by peer", "connection reset", "processgroup", "c10d",
+                       "timed out")
+
+
+def _collective_failure(exc: BaseException) -> bool:
+    """A failed collective (a peer died or hung), as opposed to a bug in trainperf or a workload."""
+    if isinstance(exc, torch.distributed.DistError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(marker in text for marker in _COLLECTIVE_MARKERS)
 
 
 class _TimedLoop:
@@ -166,11 +182,14 @@ class _TimedLoop:
         log.event(C.SEED, config.seed, time_ms=clock.now_ms())
         torch.manual_seed(config.seed)
         parts = speedups.apply(workload, recipe, workload.build(recipe, ctx))
+        parts = distributed.wrap_data_parallel(parts, ctx)
         now = clock.now_ms()
         log.event(C.GLOBAL_BATCH_SIZE, recipe.global_batch_size, time_ms=now)
         log.event(C.GRADIENT_ACCUMULATION_STEPS, recipe.grad_accum_steps, time_ms=now)
         for key, value in workload.mlperf_hyperparameters(recipe, ctx).items():
             log.event(key, value, time_ms=now)
+        if ctx.distributed:
+            distributed.preflight(ctx)
         self._end_init()
         ctx.barrier()
         self.run_start_ms = clock.now_ms()
@@ -192,7 +211,9 @@ class _TimedLoop:
             self.run_start_ms = self.clock.now_ms()
             self.log.start(C.RUN_START, time_ms=self.run_start_ms)
             reason = f"{reason} (during initialisation)"
-        self.ctx.barrier()
+        if status == "success":
+            # The time is the slowest rank's. An aborted run skips this: a peer may be gone.
+            self.ctx.barrier()
         self.run_stop_ms = self.clock.now_ms()
         metadata = {"status": status}
         if reason:
@@ -276,26 +297,34 @@ class _TimedLoop:
             steps += 1
             samples += data.batch_samples(batch)
             rate = samples / max(time.perf_counter() - wall0, 1e-9)
-            progress.step(epoch, steps, rate, float(loss) if progress.wants_loss() else None)
-        mean_loss = float(loss_sum) / max(steps, 1)
+            progress.step(epoch, steps, rate * self.ctx.world_size, float(loss) if progress.wants_loss() else None)
+        # One reduction per epoch: every rank sees the same loss and sample count, so all ranks take
+        # the same stop decision.
+        counts = torch.tensor([float(steps), float(samples)], device=self.ctx.device)
+        totals = self.ctx.all_reduce_sum(torch.cat([loss_sum.float().reshape(1), counts]))
+        mean_loss = float(totals[0]) / max(float(totals[1]), 1.0)
+        samples = int(totals[2])
         if not math.isfinite(mean_loss):
             raise RunAborted(f"non-finite training loss in epoch {epoch}")
         t1 = clock.now_ms()
         log.end(C.EPOCH_STOP, metadata={"epoch_num": epoch}, time_ms=t1)
         seconds = (t1 - t0) / 1000.0
         self.epochs_done = epoch
-        self.samples += samples * self.ctx.world_size
+        self.samples += samples
         self.train_time_s += seconds
         self.epoch_times_s.append(seconds)
-        progress.epoch_end(epoch, samples * self.ctx.world_size / max(seconds, 1e-9), mean_loss)
+        progress.epoch_end(epoch, samples / max(seconds, 1e-9), mean_loss)
 
     def _evaluate(self, epoch: int, model: torch.nn.Module, data: Any) -> bool:
         log, clock = self.log, self.clock
         recipe, metric = self.config.recipe, self.config.workload.metric
         log.start(C.EVAL_START, metadata={"epoch_num": epoch}, time_ms=clock.now_ms())
+        # Evaluate the bare model: DDP would sync buffers on every forward, and shards differ in size.
+        model = getattr(model, "module", model)
         model.eval()
         with torch.no_grad():
-            value = float(data.evaluate(model))
+            partial = data.evaluate(model)
+            value = float(partial.metric(self.ctx.combine(partial)))
         now = clock.now_ms()
         log.end(C.EVAL_STOP, metadata={"epoch_num": epoch}, time_ms=now)
         log.event(C.EVAL_ACCURACY, value, metadata={"epoch_num": epoch}, time_ms=now)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from trainperf.errors import TrainperfError
@@ -28,6 +29,14 @@ def claim(out_dir: Path) -> Path:
     except OSError as exc:
         raise TrainperfError(f"--out {out_dir}: cannot create folder ({exc.strerror})") from None
     return out_dir / LOG_NAME
+
+
+def load(out_dir: Path) -> dict:
+    path = out_dir / RESULT_NAME
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise TrainperfError(f"{path}: cannot read result ({exc})") from None
 
 
 def save(out_dir: Path, result: RunResult) -> Path:

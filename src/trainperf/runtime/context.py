@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from trainperf.errors import TrainperfError
+from trainperf.spec import EvalPartial
 
 
 @dataclass
@@ -27,9 +28,43 @@ class RuntimeContext:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+
     def barrier(self) -> None:
-        if self.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        if self.distributed:
             torch.distributed.barrier()
+
+    def shard(self, n: int) -> range:
+        """This rank's contiguous share of n items: every item exactly once across ranks, no padding."""
+        return range(self.rank * n // self.world_size, (self.rank + 1) * n // self.world_size)
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.distributed:
+            tensor = tensor.clone()
+            torch.distributed.all_reduce(tensor)
+        return tensor
+
+    def all_gather_cat(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate a tensor across ranks in rank order (shards may differ in length)."""
+        if not self.distributed:
+            return tensor
+        size = torch.tensor([tensor.shape[0]], device=tensor.device)
+        sizes = [torch.zeros_like(size) for _ in range(self.world_size)]
+        torch.distributed.all_gather(sizes, size)
+        longest = int(max(s.item() for s in sizes))
+        padded = torch.zeros((longest, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        padded[: tensor.shape[0]] = tensor
+        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+        torch.distributed.all_gather(parts, padded)
+        return torch.cat([part[: int(s.item())] for part, s in zip(parts, sizes, strict=True)])
+
+    def combine(self, partial: EvalPartial) -> dict[str, torch.Tensor]:
+        """Merge every rank's share of an evaluation: sums added, gathered tensors concatenated."""
+        out = {key: self.all_reduce_sum(value) for key, value in partial.sums.items()}
+        out.update({key: self.all_gather_cat(value) for key, value in partial.gathers.items()})
+        return out
 
     @classmethod
     def create(cls, device: str | None = None) -> RuntimeContext:

@@ -10,11 +10,11 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from trainperf.errors import TrainperfError
 from trainperf.optim import LARS, warmup_poly
-from trainperf.spec import DataParts, Metric, ModelParts, Recipe, Workload
+from trainperf.spec import DataParts, EvalPartial, Metric, ModelParts, Recipe, Workload
 from trainperf.workloads.resnet import data as D
 from trainperf.workloads.resnet.model import MiniResNet, build_resnet50
 
@@ -91,6 +91,10 @@ MINI_RECIPE = ResNetRecipe(
     weight_decay=4e-4, image_size=32, eval_resize=32, min_crop_area=0.8, hflip=False, in_memory=True,
     num_workers=0, eval_batch_size=512, channels_last=True,
 )
+
+
+def _top1(totals: dict[str, torch.Tensor]) -> float:
+    return totals["correct"].item() / max(totals["count"].item(), 1)
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -218,73 +222,88 @@ class ResNetWorkload(Workload):
         if len(train_index.classes) > recipe.num_classes:
             raise TrainperfError(f"{data_dir / 'train'}: {len(train_index.classes)} classes, but the model has "
                                  f"{recipe.num_classes} outputs (--set num_classes=N)")
-        per_process = recipe.global_batch_size // ctx.world_size
-        if per_process * ctx.world_size != recipe.global_batch_size:
+        if recipe.global_batch_size % ctx.world_size:
             raise TrainperfError(f"global_batch_size {recipe.global_batch_size} is not divisible by "
                                  f"{ctx.world_size} processes")
         if recipe.in_memory:
-            return self._resident_data(recipe, train_index, val_index, per_process, ctx)
-        return self._streamed_data(recipe, train_index, val_index, per_process, ctx)
+            return self._resident_data(recipe, train_index, val_index, ctx)
+        return self._streamed_data(recipe, train_index, val_index, ctx)
 
     def _resident_data(self, recipe: ResNetRecipe, train_index: D.ImageIndex, val_index: D.ImageIndex,
-                       per_process: int, ctx: Any) -> DataParts:
+                       ctx: Any) -> DataParts:
         device = ctx.device
         train_x, train_y = D.load_resident(train_index, device)
         val_x, val_y = D.load_resident(val_index, device)
-        gen = torch.Generator(device=device)
-        gen.manual_seed(int(torch.initial_seed()))
-        n = train_x.shape[0]
-        steps = -(-n // per_process)
+        # Every process draws the same global order (same seed); each takes its share of every
+        # global batch, so the global batches do not depend on the number of processes.
+        order_gen = torch.Generator(device=device)
+        order_gen.manual_seed(int(torch.initial_seed()))
+        aug_gen = torch.Generator(device=device)
+        aug_gen.manual_seed(int(torch.initial_seed()) + 1 + ctx.rank)
+        n, batch = train_x.shape[0], recipe.global_batch_size
+        # A last global batch smaller than the number of processes would leave a process empty-handed.
+        usable = n if n % batch >= ctx.world_size or n % batch == 0 else n - n % batch
+        steps = -(-usable // batch)
+        eval_shard = ctx.shard(val_x.shape[0])
+        val_x, val_y = val_x[eval_shard.start:eval_shard.stop], val_y[eval_shard.start:eval_shard.stop]
 
         def train_batches(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-            order = torch.randperm(n, device=device, generator=gen)
-            for start in range(0, n, per_process):
-                idx = order[start:start + per_process]
-                images = D.random_resized_crop(train_x[idx].float(), recipe.min_crop_area, recipe.hflip, gen)
+            order = torch.randperm(n, device=device, generator=order_gen)[:usable]
+            for start in range(0, usable, batch):
+                global_idx = order[start:start + batch]
+                mine = ctx.shard(global_idx.shape[0])
+                idx = global_idx[mine.start:mine.stop]
+                images = D.random_resized_crop(train_x[idx].float(), recipe.min_crop_area, recipe.hflip, aug_gen)
                 yield D.normalize(images), train_y[idx]
 
-        def evaluate(model: nn.Module) -> float:
+        def evaluate(model: nn.Module) -> EvalPartial:
             correct = torch.zeros((), dtype=torch.long, device=device)
             for start in range(0, val_x.shape[0], recipe.eval_batch_size):
-                images = D.normalize(val_x[start:start + recipe.eval_batch_size])
-                logits = model(images)
+                logits = model(D.normalize(val_x[start:start + recipe.eval_batch_size]))
                 correct += (logits.argmax(1) == val_y[start:start + recipe.eval_batch_size]).sum()
-            return correct.item() / val_x.shape[0]
+            count = torch.tensor(val_x.shape[0], device=device)
+            return EvalPartial(metric=_top1, sums={"correct": correct, "count": count})
 
-        return DataParts(train_batches=train_batches, steps_per_epoch=steps, train_samples=n,
-                         eval_samples=int(val_x.shape[0]), evaluate=evaluate)
+        return DataParts(train_batches=train_batches, steps_per_epoch=steps, train_samples=usable,
+                         eval_samples=len(val_index.paths), evaluate=evaluate)
 
     def _streamed_data(self, recipe: ResNetRecipe, train_index: D.ImageIndex, val_index: D.ImageIndex,
-                       per_process: int, ctx: Any) -> DataParts:
+                       ctx: Any) -> DataParts:
         device = ctx.device
         pin = device.type == "cuda"
         workers = recipe.num_workers
         extra = {"persistent_workers": True, "prefetch_factor": 4} if workers > 0 else {}
-        gen = torch.Generator()
-        gen.manual_seed(int(torch.initial_seed()))
+        per_process = recipe.global_batch_size // ctx.world_size
         train_set = D.FolderDataset(train_index, D.train_transform(recipe.image_size, recipe.min_crop_area))
+        # The same seed gives the same global order on any number of processes; the sampler deals
+        # each global batch out across processes.
+        sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
+                                     seed=int(torch.initial_seed()) % 2**31, drop_last=True)
         train_loader = DataLoader(
-            train_set, batch_size=per_process, sampler=RandomSampler(train_set, generator=gen),
-            num_workers=workers, pin_memory=pin, drop_last=len(train_set) >= per_process, **extra,
+            train_set, batch_size=per_process, sampler=sampler, num_workers=workers, pin_memory=pin,
+            drop_last=len(sampler) >= per_process, **extra,
         )
-        val_set = D.FolderDataset(val_index, D.eval_transform(recipe.image_size, recipe.eval_resize))
+        shard = ctx.shard(len(val_index.paths))
+        val_set = Subset(D.FolderDataset(val_index, D.eval_transform(recipe.image_size, recipe.eval_resize)),
+                         list(shard))
         val_loader = DataLoader(val_set, batch_size=recipe.eval_batch_size, shuffle=False, num_workers=workers,
                                 pin_memory=pin, **extra)
         train_feed = D.DevicePrefetcher(train_loader, device)
         val_feed = D.DevicePrefetcher(val_loader, device)
 
         def train_batches(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            sampler.set_epoch(epoch)
             for images, labels in train_feed:
                 yield D.normalize(images.to(device)), labels.to(device)
 
-        def evaluate(model: nn.Module) -> float:
+        def evaluate(model: nn.Module) -> EvalPartial:
             correct = torch.zeros((), dtype=torch.long, device=device)
-            total = 0
+            count = torch.zeros((), dtype=torch.long, device=device)
             for images, labels in val_feed:
                 logits = model(D.normalize(images.to(device)))
                 correct += (logits.argmax(1) == labels.to(device)).sum()
-                total += int(labels.shape[0])
-            return correct.item() / total
+                count += labels.shape[0]
+            return EvalPartial(metric=_top1, sums={"correct": correct, "count": count})
 
         return DataParts(train_batches=train_batches, steps_per_epoch=len(train_loader),
-                         train_samples=len(train_set), eval_samples=len(val_set), evaluate=evaluate)
+                         train_samples=len(train_set), eval_samples=len(val_index.paths), evaluate=evaluate)

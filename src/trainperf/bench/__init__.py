@@ -1,0 +1,1 @@
+"""Studies built on complete runs: scaling (and, later, throughput and ablations)."""
