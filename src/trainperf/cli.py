@@ -197,6 +197,30 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_score(args: argparse.Namespace) -> int:
+    from trainperf.results import scoring
+
+    folders = scoring.find_benchmark_folders(Path(args.folder))
+    all_valid = True
+    for folder in folders:
+        result = scoring.score_folder(folder, args.ruleset)
+        all_valid &= result.valid
+        table = Table(title=f"{result.system} / {result.benchmark}  (ruleset {result.ruleset})", title_justify="left")
+        for column in ("run", "minutes", "converged", "epochs/samples to converge"):
+            table.add_column(column)
+        for run in result.runs:
+            table.add_row(Path(run.file).name, f"{run.minutes:.3f}" if run.minutes is not None else "-",
+                          "yes" if run.converged else f"no ({run.reason})",
+                          "-" if run.converge_point is None else f"{run.converge_point:g}")
+        console = Console(width=None if sys.stdout.isatty() else 120)
+        console.print(table)
+        score = f"{result.score:.3f} minutes" if result.score is not None else "none (invalid)"
+        console.print(f"runs found {len(result.runs)}, converged {result.converged}; olympic score: {score}"
+                      + (f"  [{result.note}]" if result.note else ""), highlight=False)
+        console.print(f"RCP check: {result.rcp}\n", highlight=False)
+    return 0 if all_valid else 1
+
+
 def _stamp() -> str:
     from datetime import datetime, timezone
 
@@ -260,6 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=29500, help="rendezvous port on the first node")
     p.set_defaults(func=cmd_slurm, takes_run_args=True)
     p.epilog = "Arguments after -- are passed to `trainperf run WORKLOAD` on every node, safely quoted."
+
+    p = sub.add_parser("score", help="olympic score of MLPerf result folders (trainperf's or published ones)")
+    p.add_argument("folder")
+    p.add_argument("--ruleset", help="checker ruleset (default: the one that knows each benchmark)")
+    p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("check", help="run the official MLPerf compliance checker on a log")
     p.add_argument("log")

@@ -1,0 +1,187 @@
+"""Score benchmark result folders the MLPerf way: per-run time-to-train and the olympic mean.
+
+Works on any folder of `result_*.txt` MLPerf logs (trainperf's own submission layout, or one
+published in the MLCommons `training_results_vX.Y` repositories): logs are read with the official
+`mlperf_logging` parser (noise lines and rank prefixes are skipped) and checked with the official
+compliance checker. A run counts as converged when its log passes the checker and its `run_stop`
+status is `success`. Score: drop the fastest and the slowest run (four each for unet3d) and average
+the rest; non-converged runs count as the slowest, and more of them than runs dropped makes the
+score invalid (MLPerf Training rules, "Benchmark Results").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlperf_logging.benchmark_meta import get_result_file_counts
+from mlperf_logging.compliance_checker import mlp_compliance
+from mlperf_logging.compliance_checker.mlp_parser import parse_file
+
+from trainperf.errors import TrainperfError
+from trainperf.results.compliance import ruleset_for
+
+
+@dataclass
+class RunScore:
+    file: str
+    minutes: float | None  # run_start -> run_stop
+    converged: bool
+    reason: str | None  # why the run does not count as converged
+    converge_point: float | None  # epoch_num (or samples_count) of the last evaluation
+    division: str | None = None
+
+
+@dataclass
+class BenchmarkScore:
+    system: str
+    benchmark: str
+    folder: str
+    ruleset: str
+    runs: list[RunScore] = field(default_factory=list)
+    required_runs: int | None = None
+    score: float | None = None  # olympic mean, minutes
+    mean: float | None = None  # plain mean of converged runs (shown when there are too few for olympic)
+    valid: bool = False  # not invalidated by non-converged runs
+    note: str = ""
+    rcp: str | None = None
+
+    @property
+    def converged(self) -> int:
+        return sum(1 for r in self.runs if r.converged)
+
+
+def max_dropped(benchmark: str) -> int:
+    return 4 if benchmark == "unet3d" else 1
+
+
+def olympic_mean(converged_minutes: list[float], non_converged: int, benchmark: str) -> float | None:
+    """Drop the `max_dropped` fastest and slowest (non-converged runs are the slowest); average the rest."""
+    drop = max_dropped(benchmark)
+    if non_converged > drop:
+        return None
+    ordered = sorted(converged_minutes)
+    kept = ordered[drop:len(ordered) - (drop - non_converged)]
+    return statistics.fmean(kept) if kept else None
+
+
+def find_benchmark_folders(root: Path) -> list[Path]:
+    """Every folder under `root` (itself included) that holds result_*.txt logs."""
+    if not root.exists():
+        raise TrainperfError(f"{root}: no such folder")
+    if root.is_file():
+        raise TrainperfError(f"{root}: expected a results folder, got a file")
+    folders = sorted({p.parent for p in root.rglob("result_*.txt")})
+    if not folders:
+        raise TrainperfError(f"{root}: no result_*.txt MLPerf logs found (expected results/<system>/<benchmark>/)")
+    return folders
+
+
+@contextlib.contextmanager
+def _quiet() -> None:
+    """The official checker prints and logs freely; keep its chatter out of trainperf's output."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        root.setLevel(level)
+
+
+def _read(path: Path, ruleset: str) -> dict:
+    lines, _failed = parse_file(str(path), ruleset=ruleset)
+    info: dict = {"benchmark": None, "division": None, "start": None, "stop": None, "status": None, "point": None}
+    for line in lines:
+        key, value = line.key, line.value
+        if key == "submission_benchmark" and info["benchmark"] is None:
+            info["benchmark"] = value["value"]
+        elif key == "submission_division" and info["division"] is None:
+            info["division"] = value["value"]
+        elif key == "run_start" and info["start"] is None:
+            info["start"] = line.timestamp
+        elif key == "run_stop" and info["stop"] is None:
+            info["stop"] = line.timestamp
+            info["status"] = value["metadata"].get("status")
+        elif key == "eval_accuracy":
+            meta = value.get("metadata", {})
+            info["point"] = meta.get("samples_count", meta.get("epoch_num", info["point"]))
+    return info
+
+
+def score_run(path: Path, ruleset: str) -> tuple[RunScore, str | None]:
+    info = _read(path, ruleset)
+    minutes = None
+    if info["start"] is not None and info["stop"] is not None:
+        minutes = (info["stop"] - info["start"]) / 60_000.0
+    with _quiet():
+        checker = mlp_compliance.make_checker("training", ruleset, True, False)
+        compliant = checker.check_file(str(path), f"training_{ruleset}/common.yaml")
+    reason = None
+    if minutes is None:
+        reason = "no run_start/run_stop"
+    elif not compliant:
+        reason = "fails the compliance check"
+    elif info["status"] != "success":
+        reason = f"run_stop status {info['status']}"
+    run = RunScore(file=str(path), minutes=minutes, converged=reason is None, reason=reason,
+                   converge_point=info["point"], division=info["division"])
+    return run, info["benchmark"]
+
+
+def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True) -> BenchmarkScore:
+    files = sorted(folder.glob("result_*.txt"), key=lambda p: (len(p.name), p.name))
+    if not files:
+        raise TrainperfError(f"{folder}: no result_*.txt logs")
+    first = _read(files[0], ruleset or "1.0.0")
+    benchmark = first["benchmark"]
+    if benchmark is None:
+        raise TrainperfError(f"{files[0]}: no submission_benchmark record")
+    ruleset = ruleset or ruleset_for(benchmark)
+    if ruleset is None:
+        raise TrainperfError(f"{folder}: no compliance ruleset known for benchmark {benchmark!r} (use --ruleset)")
+    result = BenchmarkScore(system=folder.parent.name, benchmark=benchmark, folder=str(folder), ruleset=ruleset)
+    for path in files:
+        run, _ = score_run(path, ruleset)
+        result.runs.append(run)
+    result.required_runs = get_result_file_counts("training").get(benchmark)
+    minutes = [r.minutes for r in result.runs if r.converged and r.minutes is not None]
+    non_converged = len(result.runs) - len(minutes)
+    drop = max_dropped(benchmark)
+    result.score = olympic_mean(minutes, non_converged, benchmark)
+    result.mean = statistics.fmean(minutes) if minutes else None
+    result.valid = non_converged <= drop and bool(minutes)
+    notes = []
+    if non_converged > drop:
+        notes.append(f"invalid: {non_converged} non-converged runs (at most {drop} allowed)")
+    elif non_converged:
+        notes.append(f"{non_converged} non-converged run(s) counted as the slowest")
+    if result.required_runs and len(files) < result.required_runs:
+        notes.append(f"{len(files)} of the {result.required_runs} runs MLPerf requires")
+    if result.score is None and result.valid:
+        notes.append(f"too few runs for olympic scoring; mean of converged runs {result.mean:.3f} minutes")
+    result.note = "; ".join(notes)
+    if rcp:
+        result.rcp = rcp_verdict(folder, ruleset, first["division"])
+    return result
+
+
+def rcp_verdict(folder: Path, ruleset: str, division: str | None) -> str:
+    """The official rcp_checker's verdict on convergence speed (closed division only)."""
+    if division != "closed":
+        return "n/a (open division)"
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    try:
+        with _quiet():
+            # The pruned RCPs are what the official CLI checks by default.
+            ok, message, _norm = rcp_checker.check_directory(str(folder), "training", ruleset, False, False,
+                                                             rcp_pass="pruned_rcps")
+    except Exception as exc:  # noqa: BLE001 - the checker fails in many ways when it has no RCPs
+        return f"n/a (the rcp_checker could not run: {type(exc).__name__} {exc})"
+    return f"{'pass' if ok else 'fail'}: {message}"
