@@ -13,7 +13,7 @@ from rich.table import Table
 
 from trainperf import __version__, registry
 from trainperf.errors import TrainperfError
-from trainperf.spec import SCALES, Workload
+from trainperf.spec import SCALES, Recipe, Workload
 
 
 def _data_dir(workload: Workload, scale: str, data: str | None) -> Path:
@@ -53,8 +53,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from trainperf.harness import RunConfig, run
-    from trainperf.harness.progress import make_progress
     from trainperf.paths import default_run_dir
     from trainperf.results import run_folder
     from trainperf.runtime import distributed
@@ -70,51 +68,106 @@ def cmd_run(args: argparse.Namespace) -> int:
     in_group = placement is not None and placement[2] > 1
     if args.nproc < 1:
         raise TrainperfError(f"--nproc {args.nproc}: expected a number of processes >= 1")
-    if in_group and args.nproc > 1:
-        raise TrainperfError("--nproc: this process was already started by a launcher (torchrun/srun)")
+    if in_group and (args.nproc > 1 or args.runs is not None):
+        raise TrainperfError("--nproc/--runs: this process was already started by a launcher (torchrun/srun)")
     if args.nproc > 1 and recipe.global_batch_size % args.nproc:
         raise TrainperfError(f"--nproc {args.nproc}: global_batch_size {recipe.global_batch_size} "
                              "is not divisible by the number of processes")
     out_dir = Path(args.out) if args.out else default_run_dir(workload.name)
     is_main = placement is None or placement[0] == 0
-    if is_main:
+    if is_main and args.runs is None:
         run_folder.check_free(out_dir)
     if problems and not in_group:
         workload.prepare(args.scale, data_dir, print)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") % (2**31)
+    if args.runs is not None:
+        return _run_series(args, workload, data_dir, out_dir, seed)
+    result = _execute(args, workload, recipe, data_dir, out_dir, seed, in_group)
+    if result is None:
+        return 0  # a rank other than 0: rank 0 reports
+    if not in_group:
+        _print_summary(workload, args.scale, result, out_dir)
+    elif result["status"] != "success":
+        print(f"trainperf: run aborted: {result['abort_reason']}", file=sys.stderr)
+    return 0 if result["status"] == "success" else 1
+
+
+def _execute(args: argparse.Namespace, workload: Workload, recipe: Recipe, data_dir: Path, out_dir: Path,
+             seed: int, in_group: bool = False) -> dict | None:
+    """One run into `out_dir`, in this process or on --nproc processes; rank 0's result (else None)."""
+    from trainperf.harness import RunConfig, run
+    from trainperf.harness.progress import make_progress
+    from trainperf.results import run_folder
+    from trainperf.runtime import distributed
 
     if args.nproc > 1:
         # Every process gets the same run folder and seed; rank 0 writes the log and result.
-        argv = _passthrough_argv(args, out_dir, seed)
-        code = distributed.launch_local(args.nproc, argv)
-        result_path = out_dir / run_folder.RESULT_NAME
-        if result_path.exists():
-            _print_summary(workload, args.scale, run_folder.load(out_dir), out_dir)
-        return code
-
+        distributed.launch_local(args.nproc, _passthrough_argv(args, out_dir, seed))
+        return run_folder.load(out_dir) if (out_dir / run_folder.RESULT_NAME).exists() else None
     ctx = distributed.init_from_env(args.device)
     seed = distributed.agree_seed(ctx, seed)
     try:
         log_path = run_folder.claim(out_dir) if ctx.is_main else None
-        division = args.division or ("closed" if args.scale == "full" else "open")
         config = RunConfig(workload=workload, recipe=recipe, scale=args.scale, data_dir=data_dir, seed=seed,
-                           log_path=log_path, division=division, org=args.org, clear_caches=args.clear_caches)
+                           log_path=log_path, division=_division(args), org=args.org, status=args.status,
+                           clear_caches=args.clear_caches)
         result = run(config, ctx, make_progress(args.quiet))
     finally:
         distributed.shutdown()
     if not ctx.is_main:
-        return 0 if result.status == "success" else 1
+        if result.status != "success":
+            raise SystemExit(1)
+        return None
     run_folder.save(out_dir, result)
-    if not in_group:
-        _print_summary(workload, args.scale, result.to_dict(), out_dir)
-    elif result.status != "success":
-        print(f"trainperf: run aborted: {result.abort_reason}", file=sys.stderr)
-    return 0 if result.status == "success" else 1
+    return result.to_dict()
+
+
+def _division(args: argparse.Namespace) -> str:
+    return args.division or ("closed" if args.scale == "full" else "open")
+
+
+def _run_series(args: argparse.Namespace, workload: Workload, data_dir: Path, out_dir: Path, seed: int) -> int:
+    """N runs with distinct recorded seeds, in the MLPerf submission layout."""
+    import shutil
+
+    from trainperf.results import submission
+    from trainperf.runtime.context import RuntimeContext
+
+    count = args.runs if args.runs > 0 else workload.mlperf_runs
+    device = RuntimeContext.create(args.device).device
+    world = args.nproc if device.type == "cuda" else 1
+    system = args.system or submission.default_system_name(device, world)
+    logs_dir, system_json, details_dir = submission.layout_paths(out_dir, system, workload.benchmark)
+    if logs_dir.exists() and any(logs_dir.glob("result_*.txt")):
+        raise TrainperfError(f"--out {out_dir}: {logs_dir} already holds results; choose another folder")
+    recipe = workload.recipe(args.scale, args.recipe).with_overrides(args.set or [])
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    submission.write_system(system_json, submission.system_description(
+        system, args.org, _division(args), args.status, device, world))
+    print(f"{count} runs of {workload.name} {args.scale} into {out_dir} (system {system})")
+    finished = 0
+    for i in range(count):
+        run_dir = details_dir / f"run_{i}"
+        result = _execute(args, workload, recipe, data_dir, run_dir, seed + i)
+        if result is None:
+            print(f"run {i}: no result (see the messages above); the series stops", file=sys.stderr)
+            break
+        reason = result.get("abort_reason") or ""
+        if reason.startswith(("received SIG", "interrupted")):
+            print(f"run {i}: interrupted; the {finished} finished run(s) are kept", file=sys.stderr)
+            return 130
+        shutil.copyfile(run_dir / "mlperf_log.txt", logs_dir / f".result_{i}.txt.tmp")
+        os.replace(logs_dir / f".result_{i}.txt.tmp", logs_dir / f"result_{i}.txt")
+        finished += 1
+        ttt = f"{result['time_to_train_s']:.2f} s" if result["time_to_train_s"] is not None else "-"
+        print(f"run {i} (seed {seed + i}): {result['status']} in {ttt}")
+    print(f"results: {logs_dir}\nsystem description: {system_json}\nscore it: trainperf score {out_dir}")
+    return 0 if finished == count else 1
 
 
 def _passthrough_argv(args: argparse.Namespace, out_dir: Path, seed: int) -> list[str]:
     argv = ["run", args.workload, "--scale", args.scale, "--out", str(out_dir), "--seed", str(seed),
-            "--org", args.org]
+            "--org", args.org, "--status", args.status]
     for flag, value in (("--data", args.data), ("--recipe", args.recipe), ("--device", args.device),
                         ("--division", args.division)):
         if value is not None:
@@ -221,6 +274,37 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0 if all_valid else 1
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from trainperf.results import scoring
+
+    def scores(root: str) -> dict[str, scoring.BenchmarkScore]:
+        found: dict[str, scoring.BenchmarkScore] = {}
+        for folder in scoring.find_benchmark_folders(Path(root)):
+            result = scoring.score_folder(folder, args.ruleset, rcp=False)
+            found.setdefault(result.benchmark, result)
+        return found
+
+    a, b = scores(args.a), scores(args.b)
+    common = [k for k in a if k in b]
+    if not common:
+        raise TrainperfError(f"{args.a} and {args.b} have no benchmark in common "
+                             f"({', '.join(a) or 'none'} vs {', '.join(b) or 'none'})")
+    table = Table(title="time-to-train (minutes; olympic score, or the mean when there are too few runs)")
+    for column in ("benchmark", f"A: {a[common[0]].system}", f"B: {b[common[0]].system}", "A / B"):
+        table.add_column(column)
+    for key in common:
+        sa, sb = a[key].score or a[key].mean, b[key].score or b[key].mean
+        ratio = f"{sa / sb:.2f}x" if sa and sb else "-"
+        table.add_row(key, f"{sa:.3f}" if sa else "invalid", f"{sb:.3f}" if sb else "invalid", ratio)
+    Console(width=None if sys.stdout.isatty() else 120).print(table)
+    print("A / B above 1 means B trains faster.")
+    for key in common:
+        if a[key].eval_samples != b[key].eval_samples:
+            print(f"warning: {key}: the two were evaluated on different datasets (eval_samples "
+                  f"{a[key].eval_samples} vs {b[key].eval_samples}, e.g. full vs mini): not comparable")
+    return 0
+
+
 def _stamp() -> str:
     from datetime import datetime, timezone
 
@@ -255,6 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--division", choices=("closed", "open"),
                    help="submission_division (default: closed for full, open for mini)")
     p.add_argument("--org", default="trainperf", help="submission_org to log")
+    p.add_argument("--status", default="onprem", choices=("onprem", "cloud", "preview", "research"),
+                   help="submission_status to log (default: onprem)")
+    p.add_argument("--runs", type=int, nargs="?", const=0, metavar="N",
+                   help="N runs (seeds SEED..SEED+N-1) in the MLPerf submission layout; "
+                        "without N: the benchmark's MLPerf run count")
+    p.add_argument("--system", help="system name for the submission layout (default: from the machine)")
     p.add_argument("--clear-caches", action="store_true", help="drop the OS page cache first (needs root)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=cmd_run)
@@ -289,6 +379,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder")
     p.add_argument("--ruleset", help="checker ruleset (default: the one that knows each benchmark)")
     p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser("compare", help="scores of two result folders side by side, with the ratio")
+    p.add_argument("a", metavar="A")
+    p.add_argument("b", metavar="B")
+    p.add_argument("--ruleset")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("check", help="run the official MLPerf compliance checker on a log")
     p.add_argument("log")

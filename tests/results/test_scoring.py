@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlperf_logging.result_summarizer import result_summarizer as official
 
-from tests.conftest import SHARED
+from tests.conftest import SHARED, read_log
 from trainperf.cli import main
 from trainperf.errors import TrainperfError
 from trainperf.results import scoring
@@ -102,3 +102,43 @@ def test_score_command_on_a_trainperf_run(tmp_path, capsys):
 def test_score_rejects_a_folder_without_logs(tmp_path):
     with pytest.raises(TrainperfError, match="no result_\\*.txt MLPerf logs found"):
         scoring.find_benchmark_folders(tmp_path)
+
+
+def test_runs_series_in_submission_layout_passes_official_checkers(tmp_path, caplog, capsys):
+    import json
+    import logging
+
+    from mlperf_logging.package_checker import package_checker
+    from mlperf_logging.system_desc_checker import system_desc_checker
+
+    out = tmp_path / "sub"
+    assert main(["run", "resnet", "--runs", "3", "--seed", "10", "--out", str(out), "--quiet",
+                 "--system", "cpu box"]) == 0
+    logs = sorted((out / "results" / "cpu box" / "resnet").iterdir())
+    assert [p.name for p in logs] == ["result_0.txt", "result_1.txt", "result_2.txt"]
+    seeds = [next(r["value"] for r in read_log(p) if r["key"] == "seed") for p in logs]
+    assert seeds == [10, 11, 12]
+    system = out / "systems" / "cpu box.json"
+    desc = json.loads(system.read_text())
+    assert desc["system_name"] == "cpu box" and desc["submitter"] == "trainperf" and desc["division"] == "open"
+    assert desc["host_processor_vcpu_count"] and desc["framework"].startswith("PyTorch")
+    assert desc["accelerator_model_name"] == "" and desc["accelerators_per_node"] == "0"  # nothing invented
+    with caplog.at_level(logging.INFO):
+        assert system_desc_checker.check_system_desc(str(system), "training", "1.0.0")[0]
+        assert package_checker.check_systems(str(out), "training", "1.0.0")
+        caplog.clear()
+        package_checker.check_training_result_files(str(out), "training", "1.0.0", True, False, True, False, True)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    # With 3 runs the one complaint that applies is the count (MLPerf wants 5 for resnet).
+    assert len(errors) == 1 and "found 3, expected 5" in errors[0]
+    capsys.readouterr()
+    assert main(["score", str(out)]) == 0
+    assert "olympic score:" in capsys.readouterr().out
+
+
+def test_compare_two_result_folders(capsys):
+    if not FIXTURES.is_dir():
+        pytest.skip("../shared/fixtures not present")
+    assert main(["compare", str(FIXTURES), str(FIXTURES)]) == 0
+    out = capsys.readouterr().out
+    assert "resnet" in out and "dlrm" in out and "1.00x" in out

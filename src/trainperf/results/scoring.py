@@ -49,6 +49,7 @@ class BenchmarkScore:
     valid: bool = False  # not invalidated by non-converged runs
     note: str = ""
     rcp: str | None = None
+    eval_samples: int | None = None  # tells a mini result from a full one
 
     @property
     def converged(self) -> int:
@@ -96,13 +97,16 @@ def _quiet() -> None:
 
 def _read(path: Path, ruleset: str) -> dict:
     lines, _failed = parse_file(str(path), ruleset=ruleset)
-    info: dict = {"benchmark": None, "division": None, "start": None, "stop": None, "status": None, "point": None}
+    info: dict = {"benchmark": None, "division": None, "start": None, "stop": None, "status": None, "point": None,
+                  "eval_samples": None}
     for line in lines:
         key, value = line.key, line.value
         if key == "submission_benchmark" and info["benchmark"] is None:
             info["benchmark"] = value["value"]
         elif key == "submission_division" and info["division"] is None:
             info["division"] = value["value"]
+        elif key == "eval_samples" and info["eval_samples"] is None:
+            info["eval_samples"] = value["value"]
         elif key == "run_start" and info["start"] is None:
             info["start"] = line.timestamp
         elif key == "run_stop" and info["stop"] is None:
@@ -145,7 +149,8 @@ def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True) -> 
     ruleset = ruleset or ruleset_for(benchmark)
     if ruleset is None:
         raise TrainperfError(f"{folder}: no compliance ruleset known for benchmark {benchmark!r} (use --ruleset)")
-    result = BenchmarkScore(system=folder.parent.name, benchmark=benchmark, folder=str(folder), ruleset=ruleset)
+    result = BenchmarkScore(system=folder.parent.name, benchmark=benchmark, folder=str(folder), ruleset=ruleset,
+                            eval_samples=first["eval_samples"])
     for path in files:
         run, _ = score_run(path, ruleset)
         result.runs.append(run)
