@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -110,7 +111,8 @@ def _execute(args: argparse.Namespace, workload: Workload, recipe: Recipe, data_
         log_path = run_folder.claim(out_dir) if ctx.is_main else None
         config = RunConfig(workload=workload, recipe=recipe, scale=args.scale, data_dir=data_dir, seed=seed,
                            log_path=log_path, division=_division(args), org=args.org, status=args.status,
-                           clear_caches=args.clear_caches)
+                           clear_caches=args.clear_caches,
+                           extra_env={"command": shlex.join(["trainperf", *getattr(args, "argv", [])])})
         result = run(config, ctx, make_progress(args.quiet))
     finally:
         distributed.shutdown()
@@ -305,6 +307,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from trainperf.report import collect, render
+
+    data = collect.collect([Path(p) for p in args.paths])
+    out = Path(args.output)
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise TrainperfError(f"-o {out}: expected an .html file name")
+    for path in render.write(data, out, args.markdown):
+        print(f"wrote {path}")
+    return 0
+
+
 def _stamp() -> str:
     from datetime import datetime, timezone
 
@@ -386,6 +400,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ruleset")
     p.set_defaults(func=cmd_compare)
 
+    p = sub.add_parser("report", help="HTML (and Markdown) report over runs, result folders and scaling studies")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("-o", "--output", default="report.html", help="HTML file to write (default: report.html)")
+    p.add_argument("--markdown", action="store_true", help="also write a Markdown version and its PNGs beside it")
+    p.set_defaults(func=cmd_report)
+
     p = sub.add_parser("check", help="run the official MLPerf compliance checker on a log")
     p.add_argument("log")
     p.add_argument("--ruleset", help="checker ruleset (default: the one that knows the log's benchmark)")
@@ -406,6 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if run_args and not getattr(args, "takes_run_args", False):
         parser.error(f"unexpected arguments after --: {' '.join(run_args)}")
     args.run_args = run_args
+    args.argv = argv + (["--", *run_args] if run_args else [])
     try:
         return int(args.func(args))
     except TrainperfError as exc:

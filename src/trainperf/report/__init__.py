@@ -1,0 +1,1 @@
+"""Reports: tables, convergence and scaling plots, HTML and Markdown."""

@@ -1,0 +1,250 @@
+"""Turn collected results into a self-contained HTML report (plots embedded) and a Markdown twin.
+
+Every piece of text that comes from a file or a folder name is escaped: a workload, system or path
+name cannot inject markup.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from trainperf import __version__
+from trainperf.report.collect import GroupView, ReportData
+from trainperf.results.files import write_text_atomic
+
+SYSTEM_FIELDS = ("submitter", "division", "status", "number_of_nodes", "host_processor_model_name",
+                 "host_processor_core_count", "host_processor_vcpu_count", "host_memory_capacity",
+                 "accelerators_per_node", "accelerator_model_name", "accelerator_memory_capacity", "framework",
+                 "operating_system")
+
+
+@dataclass
+class Figure:
+    title: str
+    png: bytes
+    name: str
+
+
+def _fmt(value: float | None, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# tables (as rows of plain strings, rendered to HTML or Markdown)
+# ---------------------------------------------------------------------------------------------
+def summary_rows(data: ReportData) -> tuple[list[str], list[list[str]]]:
+    header = ["system", "benchmark", "scale", "runs", "converged", "score (min)", "spread (min)", "epochs to target",
+              "samples/s", "note"]
+    rows = []
+    for g in data.groups:
+        minutes = g.minutes
+        epochs = [r.epochs_to_target for r in g.runs if r.epochs_to_target is not None and r.status == "success"]
+        rates = [r.samples_per_s for r in g.runs if r.samples_per_s]
+        score = _fmt(g.score) if g.score is not None else (f"{_fmt(g.headline)} (mean)" if g.headline else "-")
+        rows.append([
+            g.system, g.benchmark, g.scale, str(len(g.runs)), str(len(minutes)), score,
+            f"{min(minutes):.3f} – {max(minutes):.3f}" if minutes else "-",
+            _fmt(statistics.median(epochs), "g") if epochs else "-",
+            _fmt(statistics.median(rates), ".1f") if rates else "-",
+            g.score_note,
+        ])
+    return header, rows
+
+
+def comparison_rows(data: ReportData) -> list[tuple[str, list[str], list[list[str]]]]:
+    """Per benchmark and scale run on several systems: each score and its speedup over the first.
+    Mini and full results are never compared with each other."""
+    out = []
+    for bench, scale in sorted({(g.benchmark, g.scale) for g in data.groups}):
+        groups = [g for g in data.groups if (g.benchmark, g.scale) == (bench, scale) and g.headline]
+        if len(groups) < 2:
+            continue
+        base = groups[0].headline
+        rows = [[g.system, _fmt(g.headline), f"{base / g.headline:.2f}x"] for g in groups]
+        out.append((f"{bench} ({scale})", ["system", "time-to-train (min)", f"speedup vs {groups[0].system}"],
+                    rows))
+    return out
+
+
+def scaling_rows(study: dict) -> tuple[list[str], list[list[str]]]:
+    header = ["devices", "global batch", "s/epoch", "epochs", "time-to-train (s)", "speedup", "efficiency",
+              "converged"]
+    rows = [[str(r["devices"]), str(r["global_batch"]), _fmt(r["time_per_epoch_s"], ".2f"),
+             _fmt(r["epochs_to_target"], ".1f"), _fmt(r["time_to_train_s"], ".2f"), _fmt(r["speedup"], ".2f"),
+             _fmt(r["efficiency"], ".0%"), f"{r['converged']}/{r['runs']}"] for r in study["rows"]]
+    return header, rows
+
+
+# ---------------------------------------------------------------------------------------------
+# figures
+# ---------------------------------------------------------------------------------------------
+def _pyplot():  # noqa: ANN202 - matplotlib's module
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> bytes:  # noqa: ANN001
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    _pyplot().close(fig)
+    return buf.getvalue()
+
+
+def convergence_figure(bench: str, groups: Sequence[GroupView], index: int) -> Figure | None:
+    runs = [(g, r) for g in groups for r in g.runs if r.evals]
+    if not runs:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for gi, g in enumerate(groups):
+        for ri, r in enumerate(rr for gg, rr in runs if gg is g):
+            xs, ys = zip(*r.evals, strict=True)
+            ax.plot(xs, ys, "o-", ms=3, lw=1.2, alpha=0.85, color=colors[gi % len(colors)],
+                    label=g.system if ri == 0 else None)
+    targets = {g.target for g in groups if g.target is not None}
+    for t in targets:
+        ax.axhline(t, color="crimson", ls="--", lw=1, label=f"target {t:g}")
+    ax.set(xlabel="epoch", ylabel=groups[0].metric, title=f"{bench}: convergence of every run")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return Figure(f"{bench} convergence", _png(fig), f"convergence_{index}.png")
+
+
+def scaling_figure(title: str, study: dict, index: int) -> Figure:
+    plt = _pyplot()
+    rows = study["rows"]
+    devices = [r["devices"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    left.plot(devices, [r["time_to_train_s"] or float("nan") for r in rows], "o-")
+    left.set(xlabel="devices", ylabel="time-to-train (s)", title="time-to-train")
+    right.plot(devices, [r["speedup"] or float("nan") for r in rows], "o-", label="measured")
+    right.plot(devices, [d / devices[0] for d in devices], "--", color="grey", label="ideal")
+    right.set(xlabel="devices", ylabel="speedup", title="speedup")
+    right.legend()
+    for ax in (left, right):
+        ax.set_xticks(devices)
+        ax.grid(alpha=0.3)
+    fig.suptitle(study.get("title", title))
+    return Figure(f"scaling: {study.get('title', title)}", _png(fig), f"scaling_{index}.png")
+
+
+# ---------------------------------------------------------------------------------------------
+# documents
+# ---------------------------------------------------------------------------------------------
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _md_cell(text: str) -> str:
+    return html.escape(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(_md_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+_CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;
+color:#1d1d1f;padding:0 1em}h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.6em 0;font-size:.92em}th,td{border:1px solid #ccc;padding:.3em .6em;
+text-align:left}th{background:#f3f4f6}tr:nth-child(even) td{background:#fafafa}img{max-width:100%;
+border:1px solid #eee;margin:.4em 0}pre{background:#f6f8fa;padding:.6em;overflow-x:auto;font-size:.85em}
+.muted{color:#666;font-size:.9em}"""
+
+
+def build(data: ReportData, asset_prefix: str = "report") -> tuple[str, str, list[Figure]]:
+    """(html, markdown, figures). The HTML embeds the figures; the Markdown links to them by file name
+    (`<asset_prefix>_<figure>.png`, written beside it)."""
+    figures: list[Figure] = []
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    h = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>trainperf report</title>"
+         f"<style>{_CSS}</style></head><body>", "<h1>trainperf report</h1>",
+         f"<p class='muted'>generated {html.escape(stamp)} by trainperf {html.escape(__version__)}</p>"]
+    m = ["# trainperf report", "", f"generated {stamp} by trainperf {__version__}", ""]
+
+    def section(title: str) -> None:
+        h.append(f"<h2>{html.escape(title)}</h2>")
+        m.extend([f"## {_md_cell(title)}", ""])
+
+    def table(header: list[str], rows: list[list[str]]) -> None:
+        h.append(_html_table(header, rows))
+        m.extend([_md_table(header, rows), ""])
+
+    def figure(fig: Figure | None) -> None:
+        if fig is None:
+            return
+        fig.name = f"{asset_prefix}_{fig.name}"
+        figures.append(fig)
+        encoded = base64.b64encode(fig.png).decode()
+        h.append(f"<img alt='{html.escape(fig.title, quote=True)}' src='data:image/png;base64,{encoded}'>")
+        m.extend([f"![{_md_cell(fig.title)}]({fig.name})", ""])
+
+    if data.groups:
+        section("Summary")
+        table(*summary_rows(data))
+        h.append("<p class='muted'>score: MLPerf olympic mean of run_start→run_stop (fastest and slowest "
+                 "dropped); with too few runs, the mean of converged runs.</p>")
+        for bench, header, rows in comparison_rows(data):
+            section(f"{bench}: systems side by side")
+            table(header, rows)
+        section("Convergence")
+        for i, bench in enumerate(sorted({g.benchmark for g in data.groups})):
+            figure(convergence_figure(bench, [g for g in data.groups if g.benchmark == bench], i))
+    for i, (path, study) in enumerate(data.scaling):
+        section(f"Scaling study ({path})")
+        table(*scaling_rows(study))
+        figure(scaling_figure(path, study, i))
+    if data.systems:
+        section("Systems")
+        names = list(data.systems)
+        table(["field", *names], [[f, *[str(data.systems[n].get(f, "")) for n in names]] for f in SYSTEM_FIELDS])
+    runs = [r for g in data.groups for r in g.runs if r.command or r.recipe]
+    if runs:
+        section("Commands and recipes")
+        for r in runs:
+            seed = f" (seed {r.seed})" if r.seed is not None else ""
+            title = f"{r.system} / {r.benchmark} {r.scale or ''} / {r.label}{seed}"
+            h.append(f"<h3>{html.escape(title)}</h3>")
+            m.extend([f"### {_md_cell(title)}", ""])
+            if r.command:
+                h.append(f"<pre>{html.escape(r.command)}</pre>")
+                m.extend(["```", r.command.replace("```", "'''"), "```", ""])
+            if r.recipe:
+                text = json.dumps(r.recipe, indent=1)
+                h.append(f"<details><summary>recipe</summary><pre>{html.escape(text)}</pre></details>")
+                m.extend(["```json", text, "```", ""])
+    h.append("</body></html>")
+    return "\n".join(h), "\n".join(m), figures
+
+
+def write(data: ReportData, out: Path, markdown: bool) -> list[Path]:
+    html_text, md_text, figures = build(data, out.stem)
+    written = [out]
+    write_text_atomic(out, html_text)
+    if markdown:
+        md_path = out.with_suffix(".md")
+        for fig in figures:
+            target = md_path.parent / fig.name
+            tmp = target.with_name(f".{fig.name}.tmp")
+            tmp.write_bytes(fig.png)
+            tmp.replace(target)
+            written.append(target)
+        write_text_atomic(md_path, md_text)
+        written.append(md_path)
+    return written

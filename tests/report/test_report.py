@@ -1,0 +1,139 @@
+"""The report renders for one run, many runs and two systems, and escapes hostile names."""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SHARED
+from trainperf.cli import main
+from trainperf.errors import TrainperfError
+from trainperf.report import collect, render
+
+FIXTURES = SHARED / "fixtures" / "mlperf-results-v1.0"
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+class Page(HTMLParser):
+    """Tables (as lists of rows of cell text), images and script tags of an HTML document."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self.images: list[str] = []
+        self.scripts = 0
+        self._cell: list[str] | None = None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+        elif tag == "img":
+            self.images.append(dict(attrs)["src"])
+        elif tag == "script":
+            self.scripts += 1
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[-1][-1].append("".join(self._cell))
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("series") / "sub"
+    assert main(["run", "resnet", "--runs", "3", "--seed", "20", "--out", str(out), "--quiet",
+                 "--system", HOSTILE]) == 0
+    return out
+
+
+def _png_ok(src: str) -> bool:
+    assert src.startswith("data:image/png;base64,")
+    return base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _render(paths: list[Path], tmp_path: Path, markdown: bool = False) -> Page:
+    out = tmp_path / "report.html"
+    assert main(["report", *map(str, paths), "-o", str(out)] + (["--markdown"] if markdown else [])) == 0
+    return Page(out.read_text())
+
+
+def test_report_of_one_run(tmp_path):
+    run = tmp_path / "one"
+    assert main(["run", "resnet", "--seed", "4", "--out", str(run), "--quiet"]) == 0
+    page = _render([run], tmp_path)
+    summary = page.tables[0]
+    assert summary[0][:5] == ["system", "benchmark", "scale", "runs", "converged"]
+    assert summary[1][1:5] == ["resnet", "mini", "1", "1"] and summary[1][5].endswith("(mean)")
+    assert len(page.images) == 1 and _png_ok(page.images[0])  # the convergence curve
+    assert page.scripts == 0
+
+
+def test_report_of_many_runs_escapes_hostile_names(series, tmp_path):
+    page = _render([series], tmp_path, markdown=True)
+    summary = page.tables[0]
+    assert summary[1][0] == HOSTILE  # shown as text ...
+    assert summary[1][3:5] == ["3", "3"] and "3 of the 5 runs" in summary[1][-1]
+    html_text = (tmp_path / "report.html").read_text()
+    assert HOSTILE not in html_text and "&lt;img src=x onerror=alert(1)&gt;" in html_text  # ... never as markup
+    assert len(page.images) == 1 and all(_png_ok(src) for src in page.images)
+    systems = next(t for t in page.tables if t[0][0] == "field")
+    assert systems[0][1] == HOSTILE
+    md = (tmp_path / "report.md").read_text()
+    assert "report_convergence_0.png" in md and (tmp_path / "report_convergence_0.png").is_file()
+    outside_code = re.sub(r"```.*?```", "", md, flags=re.S)  # fenced code is shown literally by renderers
+    assert HOSTILE not in outside_code and "&lt;img src=x onerror=alert(1)&gt;" in outside_code
+    assert "trainperf run resnet --runs 3 --seed 20" in html_text  # the exact command
+
+
+@pytest.mark.skipif(not FIXTURES.is_dir(), reason="../shared/fixtures not present")
+def test_report_of_two_systems_and_a_scaling_study(series, tmp_path):
+    study = tmp_path / "study"
+    study.mkdir()
+    from trainperf.bench import scaling
+    rows = scaling.summarize({1: [_fake(10.0)], 2: [_fake(6.0)]})
+    scaling.save(rows, study, "resnet mini")
+    other = tmp_path / "other"
+    shutil.copytree(series, other)
+    (other / "results" / HOSTILE).rename(other / "results" / "second")
+    (other / "systems" / f"{HOSTILE}.json").rename(other / "systems" / "second.json")
+    (other / "trainperf" / HOSTILE).rename(other / "trainperf" / "second")
+    page = _render([series, other, FIXTURES, study], tmp_path)
+    summary = page.tables[0]
+    systems = [row[0] for row in summary[1:]]
+    assert HOSTILE in systems and "second" in systems and "dgxa100_ngc21.05_mxnet" in systems
+    side = next(t for t in page.tables if t[0][0] == "system" and t[0][-1].startswith("speedup vs"))
+    assert [row[0] for row in side[1:]] == [HOSTILE, "second"] and side[1][2] == "1.00x"
+    assert not any("dgxa100" in row[0] for row in side)  # full and mini are never compared
+    scaling_table = next(t for t in page.tables if t[0][0] == "devices")
+    assert scaling_table[2][:2] == ["2", "32"]
+    assert len(page.images) == 3 and all(_png_ok(src) for src in page.images)  # resnet, dlrm, scaling
+
+
+def _fake(ttt: float) -> dict:
+    return {"status": "success", "time_to_train_s": ttt, "epoch_times_s": [ttt / 4] * 4, "epochs_to_target": 4,
+            "recipe": {"global_batch_size": 32}}
+
+
+def test_report_rejects_unknown_paths(tmp_path):
+    with pytest.raises(TrainperfError, match="not a run folder"):
+        collect.collect([tmp_path])
+    with pytest.raises(TrainperfError, match="no such file"):
+        collect.collect([tmp_path / "nope"])
+
+
+def test_markdown_tables_escape_pipes():
+    assert render._md_table(["a|b"], [["x|y"]]).splitlines()[2] == "| x\\|y |"
