@@ -34,7 +34,7 @@ def minimal_loop_time(workload, recipe, data_dir: Path, seed: int) -> float:
     ctx = RuntimeContext.create("cpu")
     torch.manual_seed(seed)
     # The same model in the same memory layout as the harness runs it (speedups of the recipe applied).
-    parts = speedups.apply(workload, recipe, workload.build(recipe, ctx))
+    parts = speedups.apply(workload, recipe, workload.build(recipe, ctx), ctx.device)
     start = time.perf_counter()
     data = workload.load_data(recipe, data_dir, ctx)
     sched = torch.optim.lr_scheduler.LambdaLR(parts.optimizer, parts.lr_schedule(data.steps_per_epoch))

@@ -319,6 +319,84 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepared_data(workload: Workload, scale: str, data: str | None) -> Path:
+    data_dir = _data_dir(workload, scale, data)
+    problems = workload.data_problems(scale, data_dir)
+    if problems and scale == "full":
+        raise TrainperfError(problems[0])
+    if problems:
+        workload.prepare(scale, data_dir, print)
+    return data_dir
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from trainperf.bench import throughput
+    from trainperf.results.files import write_json_atomic
+
+    workload = registry.get(args.workload)
+    sets = list(args.set or [])
+    if args.batch_size is not None:
+        sets.append(f"global_batch_size={args.batch_size}")
+    recipe = workload.recipe(args.scale, args.recipe).with_overrides(sets)
+    if args.steps < 1 or args.warmup < 0:
+        raise TrainperfError("--steps must be >= 1 and --warmup >= 0")
+    data_dir = None if args.synthetic else _prepared_data(workload, args.scale, args.data)
+    result = throughput.run_bench(workload, recipe, args.scale, data_dir, args.synthetic, args.steps, args.warmup,
+                                  args.device)
+    print(throughput.describe(result))
+    if args.json:
+        write_json_atomic(Path(args.json), result.to_dict())
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from trainperf.bench import ablate
+
+    workload = registry.get(args.workload)
+    recipe = workload.recipe(args.scale, args.recipe).with_overrides(args.set or [])
+    data_dir = None
+    if not args.synthetic or args.check_quality:
+        data_dir = _prepared_data(workload, args.scale, args.data)
+    out_dir = Path(args.out) if args.out else Path("runs") / f"ablate-{workload.name}-{_stamp()}"
+    if args.reps < 1:
+        raise TrainperfError(f"--reps {args.reps}: expected >= 1")
+    rows = ablate.run_ablation(workload, recipe, args.scale, data_dir, args.synthetic, args.steps, args.warmup,
+                               args.device, args.check_quality, args.reps)
+    kind = "synthetic" if args.synthetic else "real"
+    title = f"{workload.name} {args.scale}: throughput per speedup switch ({kind} data)"
+    print(title)
+    print(ablate.table_text(rows))
+    print("wrote " + ", ".join(str(p) for p in ablate.save(rows, out_dir, title)))
+    return 0
+
+
+def _add_switches(p: argparse.ArgumentParser) -> None:
+    """The speedup switches, each a recipe override (recorded with every result)."""
+    g = p.add_argument_group("speedups (override the recipe; see README)")
+    g.add_argument("--precision", choices=("fp32", "bf16", "fp16"),
+                   help="autocast precision (fp16 adds loss scaling)")
+    g.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                   help="NHWC memory layout for convolutions")
+    g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the model (warmed up on synthetic batches before run_start)")
+    g.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="capture the model's forward/backward as CUDA Graphs and replay them (GPU only)")
+    g.add_argument("--fused-optimizer", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch's fused optimizer kernels where they exist")
+
+
+def _switch_sets(args: argparse.Namespace) -> list[str]:
+    sets = []
+    if getattr(args, "precision", None):
+        sets.append(f"precision={args.precision}")
+    for name in ("channels_last", "compile", "cuda_graphs", "fused_optimizer"):
+        value = getattr(args, name, None)
+        if value is not None:
+            sets.append(f"{name}={'true' if value else 'false'}")
+    return sets
+
+
 def _stamp() -> str:
     from datetime import datetime, timezone
 
@@ -361,6 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", help="system name for the submission layout (default: from the machine)")
     p.add_argument("--clear-caches", action="store_true", help="drop the OS page cache first (needs root)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    _add_switches(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("scale", help="scaling study: time-to-train, speedup and efficiency from 1 to N processes")
@@ -375,7 +454,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fixed-global-batch", action="store_true",
                    help="keep the recipe's global batch at every size (default: keep the per-device batch)")
     p.add_argument("--out", metavar="DIR", help="study folder (default: runs/scale-<workload>-<UTC time>/)")
+    _add_switches(p)
     p.set_defaults(func=cmd_scale)
+
+    for name, func, help_text in (
+        ("bench", cmd_bench, "throughput mode: samples/s, step times, memory, FLOPs per sample and MFU"),
+        ("ablate", cmd_ablate, "throughput of each speedup switch, cumulative and alone, against all-off"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("workload")
+        p.add_argument("--scale", choices=SCALES, default="mini")
+        p.add_argument("--data", metavar="DIR")
+        p.add_argument("--recipe", metavar="NAME")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE")
+        p.add_argument("--device")
+        p.add_argument("--synthetic", action="store_true", help="device-resident random batches (no data loading)")
+        p.add_argument("--steps", type=int, default=50, help="timed steps (default: 50)")
+        p.add_argument("--warmup", type=int, default=10, help="untimed warm-up steps (default: 10)")
+        if name == "bench":
+            p.add_argument("--batch-size", type=int, help="global batch size (default: the recipe's)")
+            p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+            _add_switches(p)
+        else:
+            p.add_argument("--check-quality", action="store_true",
+                           help="also run the mini time-to-train of each configuration")
+            p.add_argument("--out", metavar="DIR", help="folder for ablation.csv/.json/.png")
+            p.add_argument("--reps", type=int, default=3, help="measurements per configuration (median; default 3)")
+        p.set_defaults(func=func)
 
     p = sub.add_parser("slurm", help="print an sbatch script: one torchrun per node, c10d rendezvous")
     p.add_argument("workload")
@@ -427,6 +532,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unexpected arguments after --: {' '.join(run_args)}")
     args.run_args = run_args
     args.argv = argv + (["--", *run_args] if run_args else [])
+    if hasattr(args, "set"):
+        # Speedup flags are recipe overrides: recorded with the result, passed to every process.
+        args.set = (args.set or []) + _switch_sets(args)
     try:
         return int(args.func(args))
     except TrainperfError as exc:

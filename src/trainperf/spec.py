@@ -79,8 +79,12 @@ class Recipe:
     eval_every: int
     eval_first: int
     grad_accum_steps: int = 1
-    # Speedups the recipe turns on (applied by the runtime, never by the workload).
+    # Speedups the recipe turns on (applied by the runtime, never by the workload; see runtime/speedups).
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (torch.autocast; fp16 with gradient scaling)
     channels_last: bool = False
+    compile: bool = False  # torch.compile of the model, warmed up on synthetic batches before run_start
+    cuda_graphs: bool = False  # capture the model's forward and backward once, replay them (GPU only)
+    fused_optimizer: bool = False  # torch's fused optimizer kernels where they exist (else foreach)
 
     # Values a field may take, for fields restricted to a set (checked by `validate`).
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {}
@@ -94,6 +98,8 @@ class Recipe:
         for key in ("global_batch_size", "max_epochs", "eval_every", "eval_first", "grad_accum_steps"):
             if getattr(self, key) < 1:
                 raise TrainperfError(f"recipe field {key} must be >= 1, got {getattr(self, key)}")
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise TrainperfError(f"recipe field precision={self.precision!r} is not one of: fp32, bf16, fp16")
         for key, allowed in self.CHOICES.items():
             if getattr(self, key) not in allowed:
                 raise TrainperfError(
@@ -195,8 +201,8 @@ class Workload(ABC):
     metric: ClassVar[Metric]
     summary: ClassVar[str]
     mlperf_runs: ClassVar[int]  # number of runs MLPerf scores with the olympic mean
-    # Switches that apply to this workload (e.g. channels-last needs a convolutional model).
-    supports_channels_last: ClassVar[bool] = False
+    # Speedup switches that apply to this workload (e.g. channels-last needs a convolutional model).
+    speedups: ClassVar[frozenset[str]] = frozenset({"precision", "compile", "fused_optimizer"})
 
     @abstractmethod
     def recipes(self, scale: str) -> dict[str, Recipe]:
@@ -237,6 +243,11 @@ class Workload(ABC):
     @abstractmethod
     def load_data(self, recipe: Recipe, data_dir: Path, ctx: Any) -> DataParts:
         """Open the dataset (timed: called after run_start)."""
+
+    @abstractmethod
+    def synthetic_batch(self, recipe: Recipe, ctx: Any) -> Any:
+        """A device-resident random batch shaped like this process's training batches (for warm-up,
+        compilation and throughput runs; never used for a quality result)."""
 
 
 @dataclass

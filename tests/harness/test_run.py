@@ -71,6 +71,9 @@ class FakeWorkload(Workload):
 
         return ModelParts(model=model, optimizer=opt, loss_fn=loss_fn, lr_schedule=lambda spe: (lambda s: 1.0))
 
+    def synthetic_batch(self, recipe: Recipe, ctx: Any) -> Any:
+        return torch.zeros(4, 1), torch.zeros(4, 1)
+
     def load_data(self, recipe: Recipe, data_dir: Path, ctx: Any) -> DataParts:
         if self.fail_load:
             raise TrainperfError(f"{data_dir}/broken.JPEG: cannot decode image")

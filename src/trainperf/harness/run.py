@@ -181,13 +181,20 @@ class _TimedLoop:
 
         log.event(C.SEED, config.seed, time_ms=clock.now_ms())
         torch.manual_seed(config.seed)
-        parts = speedups.apply(workload, recipe, workload.build(recipe, ctx))
-        parts = distributed.wrap_data_parallel(parts, ctx)
+        parts = speedups.apply(workload, recipe, workload.build(recipe, ctx), ctx.device)
+        parts = speedups.compile_model(recipe, distributed.wrap_data_parallel(parts, ctx))
+        if recipe.compile or recipe.cuda_graphs:
+            # Compilation (and graph capture) happen here, on synthetic batches, before run_start as
+            # the rules allow; the model and optimizer state are restored afterwards.
+            speedups.warm_up(parts, lambda: TrainStep(parts, 1, recipe.grad_accum_steps, recipe, ctx.device),
+                             workload.synthetic_batch(recipe, ctx), steps=3)
         now = clock.now_ms()
         log.event(C.GLOBAL_BATCH_SIZE, recipe.global_batch_size, time_ms=now)
         log.event(C.GRADIENT_ACCUMULATION_STEPS, recipe.grad_accum_steps, time_ms=now)
         for key, value in workload.mlperf_hyperparameters(recipe, ctx).items():
             log.event(key, value, time_ms=now)
+        # Not an MLPerf key (the checker ignores it): which speedups produced this log.
+        log.event("trainperf_speedups", speedups.enabled(recipe), time_ms=now)
         if ctx.distributed:
             distributed.preflight(ctx)
         self._end_init()
@@ -264,7 +271,7 @@ class _TimedLoop:
         self.train_samples, self.eval_samples = data.train_samples, data.eval_samples
         log.event(C.TRAIN_SAMPLES, data.train_samples, time_ms=now)
         log.event(C.EVAL_SAMPLES, data.eval_samples, time_ms=now)
-        step = TrainStep(parts, data.steps_per_epoch, recipe.grad_accum_steps)
+        step = TrainStep(parts, data.steps_per_epoch, recipe.grad_accum_steps, recipe, self.ctx.device)
         self.progress.start(workload.name, recipe.max_epochs, data.steps_per_epoch)
 
         for first, count in recipe.eval_schedule.blocks(recipe.max_epochs):

@@ -5,11 +5,13 @@ Kept out of the workloads so that speedups (precision, compile, graphs) and DDP 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 
-from trainperf.spec import ModelParts
+from trainperf.runtime import speedups
+from trainperf.spec import ModelParts, Recipe
 
 
 def split_batch(batch: Any, parts: int) -> list[Any]:
@@ -27,9 +29,13 @@ def split_batch(batch: Any, parts: int) -> list[Any]:
 
 
 class TrainStep:
-    """One optimizer update over a batch; returns the mean loss as a device tensor (no host sync)."""
+    """One optimizer update over a batch; returns the mean loss as a device tensor (no host sync).
 
-    def __init__(self, parts: ModelParts, steps_per_epoch: int, grad_accum_steps: int = 1) -> None:
+    Mixed precision (autocast, and loss scaling for fp16) is applied here, for every workload alike.
+    """
+
+    def __init__(self, parts: ModelParts, steps_per_epoch: int, grad_accum_steps: int = 1,
+                 recipe: Recipe | None = None, device: torch.device | None = None) -> None:
         self.model = parts.model
         self.optimizer = parts.optimizer
         self.loss_fn = parts.loss_fn
@@ -37,16 +43,25 @@ class TrainStep:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, parts.lr_schedule(steps_per_epoch)
         )
+        device = device or torch.device("cpu")
+        self.autocast = (lambda: speedups.autocast(recipe, device)) if recipe else contextlib.nullcontext
+        self.scaler = speedups.grad_scaler(recipe, device) if recipe else None
 
     def __call__(self, batch: Any) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         micro_batches = split_batch(batch, self.accum) if self.accum > 1 else [batch]
         total = None
         for micro in micro_batches:
-            loss = self.loss_fn(self.model, micro)
-            (loss / len(micro_batches)).backward()
-            total = loss.detach() if total is None else total + loss.detach()
-        self.optimizer.step()
+            with self.autocast():
+                loss = self.loss_fn(self.model, micro)
+            scaled = loss.float() / len(micro_batches)
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            total = loss.detach().float() if total is None else total + loss.detach().float()
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.scheduler.step()
         return total / len(micro_batches)
 

@@ -119,7 +119,7 @@ class ResNetWorkload(Workload):
     metric = Metric("top1", higher_is_better=True)
     summary = "ResNet-50 v1.5 on ImageNet (mini: a small ResNet on real handwritten digits)"
     mlperf_runs = 5
-    supports_channels_last = True
+    speedups = frozenset({"precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer"})
 
     # -- declaration ----------------------------------------------------------------------------
     def recipes(self, scale: str) -> dict[str, Recipe]:
@@ -192,6 +192,8 @@ class ResNetWorkload(Workload):
         model = model.to(ctx.device)
         groups = _param_groups(model, recipe.weight_decay)
         if recipe.optimizer == "lars":
+            if recipe.fused_optimizer:
+                raise TrainperfError("fused_optimizer=true: torch has no fused LARS; trainperf's LARS is used")
             optimizer: torch.optim.Optimizer = LARS(
                 groups, lr=recipe.base_lr, momentum=recipe.momentum, trust_coefficient=recipe.lars_eta,
                 eps=recipe.lars_epsilon,
@@ -199,7 +201,8 @@ class ResNetWorkload(Workload):
         else:
             for group in groups:
                 group.pop("lars_exclude", None)
-            optimizer = torch.optim.SGD(groups, lr=recipe.base_lr, momentum=recipe.momentum, foreach=True)
+            impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+            optimizer = torch.optim.SGD(groups, lr=recipe.base_lr, momentum=recipe.momentum, **impl)
 
         smoothing = recipe.label_smoothing
 
@@ -214,6 +217,15 @@ class ResNetWorkload(Workload):
             )
 
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, lr_schedule=lr_schedule)
+
+    def synthetic_batch(self, recipe: Recipe, ctx: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        assert isinstance(recipe, ResNetRecipe)
+        n = recipe.global_batch_size // ctx.world_size
+        gen = torch.Generator(device=ctx.device).manual_seed(0)
+        images = torch.randint(0, 256, (n, 3, recipe.image_size, recipe.image_size), device=ctx.device,
+                               generator=gen, dtype=torch.uint8)
+        labels = torch.randint(0, recipe.num_classes, (n,), device=ctx.device, generator=gen)
+        return D.normalize(images), labels
 
     def load_data(self, recipe: Recipe, data_dir: Path, ctx: Any) -> DataParts:
         assert isinstance(recipe, ResNetRecipe)

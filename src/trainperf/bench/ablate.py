@@ -1,0 +1,153 @@
+"""Ablation: the throughput of each speedup switch, added one at a time (cumulative) and alone,
+against a baseline with every switch off; optionally the mini time-to-train of each configuration."""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainperf.bench import throughput
+from trainperf.harness import RunConfig, run
+from trainperf.results.files import write_json_atomic, write_text_atomic
+from trainperf.runtime.context import RuntimeContext
+from trainperf.spec import Recipe, Workload
+
+OFF = ["precision=fp32", "channels_last=false", "compile=false", "cuda_graphs=false", "fused_optimizer=false"]
+# Order of the cumulative ladder: cheap, always-safe switches first, compilation last.
+LADDER = [("channels_last", "channels_last=true"), ("bf16", "precision=bf16"),
+          ("fused_optimizer", "fused_optimizer=true"), ("compile", "compile=true"),
+          ("cuda_graphs", "cuda_graphs=true")]
+
+
+@dataclass
+class AblationRow:
+    config: str
+    mode: str  # baseline | cumulative | alone
+    overrides: list[str]
+    samples_per_s: float
+    uplift: float  # vs baseline
+    mfu: float | None
+    epochs_to_target: int | None = None
+    time_to_train_s: float | None = None
+    reached: bool | None = None
+
+
+def applicable(workload: Workload, recipe: Recipe, device: torch.device) -> list[tuple[str, str]]:
+    keep = []
+    for name, setting in LADDER:
+        switch = "precision" if name == "bf16" else name
+        if switch not in workload.speedups:
+            continue
+        if name == "cuda_graphs" and device.type != "cuda":
+            continue
+        if name == "fused_optimizer" and getattr(recipe, "optimizer", None) == "lars":
+            continue
+        keep.append((name, setting))
+    return keep
+
+
+def configurations(switches: list[tuple[str, str]]) -> list[tuple[str, str, list[str]]]:
+    configs = [("baseline (all off)", "baseline", list(OFF))]
+    cumulative: list[str] = []
+    names: list[str] = []
+    for name, setting in switches:
+        cumulative.append(setting)
+        names.append(name)
+        configs.append(("+".join(names), "cumulative", OFF + cumulative))
+    for name, setting in switches:
+        configs.append((f"{name} alone", "alone", OFF + [setting]))
+    return configs
+
+
+def run_ablation(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | None, synthetic: bool,
+                 steps: int, warmup: int, device: str | None, check_quality: bool, reps: int = 3,
+                 say: Callable[[str], None] = print) -> list[AblationRow]:
+    """Each distinct configuration is measured `reps` times, the repetitions interleaved so that machine
+    drift hits all alike; rows report the median."""
+    dev = RuntimeContext.create(device).device
+    configs = configurations(applicable(workload, recipe, dev))
+    distinct = list(dict.fromkeys(tuple(overrides) for _, _, overrides in configs))
+    rates: dict[tuple[str, ...], list[float]] = {key: [] for key in distinct}
+    mfus: dict[tuple[str, ...], list[float]] = {key: [] for key in distinct}
+    for rep in range(reps):
+        for key in distinct:
+            result = throughput.run_bench(workload, recipe.with_overrides(key), scale, data_dir, synthetic, steps,
+                                          warmup, device)
+            rates[key].append(result.samples_per_s)
+            if result.mfu is not None:
+                mfus[key].append(result.mfu)
+            say(f"rep {rep + 1}/{reps}  {' '.join(o for o in key if o not in OFF) or 'baseline':<60} "
+                f"{result.samples_per_s:9.1f} samples/s")
+    base_rate = statistics.median(rates[tuple(OFF)])
+    quality: dict[tuple[str, ...], Any] = {}
+    rows: list[AblationRow] = []
+    for label, mode, overrides in configs:
+        key = tuple(overrides)
+        rate = statistics.median(rates[key])
+        row = AblationRow(config=label, mode=mode, overrides=[o for o in overrides if o not in OFF],
+                          samples_per_s=rate, uplift=rate / base_rate,
+                          mfu=statistics.median(mfus[key]) if mfus[key] else None)
+        if check_quality:
+            if key not in quality:
+                ctx = RuntimeContext.create(device)
+                quality[key] = run(RunConfig(workload=workload, recipe=recipe.with_overrides(key), scale=scale,
+                                             data_dir=data_dir, seed=0, log_path=None), ctx)
+            outcome = quality[key]
+            row.reached = outcome.status == "success"
+            row.epochs_to_target = outcome.epochs_to_target
+            row.time_to_train_s = outcome.time_to_train_s
+        rows.append(row)
+    return rows
+
+
+def table_text(rows: list[AblationRow]) -> str:
+    quality = any(r.reached is not None for r in rows)
+    lines = [f"{'configuration':<45} {'mode':<10} {'samples/s':>10} {'uplift':>7} {'MFU':>7}"
+             + (f" {'epochs':>7} {'ttt s':>7}" if quality else "")]
+    for r in rows:
+        mfu = f"{r.mfu:.1%}" if r.mfu is not None else "-"
+        line = f"{r.config:<45} {r.mode:<10} {r.samples_per_s:>10.1f} {r.uplift:>6.2f}x {mfu:>7}"
+        if quality:
+            epochs = str(r.epochs_to_target) if r.reached else "missed"
+            ttt = f"{r.time_to_train_s:.2f}" if r.time_to_train_s is not None else "-"
+            line += f" {epochs:>7} {ttt:>7}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def save(rows: list[AblationRow], out_dir: Path, title: str) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(asdict(rows[0])))
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({**asdict(row), "overrides": " ".join(row.overrides)})
+    paths = [out_dir / "ablation.csv", out_dir / "ablation.json", out_dir / "ablation.png"]
+    write_text_atomic(paths[0], buf.getvalue())
+    write_json_atomic(paths[1], {"title": title, "rows": [asdict(r) for r in rows]})
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2))
+    colors = {"baseline": "grey", "cumulative": "tab:blue", "alone": "tab:orange"}
+    labels = [r.config for r in rows][::-1]
+    ax.barh(labels, [r.uplift for r in rows][::-1], color=[colors[r.mode] for r in rows][::-1])
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.set(xlabel="throughput vs baseline (x)", title=title)
+    for i, r in enumerate(rows[::-1]):
+        ax.text(r.uplift, i, f" {r.uplift:.2f}x", va="center", fontsize=8)
+    fig.tight_layout()
+    tmp = paths[2].with_name(".ablation.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(paths[2])
+    return paths

@@ -1,0 +1,195 @@
+"""Throughput mode: warm-up steps excluded, then N timed training steps; samples/s, step-time
+percentiles, peak memory, data-loading share, model FLOPs per sample and MFU.
+
+FLOPs are counted by `torch.utils.flop_counter` on one real training step (forward and backward),
+never typed in. MFU = achieved model FLOP/s / the device's peak at the run's precision: a table of
+published dense peaks for GPUs; for CPUs an estimate from cores x clock x SIMD width (stated as such).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from trainperf.runtime import distributed, speedups
+from trainperf.runtime.step import TrainStep
+from trainperf.spec import Recipe, Workload
+
+# Dense peak TFLOP/s (no sparsity) by GPU name fragment and precision; fp32 without TF32.
+GPU_PEAKS: dict[str, dict[str, float]] = {
+    "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
+    "H100 SXM": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
+    "H100 NVL": {"bf16": 835.0, "fp16": 835.0, "fp32": 60.0},
+    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "fp32": 51.0},
+    "H100": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
+    "L40S": {"bf16": 362.0, "fp16": 362.0, "fp32": 91.6},
+    "L4": {"bf16": 121.0, "fp16": 121.0, "fp32": 30.3},
+    "A10": {"bf16": 125.0, "fp16": 125.0, "fp32": 31.2},
+    "V100": {"bf16": 0.0, "fp16": 125.0, "fp32": 15.7},
+    "T4": {"bf16": 0.0, "fp16": 65.0, "fp32": 8.1},
+}
+
+
+@dataclass
+class BenchResult:
+    workload: str
+    scale: str
+    synthetic: bool
+    batch_size: int
+    steps: int
+    warmup: int
+    samples_per_s: float
+    step_time_p50_ms: float
+    step_time_p90_ms: float
+    data_share: float  # fraction of the timed wall clock spent waiting for the next batch
+    peak_memory_mb: float
+    peak_memory_kind: str
+    flops_per_sample: float
+    achieved_tflops: float
+    peak_tflops: float | None
+    peak_source: str
+    mfu: float | None
+    speedups: dict[str, Any]
+    device: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cpu_peak_tflops(precision: str) -> tuple[float | None, str]:
+    """cores x clock x FLOP/cycle of the widest SIMD FMA units (2 per core assumed): an estimate."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None, "unknown CPU"
+    flags = set()
+    mhz = None
+    for line in text.splitlines():
+        if line.startswith("flags") and not flags:
+            flags = set(line.split(":", 1)[1].split())
+        elif line.startswith("cpu MHz") and mhz is None:
+            mhz = float(line.split(":", 1)[1])
+    if not mhz:
+        return None, "CPU clock unknown"
+    lanes = 16 if "avx512f" in flags else 8 if "avx2" in flags else 4
+    per_cycle = 2 * 2 * lanes  # 2 FMA units x (multiply + add) x fp32 lanes
+    if precision == "bf16" and ("avx512_bf16" in flags or "amx_bf16" in flags):
+        per_cycle *= 2  # bf16 dot-product instructions process pairs
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    peak = cores * mhz * 1e6 * per_cycle / 1e12
+    return peak, (f"estimate: {cores} cores x {mhz:.0f} MHz x {per_cycle} FLOP/cycle "
+                  f"({'AVX-512' if lanes == 16 else 'AVX2' if lanes == 8 else 'SSE'})")
+
+
+def device_peak_tflops(device: torch.device, precision: str) -> tuple[float | None, str]:
+    if device.type != "cuda":
+        return cpu_peak_tflops(precision)
+    name = torch.cuda.get_device_name(device)
+    for fragment, peaks in GPU_PEAKS.items():
+        if fragment in name:
+            peak = peaks.get(precision) or None
+            return peak, f"{name}: published dense {precision} peak"
+    return None, f"{name}: peak unknown (not in trainperf's table)"
+
+
+def count_flops(step: TrainStep, batch: Any) -> float:
+    """FLOPs of one training step (forward + backward), as torch's FLOP counter sees them."""
+    with FlopCounterMode(display=False) as counter:
+        step(batch)
+    return float(counter.get_total_flops())
+
+
+def _peak_memory(device: torch.device) -> tuple[float, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "CUDA max_memory_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process peak RSS"
+
+
+def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | None, synthetic: bool,
+              steps: int, warmup: int, device: str | None = None) -> BenchResult:
+    ctx = distributed.init_from_env(device)
+    dev = ctx.device
+    torch.manual_seed(0)
+    parts = speedups.apply(workload, recipe, workload.build(recipe, ctx), dev)
+    parts = speedups.compile_model(recipe, distributed.wrap_data_parallel(parts, ctx))
+    step = TrainStep(parts, steps_per_epoch=max(steps, 1), grad_accum_steps=recipe.grad_accum_steps,
+                     recipe=recipe, device=dev)
+    batch = workload.synthetic_batch(recipe, ctx)
+    batch_size = int(batch[0].shape[0])
+    # FLOPs from an eager copy of the step's model: the counter does not see inside compiled graphs.
+    eager = speedups.apply(workload, recipe, workload.build(recipe, ctx), dev)
+    flops = count_flops(TrainStep(eager, 1, recipe.grad_accum_steps, recipe, dev), batch) / batch_size
+
+    if synthetic:
+        def batches() -> Any:
+            while True:
+                yield batch
+    else:
+        data = workload.load_data(recipe, data_dir, ctx)
+
+        def batches() -> Any:
+            epoch = 1
+            while True:
+                yield from data.train_batches(epoch)
+                epoch += 1
+    feed = batches()
+    parts.model.train()
+    for _ in range(warmup):
+        step(next(feed))
+    ctx.synchronize()
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    times, waits, samples = [], 0.0, 0
+    start = time.perf_counter()
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        current = next(feed)
+        t1 = time.perf_counter()
+        step(current)
+        ctx.synchronize()  # per-step times need finished work; throughput includes these syncs
+        t2 = time.perf_counter()
+        waits += t1 - t0
+        times.append(t2 - t0)
+        samples += int(current[0].shape[0])
+    total = time.perf_counter() - start
+    distributed.shutdown()
+    rate = samples / total
+    achieved = flops * rate / 1e12
+    peak, source = device_peak_tflops(dev, recipe.precision)
+    memory, memory_kind = _peak_memory(dev)
+    ordered = sorted(times)
+    return BenchResult(
+        workload=workload.name, scale=scale, synthetic=synthetic, batch_size=batch_size, steps=steps,
+        warmup=warmup, samples_per_s=rate, step_time_p50_ms=statistics.median(ordered) * 1e3,
+        step_time_p90_ms=ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] * 1e3,
+        data_share=waits / total, peak_memory_mb=memory, peak_memory_kind=memory_kind, flops_per_sample=flops,
+        achieved_tflops=achieved, peak_tflops=peak, peak_source=source,
+        mfu=achieved / peak if peak else None, speedups=speedups.enabled(recipe), device=str(dev),
+    )
+
+
+def describe(result: BenchResult) -> str:
+    mfu = f"{result.mfu:.1%}" if result.mfu is not None else "n/a"
+    switches = ", ".join(f"{k}={v}" for k, v in result.speedups.items())
+    return "\n".join([
+        f"{result.workload} {result.scale} on {result.device} ({'synthetic data' if result.synthetic else 'real data'}"
+        f", batch {result.batch_size}, {result.steps} timed steps after {result.warmup} warm-up)",
+        f"  switches: {switches}",
+        f"  throughput: {result.samples_per_s:.1f} samples/s",
+        f"  step time: p50 {result.step_time_p50_ms:.2f} ms, p90 {result.step_time_p90_ms:.2f} ms",
+        f"  data loading: {result.data_share:.1%} of the time",
+        f"  peak memory: {result.peak_memory_mb:.0f} MiB ({result.peak_memory_kind})",
+        f"  model FLOPs: {result.flops_per_sample / 1e9:.3f} GFLOP per sample (forward + backward, "
+        "torch.utils.flop_counter)",
+        f"  achieved: {result.achieved_tflops:.3f} TFLOP/s; peak {result.peak_tflops or 0:.2f} TFLOP/s "
+        f"({result.peak_source}); MFU {mfu}",
+    ])

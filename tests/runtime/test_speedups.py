@@ -1,0 +1,174 @@
+"""Each speedup switch changes what it claims, and keeps the loss close to fp32's."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from trainperf.bench import ablate, throughput
+from trainperf.cli import main
+from trainperf.errors import TrainperfError
+from trainperf.runtime import speedups
+from trainperf.runtime.context import RuntimeContext
+from trainperf.runtime.step import TrainStep
+from trainperf.workloads.resnet import MINI_RECIPE, ResNetWorkload
+
+CPU = torch.device("cpu")
+BASE = MINI_RECIPE.with_overrides(["channels_last=false", "global_batch_size=16"])
+
+
+def _parts(recipe):
+    workload = ResNetWorkload()
+    ctx = RuntimeContext.create("cpu")
+    torch.manual_seed(0)
+    parts = speedups.apply(workload, recipe, workload.build(recipe, ctx), CPU)
+    return workload, ctx, speedups.compile_model(recipe, parts)
+
+
+def _losses(recipe, steps: int = 4) -> list[float]:
+    workload, ctx, parts = _parts(recipe)
+    batch = workload.synthetic_batch(recipe, ctx)
+    step = TrainStep(parts, 100, 1, recipe, CPU)
+    return [float(step(batch)) for _ in range(steps)]
+
+
+def test_channels_last_puts_conv_weights_in_nhwc():
+    _, _, off = _parts(BASE)
+    _, _, on = _parts(BASE.with_overrides(["channels_last=true"]))
+    conv_off = off.model.stem[0].weight
+    conv_on = on.model.stem[0].weight
+    assert conv_off.is_contiguous() and not conv_off.is_contiguous(memory_format=torch.channels_last)
+    assert conv_on.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_autocast_dtype_seen_inside_the_step():
+    recipe = BASE.with_overrides(["precision=bf16"])
+    workload, ctx, parts = _parts(recipe)
+    seen = []
+    parts.model.stem[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    TrainStep(parts, 10, 1, recipe, CPU)(workload.synthetic_batch(recipe, ctx))
+    assert seen == [torch.bfloat16]
+    assert parts.model.stem[0].weight.dtype == torch.float32  # master weights stay fp32
+
+
+def test_fp16_uses_a_grad_scaler():
+    recipe = BASE.with_overrides(["precision=fp16"])
+    _, _, parts = _parts(recipe)
+    step = TrainStep(parts, 10, 1, recipe, CPU)
+    assert isinstance(step.scaler, torch.amp.GradScaler)
+    assert TrainStep(parts, 10, 1, BASE, CPU).scaler is None
+
+
+@pytest.mark.parametrize("overrides, tolerance", [
+    (["channels_last=true"], 1e-4),
+    (["precision=bf16"], 5e-2),
+    (["fused_optimizer=true"], 1e-4),
+])
+def test_loss_parity_with_fp32(overrides, tolerance):
+    reference = _losses(BASE)
+    other = _losses(BASE.with_overrides(overrides))
+    assert other == pytest.approx(reference, rel=tolerance, abs=tolerance)
+
+
+def test_compile_compiles_and_keeps_the_loss():
+    reference = _losses(BASE, steps=2)
+    recipe = BASE.with_overrides(["compile=true"])
+    workload, ctx, parts = _parts(recipe)
+    assert isinstance(parts.model, torch._dynamo.eval_frame.OptimizedModule)
+    step = TrainStep(parts, 100, 1, recipe, CPU)
+    batch = workload.synthetic_batch(recipe, ctx)
+    assert [float(step(batch)) for _ in range(2)] == pytest.approx(reference, rel=1e-3, abs=1e-3)
+
+
+def test_warm_up_restores_the_weights():
+    workload, ctx, parts = _parts(BASE)
+    before = {k: v.clone() for k, v in parts.model.state_dict().items()}
+    speedups.warm_up(parts, lambda: TrainStep(parts, 1, 1, BASE, CPU), workload.synthetic_batch(BASE, ctx), 2)
+    after = parts.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not parts.optimizer.state
+
+
+def test_cuda_graphs_need_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(TrainperfError, match="CUDA Graphs need a CUDA GPU"):
+        speedups.check_supported(ResNetWorkload(), BASE.with_overrides(["cuda_graphs=true"]), CPU)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graphs_capture_once_and_replay():
+    from torch._inductor import metrics
+
+    recipe = BASE.with_overrides(["cuda_graphs=true", "channels_last=true", "precision=bf16"])
+    workload = ResNetWorkload()
+    ctx = RuntimeContext.create("cuda")
+    parts = speedups.compile_model(recipe, speedups.apply(workload, recipe, workload.build(recipe, ctx), ctx.device))
+    step = TrainStep(parts, 100, 1, recipe, ctx.device)
+    batch = workload.synthetic_batch(recipe, ctx)
+    metrics.reset()
+    losses = [float(step(batch)) for _ in range(6)]
+    assert all(math.isfinite(x) for x in losses)
+    assert metrics.generated_kernel_count > 0
+
+
+def test_unsupported_switch_is_a_clear_error():
+    class NoConv(ResNetWorkload):
+        speedups = frozenset({"precision"})
+
+    with pytest.raises(TrainperfError, match="channels_last=True: not supported by resnet"):
+        speedups.check_supported(NoConv(), BASE.with_overrides(["channels_last=true"]), CPU)
+
+
+def test_flop_count_of_a_known_layer():
+    from trainperf.spec import ModelParts
+
+    torch.manual_seed(0)
+    model = nn.Linear(64, 32, bias=False)
+    parts = ModelParts(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                       loss_fn=lambda m, b: m(b[0]).sum(), lr_schedule=lambda spe: (lambda s: 1.0))
+    flops = throughput.count_flops(TrainStep(parts, 1), (torch.randn(8, 64),))
+    # forward 2*8*64*32, backward: grad of weight (the input needs none) 2*8*64*32
+    assert flops == 2 * (2 * 8 * 64 * 32)
+
+
+def test_cpu_peak_is_an_estimate():
+    peak, source = throughput.cpu_peak_tflops("fp32")
+    assert peak is None or (peak > 0 and source.startswith("estimate"))
+
+
+def test_ablation_configurations_cumulative_and_alone():
+    switches = ablate.applicable(ResNetWorkload(), MINI_RECIPE, CPU)
+    names = [n for n, _ in switches]
+    assert names == ["channels_last", "bf16", "fused_optimizer", "compile"]  # no CUDA Graphs on a CPU
+    configs = ablate.configurations(switches)
+    assert configs[0][1] == "baseline" and len(configs) == 1 + 2 * len(switches)
+    assert configs[2][0] == "channels_last+bf16" and "precision=bf16" in configs[2][2]
+    assert configs[-1][0] == "compile alone" and "channels_last=false" in configs[-1][2]
+
+
+def test_bench_command_prints_the_figures(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "resnet", "--synthetic", "--steps", "5", "--warmup", "1", "--precision", "bf16",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    for needle in ("samples/s", "p50", "p90", "peak memory", "GFLOP per sample", "MFU", "precision=bf16"):
+        assert needle in text
+    figures = json.loads(out.read_text())
+    assert figures["flops_per_sample"] > 0 and figures["speedups"]["precision"] == "bf16"
+
+
+def test_mini_with_every_cpu_switch_reaches_target(tmp_path):
+    run_dir = tmp_path / "all-switches"
+    assert main(["run", "resnet", "--seed", "0", "--out", str(run_dir), "--quiet", "--precision", "bf16",
+                 "--channels-last", "--compile", "--fused-optimizer"]) == 0
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "success"
+    assert result["recipe"]["compile"] and result["recipe"]["precision"] == "bf16"
+    log = (run_dir / "mlperf_log.txt").read_text()
+    assert '"trainperf_speedups"' in log and '"compile": true' in log
+    assert result["init_time_s"] > 0
