@@ -384,13 +384,15 @@ def _add_switches(p: argparse.ArgumentParser) -> None:
                    help="capture the model's forward/backward as CUDA Graphs and replay them (GPU only)")
     g.add_argument("--fused-optimizer", action=argparse.BooleanOptionalAction, default=None,
                    help="torch's fused optimizer kernels where they exist")
+    g.add_argument("--async-eval", action=argparse.BooleanOptionalAction, default=None,
+                   help="score evaluations in a background thread while training continues")
 
 
 def _switch_sets(args: argparse.Namespace) -> list[str]:
     sets = []
     if getattr(args, "precision", None):
         sets.append(f"precision={args.precision}")
-    for name in ("channels_last", "compile", "cuda_graphs", "fused_optimizer"):
+    for name in ("channels_last", "compile", "cuda_graphs", "fused_optimizer", "async_eval"):
         value = getattr(args, name, None)
         if value is not None:
             sets.append(f"{name}={'true' if value else 'false'}")

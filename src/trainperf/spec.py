@@ -85,6 +85,7 @@ class Recipe:
     compile: bool = False  # torch.compile of the model, warmed up on synthetic batches before run_start
     cuda_graphs: bool = False  # capture the model's forward and backward once, replay them (GPU only)
     fused_optimizer: bool = False  # torch's fused optimizer kernels where they exist (else foreach)
+    async_eval: bool = False  # score evaluations in a background thread while training goes on
 
     # Values a field may take, for fields restricted to a set (checked by `validate`).
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {}

@@ -33,6 +33,7 @@ class FakeWorkload(Workload):
     metric = Metric("score")
     summary = "test double"
     mlperf_runs = 5
+    speedups = frozenset({"precision", "async_eval"})
 
     def __init__(self, scores: list[float], on_step: Any = None, fail_load: bool = False,
                  nan_at_epoch: int | None = None) -> None:
@@ -192,3 +193,51 @@ def test_schedule_is_recorded_in_the_result(tmp_path):
     env = result.environment
     assert env["versions"]["torch"] == torch.__version__
     assert env["cpu_count"] == os.cpu_count() and env["platform"]
+
+
+def test_async_eval_overlaps_training_and_stops_when_target_known(tmp_path):
+    import threading
+    import time as _time
+
+    started = threading.Event()
+
+    class SlowEval(FakeWorkload):
+        def load_data(self, recipe, data_dir, ctx):
+            data = super().load_data(recipe, data_dir, ctx)
+            inner = data.evaluate
+
+            def slow(model):
+                started.set()
+                _time.sleep(0.3)  # long enough for training to go on meanwhile
+                return inner(model)
+
+            data.evaluate = slow
+            return data
+
+        def recipes(self, scale):
+            return {"t": FakeRecipe(name="t", global_batch_size=4, max_epochs=12, target=0.9, eval_every=1,
+                                    eval_first=1, async_eval=True)}
+
+    def on_step(epoch, i):
+        _time.sleep(0.01)
+
+    result, records = _run(tmp_path, SlowEval(scores=[0.1, 0.5, 0.95, 0.97, 0.99] + [0.99] * 10, on_step=on_step))
+    keys = _keys(records)
+    assert result.status == "success"
+    first_eval_stop = keys.index("eval_stop")
+    assert keys.index("epoch_start", keys.index("eval_start")) < first_eval_stop  # training went on
+    evals = [(r["metadata"]["epoch_num"], r["value"]) for r in records if r["key"] == "eval_accuracy"]
+    assert evals == [(e, v) for e, v in zip(range(1, 4), [0.1, 0.5, 0.95], strict=True)]
+    assert result.epochs_to_target == 3 and records[-1]["metadata"]["status"] == "success"
+    assert result.recipe["async_eval"] is True
+
+
+def test_async_eval_results_pending_at_budget_end_still_count(tmp_path):
+    class LastEvalPasses(FakeWorkload):
+        def recipes(self, scale):
+            return {"t": FakeRecipe(name="t", global_batch_size=4, max_epochs=2, target=0.9, eval_every=1,
+                                    eval_first=1, async_eval=True)}
+
+    result, records = _run(tmp_path, LastEvalPasses(scores=[0.1, 0.95]))
+    assert result.status == "success" and result.epochs_to_target == 2
+    assert [r["key"] for r in records][-1] == "run_stop"

@@ -50,3 +50,30 @@ def test_lars_zero_weights_use_trust_one():
     p.grad = torch.ones(3)
     opt.step()
     assert torch.allclose(p.detach(), -0.1 * torch.ones(3))
+
+
+def test_lamb_matches_reference_formula():
+    from trainperf.optim import LAMB
+
+    w0 = torch.tensor([1.0, -2.0, 2.0])
+    g = torch.tensor([0.5, 0.1, -0.3])
+    p = torch.nn.Parameter(w0.clone())
+    opt = LAMB([p], lr=0.1, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.01)
+    p.grad = g.clone()
+    opt.step()
+    m_hat = (0.1 * g) / (1 - 0.9)
+    v_hat = (0.01 * g * g) / (1 - 0.99)
+    update = m_hat / (v_hat.sqrt() + 1e-6) + 0.01 * w0
+    trust = w0.norm() / update.norm()
+    assert torch.allclose(p.detach(), w0 - 0.1 * trust * update, atol=1e-6)
+
+
+def test_lamb_excluded_group_has_no_decay_or_trust_ratio():
+    from trainperf.optim import LAMB
+
+    p = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
+    opt = LAMB([{"params": [p], "lamb_exclude": True}], lr=0.1, weight_decay=0.5)
+    p.grad = torch.tensor([1.0, -1.0])
+    opt.step()
+    # First Adam step with bias correction: m_hat/sqrt(v_hat) = sign(g) (up to eps).
+    assert torch.allclose(p.detach(), torch.tensor([2.9, 4.1]), atol=1e-5)

@@ -137,3 +137,16 @@ def test_report_rejects_unknown_paths(tmp_path):
 
 def test_markdown_tables_escape_pipes():
     assert render._md_table(["a|b"], [["x|y"]]).splitlines()[2] == "| x\\|y |"
+
+
+def test_report_of_an_ablation(tmp_path):
+    from trainperf.bench import ablate
+
+    rows = [ablate.AblationRow("baseline (all off)", "baseline", [], 100.0, 1.0, 0.1),
+            ablate.AblationRow("channels_last", "cumulative", ["channels_last=true"], 150.0, 1.5, 0.15, 3, 4.2, True)]
+    study = tmp_path / "abl"
+    ablate.save(rows, study, "resnet mini")
+    page = _render([study], tmp_path)
+    table = next(t for t in page.tables if t[0][0] == "configuration")
+    assert table[2][:4] == ["channels_last", "cumulative", "150.0", "1.50x"] and table[2][5] == "3"
+    assert len(page.images) == 1 and _png_ok(page.images[0])

@@ -172,3 +172,19 @@ def test_mini_with_every_cpu_switch_reaches_target(tmp_path):
     log = (run_dir / "mlperf_log.txt").read_text()
     assert '"trainperf_speedups"' in log and '"compile": true' in log
     assert result["init_time_s"] > 0
+
+
+def test_mini_with_async_eval_reaches_target_and_passes_checker(tmp_path):
+    from trainperf.results.compliance import check
+
+    run_dir = tmp_path / "async"
+    assert main(["run", "resnet", "--seed", "1", "--out", str(run_dir), "--quiet", "--async-eval"]) == 0
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "success" and result["recipe"]["async_eval"]
+    assert result["final_metric"] >= MINI_RECIPE.target
+    assert check(run_dir / "mlperf_log.txt").valid
+
+
+def test_async_eval_refuses_several_processes():
+    with pytest.raises(TrainperfError, match="single process"):
+        speedups.check_supported(ResNetWorkload(), BASE.with_overrides(["async_eval=true"]), CPU, world_size=2)

@@ -3,8 +3,6 @@ against a baseline with every switch off; optionally the mini time-to-train of e
 
 from __future__ import annotations
 
-import csv
-import io
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -15,7 +13,7 @@ import torch
 
 from trainperf.bench import throughput
 from trainperf.harness import RunConfig, run
-from trainperf.results.files import write_json_atomic, write_text_atomic
+from trainperf.results.files import write_csv_atomic, write_json_atomic
 from trainperf.runtime.context import RuntimeContext
 from trainperf.spec import Recipe, Workload
 
@@ -124,13 +122,8 @@ def table_text(rows: list[AblationRow]) -> str:
 
 def save(rows: list[AblationRow], out_dir: Path, title: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(asdict(rows[0])))
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({**asdict(row), "overrides": " ".join(row.overrides)})
     paths = [out_dir / "ablation.csv", out_dir / "ablation.json", out_dir / "ablation.png"]
-    write_text_atomic(paths[0], buf.getvalue())
+    write_csv_atomic(paths[0], [{**asdict(row), "overrides": " ".join(row.overrides)} for row in rows])
     write_json_atomic(paths[1], {"title": title, "rows": [asdict(r) for r in rows]})
     import matplotlib
 

@@ -7,8 +7,6 @@ speedup against the first size and parallel efficiency (speedup / relative numbe
 
 from __future__ import annotations
 
-import csv
-import io
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -16,7 +14,7 @@ from pathlib import Path
 
 from trainperf.errors import TrainperfError
 from trainperf.results import run_folder
-from trainperf.results.files import write_json_atomic, write_text_atomic
+from trainperf.results.files import write_csv_atomic, write_json_atomic
 from trainperf.runtime import distributed
 
 
@@ -108,13 +106,8 @@ def table_text(rows: Sequence[ScalingRow]) -> str:
 def save(rows: Sequence[ScalingRow], out_dir: Path, title: str) -> list[Path]:
     """scaling.csv, scaling.json and scaling.png (time-to-train and speedup against devices)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(asdict(rows[0])))
-    writer.writeheader()
-    for row in rows:
-        writer.writerow(asdict(row))
     paths = [out_dir / "scaling.csv", out_dir / "scaling.json", out_dir / "scaling.png"]
-    write_text_atomic(paths[0], buf.getvalue())
+    write_csv_atomic(paths[0], [asdict(row) for row in rows])
     write_json_atomic(paths[1], {"title": title, "rows": [asdict(r) for r in rows]})
     _plot(rows, paths[2], title)
     return paths

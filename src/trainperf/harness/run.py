@@ -10,12 +10,14 @@ SIGINT/SIGTERM, a non-finite loss, or an error while reading data).
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import os
 import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,6 +135,10 @@ def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None =
     return loop.result(status, reason)
 
 
+class _TargetReached(Exception):
+    """An asynchronous evaluation met the target in the middle of an epoch."""
+
+
 _COLLECTIVE_MARKERS = ("gloo", "nccl", "connection closed by peer", "connection reset", "processgroup", "c10d",
                        "timed out")
 
@@ -162,6 +168,8 @@ class _TimedLoop:
         self.epoch_times_s: list[float] = []
         self.train_samples: int | None = None
         self.eval_samples: int | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: list[tuple[int, int, Future]] = []
 
     # -- the sequence ---------------------------------------------------------------------------
     def execute(self) -> bool:
@@ -181,7 +189,7 @@ class _TimedLoop:
 
         log.event(C.SEED, config.seed, time_ms=clock.now_ms())
         torch.manual_seed(config.seed)
-        parts = speedups.apply(workload, recipe, workload.build(recipe, ctx), ctx.device)
+        parts = speedups.apply(workload, recipe, workload.build(recipe, ctx), ctx.device, ctx.world_size)
         parts = speedups.compile_model(recipe, distributed.wrap_data_parallel(parts, ctx))
         if recipe.compile or recipe.cuda_graphs:
             # Compilation (and graph capture) happen here, on synthetic batches, before run_start as
@@ -273,20 +281,70 @@ class _TimedLoop:
         log.event(C.EVAL_SAMPLES, data.eval_samples, time_ms=now)
         step = TrainStep(parts, data.steps_per_epoch, recipe.grad_accum_steps, recipe, self.ctx.device)
         self.progress.start(workload.name, recipe.max_epochs, data.steps_per_epoch)
+        self._data = data
+        try:
+            for first, count in recipe.eval_schedule.blocks(recipe.max_epochs):
+                log.start(C.BLOCK_START, metadata={"first_epoch_num": first, "epoch_count": count},
+                          time_ms=clock.now_ms())
+                for epoch in range(first, first + count):
+                    self._train_epoch(epoch, step, data)
+                last = first + count - 1
+                reached = False
+                if recipe.eval_schedule.due(last):
+                    if recipe.async_eval:
+                        self._launch_eval(last, parts.model, data)
+                    else:
+                        reached = self._evaluate(last, parts.model, data)
+                log.end(C.BLOCK_STOP, metadata={"first_epoch_num": first}, time_ms=clock.now_ms())
+                if reached or self._collect(wait=False):
+                    return True
+            # The epoch budget is spent: results still being scored can meet the target.
+            return self._collect(wait=True)
+        except _TargetReached:
+            return True
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
 
-        for first, count in recipe.eval_schedule.blocks(recipe.max_epochs):
-            log.start(C.BLOCK_START, metadata={"first_epoch_num": first, "epoch_count": count},
-                      time_ms=clock.now_ms())
-            for epoch in range(first, first + count):
-                self._train_epoch(epoch, step, data)
-            last = first + count - 1
-            reached = False
-            if recipe.eval_schedule.due(last):
-                reached = self._evaluate(last, parts.model, data)
-            log.end(C.BLOCK_STOP, metadata={"first_epoch_num": first}, time_ms=clock.now_ms())
-            if reached:
+    # -- asynchronous evaluation ------------------------------------------------------------------
+    def _launch_eval(self, epoch: int, model: torch.nn.Module, data: Any) -> None:
+        """Score a snapshot of the weights in a background thread while training goes on. The
+        result is logged (with this epoch_num) when it is known, and the clock runs until then."""
+        bare = getattr(model, "_orig_mod", model)
+        bare = getattr(bare, "module", bare)
+        snapshot = copy.deepcopy(bare).eval()
+        self.log.start(C.EVAL_START, metadata={"epoch_num": epoch}, time_ms=self.clock.now_ms())
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainperf-eval")
+
+        def score() -> float:
+            with torch.no_grad():
+                partial = data.evaluate(snapshot)
+                return float(partial.metric(self.ctx.combine(partial)))
+
+        self._pending.append((epoch, self.samples, self._executor.submit(score)))
+
+    def _collect(self, wait: bool) -> bool:
+        """Log every finished asynchronous evaluation, in order; True once one meets the target."""
+        while self._pending and (wait or self._pending[0][2].done()):
+            epoch, samples, future = self._pending.pop(0)
+            value = future.result()
+            if self._record_eval(epoch, value, samples):
                 return True
         return False
+
+    def _record_eval(self, epoch: int, value: float, samples: int) -> bool:
+        log, clock = self.log, self.clock
+        recipe, metric = self.config.recipe, self.config.workload.metric
+        now = clock.now_ms()
+        log.end(C.EVAL_STOP, metadata={"epoch_num": epoch}, time_ms=now)
+        log.event(C.EVAL_ACCURACY, value, metadata={"epoch_num": epoch}, time_ms=now)
+        elapsed = (now - self.run_start_ms) / 1000.0 if self.run_start_ms is not None else 0.0
+        self.evaluations.append(Evaluation(epoch=epoch, value=value, samples=samples, time_s=elapsed))
+        self.progress.evaluation(epoch, metric.name, value, recipe.target)
+        if not math.isfinite(value):
+            raise RunAborted(f"non-finite {metric.name} at epoch {epoch}")
+        return metric.reached(value, recipe.target)
 
     def _train_epoch(self, epoch: int, step: TrainStep, data: Any) -> None:
         log, clock, progress = self.log, self.clock, self.progress
@@ -305,6 +363,12 @@ class _TimedLoop:
             samples += data.batch_samples(batch)
             rate = samples / max(time.perf_counter() - wall0, 1e-9)
             progress.step(epoch, steps, rate * self.ctx.world_size, float(loss) if progress.wants_loss() else None)
+            if self._pending and self._pending[0][2].done():
+                if self._collect(wait=False):
+                    # The target is known met: stop now (MLPerf lets the run end mid-epoch).
+                    self.samples += samples
+                    self.epochs_done = epoch - 1
+                    raise _TargetReached()
         # One reduction per epoch: every rank sees the same loss and sample count, so all ranks take
         # the same stop decision.
         counts = torch.tensor([float(steps), float(samples)], device=self.ctx.device)
@@ -323,21 +387,11 @@ class _TimedLoop:
         progress.epoch_end(epoch, samples / max(seconds, 1e-9), mean_loss)
 
     def _evaluate(self, epoch: int, model: torch.nn.Module, data: Any) -> bool:
-        log, clock = self.log, self.clock
-        recipe, metric = self.config.recipe, self.config.workload.metric
-        log.start(C.EVAL_START, metadata={"epoch_num": epoch}, time_ms=clock.now_ms())
+        self.log.start(C.EVAL_START, metadata={"epoch_num": epoch}, time_ms=self.clock.now_ms())
         # Evaluate the bare model: DDP would sync buffers on every forward, and shards differ in size.
         model = getattr(model, "module", model)
         model.eval()
         with torch.no_grad():
             partial = data.evaluate(model)
             value = float(partial.metric(self.ctx.combine(partial)))
-        now = clock.now_ms()
-        log.end(C.EVAL_STOP, metadata={"epoch_num": epoch}, time_ms=now)
-        log.event(C.EVAL_ACCURACY, value, metadata={"epoch_num": epoch}, time_ms=now)
-        elapsed = (now - self.run_start_ms) / 1000.0 if self.run_start_ms is not None else 0.0
-        self.evaluations.append(Evaluation(epoch=epoch, value=value, samples=self.samples, time_s=elapsed))
-        self.progress.evaluation(epoch, metric.name, value, recipe.target)
-        if not math.isfinite(value):
-            raise RunAborted(f"non-finite {metric.name} at epoch {epoch}")
-        return metric.reached(value, recipe.target)
+        return self._record_eval(epoch, value, self.samples)

@@ -65,6 +65,7 @@ class ReportData:
     groups: list[GroupView] = field(default_factory=list)
     systems: dict[str, dict[str, Any]] = field(default_factory=dict)
     scaling: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    ablations: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     def group(self, system: str, benchmark: str, scale: str) -> GroupView:
         for g in self.groups:
@@ -162,6 +163,8 @@ def collect(paths: list[Path]) -> ReportData:
             _add_run_folder(data, path)
         elif (path / "scaling.json").is_file():
             data.scaling.append((str(path), json.loads((path / "scaling.json").read_text())))
+        elif (path / "ablation.json").is_file():
+            data.ablations.append((str(path), json.loads((path / "ablation.json").read_text())))
         elif path.is_dir() and any(path.rglob("result_*.txt")):
             _add_results_tree(data, path)
         elif path.is_dir() and any(path.rglob("result.json")):
@@ -169,7 +172,7 @@ def collect(paths: list[Path]) -> ReportData:
                 _add_run_folder(data, result.parent)
         else:
             raise TrainperfError(f"{path}: not a run folder (result.json), results folder (result_*.txt) "
-                                 "or scaling study (scaling.json)")
-    if not (data.groups or data.scaling):
+                                 "scaling study (scaling.json) or ablation (ablation.json)")
+    if not (data.groups or data.scaling or data.ablations):
         raise TrainperfError("nothing to report")
     return data

@@ -83,6 +83,14 @@ def scaling_rows(study: dict) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def ablation_rows(study: dict) -> tuple[list[str], list[list[str]]]:
+    header = ["configuration", "mode", "samples/s", "uplift", "MFU", "epochs to target"]
+    rows = [[r["config"], r["mode"], _fmt(r["samples_per_s"], ".1f"), f"{r['uplift']:.2f}x",
+             _fmt(r["mfu"], ".1%"), "-" if r.get("reached") is None else
+             (str(r["epochs_to_target"]) if r["reached"] else "missed")] for r in study["rows"]]
+    return header, rows
+
+
 # ---------------------------------------------------------------------------------------------
 # figures
 # ---------------------------------------------------------------------------------------------
@@ -121,6 +129,17 @@ def convergence_figure(bench: str, groups: Sequence[GroupView], index: int) -> F
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return Figure(f"{bench} convergence", _png(fig), f"convergence_{index}.png")
+
+
+def ablation_figure(study: dict, index: int) -> Figure:
+    plt = _pyplot()
+    rows = study["rows"][::-1]
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.2))
+    colors = {"baseline": "grey", "cumulative": "tab:blue", "alone": "tab:orange"}
+    ax.barh([r["config"] for r in rows], [r["uplift"] for r in rows], color=[colors[r["mode"]] for r in rows])
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.set(xlabel="throughput vs baseline (x)", title=study.get("title", "ablation"))
+    return Figure(f"ablation: {study.get('title', '')}", _png(fig), f"ablation_{index}.png")
 
 
 def scaling_figure(title: str, study: dict, index: int) -> Figure:
@@ -210,6 +229,10 @@ def build(data: ReportData, asset_prefix: str = "report") -> tuple[str, str, lis
         section(f"Scaling study ({path})")
         table(*scaling_rows(study))
         figure(scaling_figure(path, study, i))
+    for i, (path, study) in enumerate(data.ablations):
+        section(f"Speedup ablation ({path})")
+        table(*ablation_rows(study))
+        figure(ablation_figure(study, i))
     if data.systems:
         section("Systems")
         names = list(data.systems)

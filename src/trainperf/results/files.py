@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import tempfile
@@ -25,6 +27,15 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_csv_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
+    """One row per dict, the first row's keys as the header."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(path, buf.getvalue())
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

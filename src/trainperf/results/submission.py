@@ -84,6 +84,7 @@ def system_description(system_name: str, org: str, division: str, status: str, d
                        world_size: int) -> dict[str, Any]:
     cpu = _cpuinfo()
     gpus = environment.gpu_names()
+    versions = environment.describe(device, world_size)["versions"]
     desc = {field: "" for field in FIELDS}
     desc.update({
         "submitter": org,
@@ -106,9 +107,9 @@ def system_description(system_name: str, org: str, division: str, status: str, d
         "framework": f"PyTorch {torch.__version__}",
         "other_software_stack": {
             key: value for key, value in {
-                "trainperf": environment.describe(device, world_size)["versions"]["trainperf"],
+                "trainperf": versions["trainperf"],
                 "python": platform.python_version(),
-                "torchvision": environment.describe(device, world_size)["versions"]["torchvision"],
+                "torchvision": versions["torchvision"],
                 "cuda_version": torch.version.cuda if device.type == "cuda" else None,
                 "cudnn_version": str(torch.backends.cudnn.version()) if device.type == "cuda" else None,
                 "nccl_version": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,

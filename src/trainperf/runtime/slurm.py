@@ -49,8 +49,10 @@ def sbatch_script(workload: str, nodes: int, gpus_per_node: int, run_args: Seque
     lines += [
         "",
         "set -euo pipefail",
-        "# The first node of the allocation hosts the c10d rendezvous.",
-        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "# The first node of the allocation hosts the c10d rendezvous. (No pipe into head: under",
+        "# pipefail, scontrol would die of SIGPIPE on a long host list and fail the job.)",
+        'mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+        'head_node=${nodes[0]}',
         "",
         "# NCCL settings worth checking on a new cluster (see README, multi-node):",
         "# export NCCL_DEBUG=INFO            # print the transport NCCL picked (IB, RoCE, sockets)",

@@ -18,7 +18,7 @@ import torch
 from trainperf.errors import TrainperfError
 from trainperf.spec import ModelParts, Recipe, Workload
 
-SWITCHES = ("precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer")
+SWITCHES = ("precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer", "async_eval")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -27,7 +27,7 @@ def enabled(recipe: Recipe) -> dict[str, Any]:
     return {name: getattr(recipe, name) for name in SWITCHES}
 
 
-def check_supported(workload: Workload, recipe: Recipe, device: torch.device) -> None:
+def check_supported(workload: Workload, recipe: Recipe, device: torch.device, world_size: int = 1) -> None:
     for name in SWITCHES:
         value = getattr(recipe, name)
         on = value != "fp32" if name == "precision" else bool(value)
@@ -36,11 +36,15 @@ def check_supported(workload: Workload, recipe: Recipe, device: torch.device) ->
     if recipe.cuda_graphs and device.type != "cuda":
         raise TrainperfError("cuda_graphs=true (--cuda-graphs): CUDA Graphs need a CUDA GPU; this run is on "
                              f"{device.type}")
+    if recipe.async_eval and world_size > 1:
+        # Its reductions would run on a second thread beside DDP's: not supported (yet).
+        raise TrainperfError("async_eval=true (--async-eval): supported on a single process only")
 
 
-def apply(workload: Workload, recipe: Recipe, parts: ModelParts, device: torch.device) -> ModelParts:
+def apply(workload: Workload, recipe: Recipe, parts: ModelParts, device: torch.device,
+          world_size: int = 1) -> ModelParts:
     """Memory layout now; compilation is applied by `compile_model` after data parallelism wraps."""
-    check_supported(workload, recipe, device)
+    check_supported(workload, recipe, device, world_size)
     if recipe.channels_last:
         # Converting the weights is enough: convolutions then run NHWC, and their outputs stay NHWC.
         parts.model = parts.model.to(memory_format=torch.channels_last)

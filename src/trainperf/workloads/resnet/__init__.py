@@ -119,7 +119,7 @@ class ResNetWorkload(Workload):
     metric = Metric("top1", higher_is_better=True)
     summary = "ResNet-50 v1.5 on ImageNet (mini: a small ResNet on real handwritten digits)"
     mlperf_runs = 5
-    speedups = frozenset({"precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer"})
+    speedups = frozenset({"precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer", "async_eval"})
 
     # -- declaration ----------------------------------------------------------------------------
     def recipes(self, scale: str) -> dict[str, Recipe]:
