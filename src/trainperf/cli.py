@@ -340,7 +340,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     recipe = workload.recipe(args.scale, args.recipe).with_overrides(sets)
     if args.steps < 1 or args.warmup < 0:
         raise TrainperfError("--steps must be >= 1 and --warmup >= 0")
-    data_dir = None if args.synthetic else _prepared_data(workload, args.scale, args.data)
+    data_dir = None
+    if not args.synthetic or workload.needs_data_to_build:
+        data_dir = _prepared_data(workload, args.scale, args.data)
     result = throughput.run_bench(workload, recipe, args.scale, data_dir, args.synthetic, args.steps, args.warmup,
                                   args.device)
     print(throughput.describe(result))
@@ -356,7 +358,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     workload = registry.get(args.workload)
     recipe = workload.recipe(args.scale, args.recipe).with_overrides(args.set or [])
     data_dir = None
-    if not args.synthetic or args.check_quality:
+    if not args.synthetic or args.check_quality or workload.needs_data_to_build:
         data_dir = _prepared_data(workload, args.scale, args.data)
     out_dir = Path(args.out) if args.out else Path("runs") / f"ablate-{workload.name}-{_stamp()}"
     if args.reps < 1:

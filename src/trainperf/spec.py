@@ -237,16 +237,20 @@ class Workload(ABC):
     def mlperf_hyperparameters(self, recipe: Recipe, ctx: Any) -> dict[str, Any]:
         """The hyperparameter keys the closed ruleset requires, with this recipe's values."""
 
+    # Whether `build` needs the prepared dataset's metadata (e.g. NCF sizes its embeddings by it).
+    needs_data_to_build: ClassVar[bool] = False
+
     @abstractmethod
-    def build(self, recipe: Recipe, ctx: Any) -> ModelParts:
-        """Model (on ctx.device), optimizer, loss and LR schedule. Must not read the dataset."""
+    def build(self, recipe: Recipe, ctx: Any, data_dir: Path | None = None) -> ModelParts:
+        """Model (on ctx.device), optimizer, loss and LR schedule. Must not read the dataset itself;
+        it may read the metadata `prepare()` wrote (sizes), which is not training data."""
 
     @abstractmethod
     def load_data(self, recipe: Recipe, data_dir: Path, ctx: Any) -> DataParts:
         """Open the dataset (timed: called after run_start)."""
 
     @abstractmethod
-    def synthetic_batch(self, recipe: Recipe, ctx: Any) -> Any:
+    def synthetic_batch(self, recipe: Recipe, ctx: Any, model: torch.nn.Module | None = None) -> Any:
         """A device-resident random batch shaped like this process's training batches (for warm-up,
         compilation and throughput runs; never used for a quality result)."""
 

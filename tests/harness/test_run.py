@@ -56,7 +56,7 @@ class FakeWorkload(Workload):
     def mlperf_hyperparameters(self, recipe: Recipe, ctx: Any) -> dict[str, Any]:
         return {"opt_name": "sgd", "opt_base_learning_rate": recipe.lr}
 
-    def build(self, recipe: Recipe, ctx: Any) -> ModelParts:
+    def build(self, recipe: Recipe, ctx: Any, data_dir: Path | None = None) -> ModelParts:
         model = nn.Linear(1, 1)
         opt = torch.optim.SGD(model.parameters(), lr=recipe.lr)
         nan_at = self.nan_at_epoch
@@ -72,7 +72,7 @@ class FakeWorkload(Workload):
 
         return ModelParts(model=model, optimizer=opt, loss_fn=loss_fn, lr_schedule=lambda spe: (lambda s: 1.0))
 
-    def synthetic_batch(self, recipe: Recipe, ctx: Any) -> Any:
+    def synthetic_batch(self, recipe: Recipe, ctx: Any, model: Any = None) -> Any:
         return torch.zeros(4, 1), torch.zeros(4, 1)
 
     def load_data(self, recipe: Recipe, data_dir: Path, ctx: Any) -> DataParts:

@@ -119,14 +119,14 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
     ctx = distributed.init_from_env(device)
     dev = ctx.device
     torch.manual_seed(0)
-    parts = speedups.apply(workload, recipe, workload.build(recipe, ctx), dev)
+    parts = speedups.apply(workload, recipe, workload.build(recipe, ctx, data_dir), dev)
     parts = speedups.compile_model(recipe, distributed.wrap_data_parallel(parts, ctx))
     step = TrainStep(parts, steps_per_epoch=max(steps, 1), grad_accum_steps=recipe.grad_accum_steps,
                      recipe=recipe, device=dev)
-    batch = workload.synthetic_batch(recipe, ctx)
+    batch = workload.synthetic_batch(recipe, ctx, parts.model)
     batch_size = int(batch[0].shape[0])
     # FLOPs from an eager copy of the step's model: the counter does not see inside compiled graphs.
-    eager = speedups.apply(workload, recipe, workload.build(recipe, ctx), dev)
+    eager = speedups.apply(workload, recipe, workload.build(recipe, ctx, data_dir), dev)
     flops = count_flops(TrainStep(eager, 1, recipe.grad_accum_steps, recipe, dev), batch) / batch_size
 
     if synthetic:

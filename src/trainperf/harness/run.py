@@ -189,13 +189,14 @@ class _TimedLoop:
 
         log.event(C.SEED, config.seed, time_ms=clock.now_ms())
         torch.manual_seed(config.seed)
-        parts = speedups.apply(workload, recipe, workload.build(recipe, ctx), ctx.device, ctx.world_size)
+        parts = speedups.apply(workload, recipe, workload.build(recipe, ctx, config.data_dir), ctx.device,
+                                 ctx.world_size)
         parts = speedups.compile_model(recipe, distributed.wrap_data_parallel(parts, ctx))
         if recipe.compile or recipe.cuda_graphs:
             # Compilation (and graph capture) happen here, on synthetic batches, before run_start as
             # the rules allow; the model and optimizer state are restored afterwards.
             speedups.warm_up(parts, lambda: TrainStep(parts, 1, recipe.grad_accum_steps, recipe, ctx.device),
-                             workload.synthetic_batch(recipe, ctx), steps=3)
+                             workload.synthetic_batch(recipe, ctx, parts.model), steps=3)
         now = clock.now_ms()
         log.event(C.GLOBAL_BATCH_SIZE, recipe.global_batch_size, time_ms=now)
         log.event(C.GRADIENT_ACCUMULATION_STEPS, recipe.grad_accum_steps, time_ms=now)

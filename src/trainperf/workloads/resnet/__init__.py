@@ -183,7 +183,7 @@ class ResNetWorkload(Workload):
         }
 
     # -- parts ----------------------------------------------------------------------------------
-    def build(self, recipe: Recipe, ctx: Any) -> ModelParts:
+    def build(self, recipe: Recipe, ctx: Any, data_dir: Path | None = None) -> ModelParts:
         assert isinstance(recipe, ResNetRecipe)
         if recipe.model == "mini":
             model: nn.Module = MiniResNet(recipe.num_classes, recipe.stem_width, recipe.widths, recipe.blocks)
@@ -218,7 +218,8 @@ class ResNetWorkload(Workload):
 
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, lr_schedule=lr_schedule)
 
-    def synthetic_batch(self, recipe: Recipe, ctx: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def synthetic_batch(self, recipe: Recipe, ctx: Any,
+                        model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         assert isinstance(recipe, ResNetRecipe)
         n = recipe.global_batch_size // ctx.world_size
         gen = torch.Generator(device=ctx.device).manual_seed(0)
