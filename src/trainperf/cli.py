@@ -203,8 +203,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(result.output)
     for line in result.problems():
         print(line)
+    rules = f" with trainperf's rules {result.config}" if result.config else ""
     print(f"{log}: {result.verdict} (official mlperf_logging compliance checker, training ruleset "
-          f"{result.ruleset}, {result.division} division, benchmark {result.benchmark})")
+          f"{result.ruleset}{rules}, {result.division} division, benchmark {result.benchmark})")
     return 0 if result.valid else 1
 
 

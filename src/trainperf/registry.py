@@ -10,6 +10,7 @@ from trainperf.spec import Workload
 # name -> "module:Class"; adding a workload is one line here plus its package.
 _WORKLOADS: dict[str, str] = {
     "resnet": "trainperf.workloads.resnet:ResNetWorkload",
+    "ncf": "trainperf.workloads.ncf:NCFWorkload",
 }
 
 

@@ -156,7 +156,7 @@ def test_bench_command_prints_the_figures(tmp_path, capsys):
     assert main(["bench", "resnet", "--synthetic", "--steps", "5", "--warmup", "1", "--precision", "bf16",
                  "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    for needle in ("samples/s", "p50", "p90", "peak memory", "GFLOP per sample", "MFU", "precision=bf16"):
+    for needle in ("samples/s", "p50", "p90", "peak memory", "FLOP per sample", "MFU", "precision=bf16"):
         assert needle in text
     figures = json.loads(out.read_text())
     assert figures["flops_per_sample"] > 0 and figures["speedups"]["precision"] == "bf16"

@@ -177,6 +177,13 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
     )
 
 
+def _flops(value: float) -> str:
+    for unit, scale in (("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if value >= scale / 10:
+            return f"{value / scale:.3f} {unit}"
+    return f"{value:.0f} FLOP"
+
+
 def describe(result: BenchResult) -> str:
     mfu = f"{result.mfu:.1%}" if result.mfu is not None else "n/a"
     switches = ", ".join(f"{k}={v}" for k, v in result.speedups.items())
@@ -188,8 +195,7 @@ def describe(result: BenchResult) -> str:
         f"  step time: p50 {result.step_time_p50_ms:.2f} ms, p90 {result.step_time_p90_ms:.2f} ms",
         f"  data loading: {result.data_share:.1%} of the time",
         f"  peak memory: {result.peak_memory_mb:.0f} MiB ({result.peak_memory_kind})",
-        f"  model FLOPs: {result.flops_per_sample / 1e9:.3f} GFLOP per sample (forward + backward, "
-        "torch.utils.flop_counter)",
+        f"  model FLOPs: {_flops(result.flops_per_sample)} per sample (forward + backward, torch.utils.flop_counter)",
         f"  achieved: {result.achieved_tflops:.3f} TFLOP/s; peak {result.peak_tflops or 0:.2f} TFLOP/s "
         f"({result.peak_source}); MFU {mfu}",
     ])

@@ -1,0 +1,222 @@
+"""NCF (NeuMF) on MovieLens-20m (MLPerf key `ncf`), and its mini scale on a planted-preference
+ratings.csv in the same format."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainperf.errors import TrainperfError
+from trainperf.spec import DataParts, EvalPartial, Metric, ModelParts, Recipe, Workload
+from trainperf.workloads.ncf import data as D
+
+TOP_K = 10
+
+
+@dataclass(frozen=True)
+class NCFRecipe(Recipe):
+    factors: int = 64  # GMF embedding size
+    mlp_layers: tuple[int, ...] = (256, 256, 128, 64)  # first = concatenated user+item MLP embeddings
+    base_lr: float = 5e-4
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    train_negatives: int = 4
+    eval_batch_users: int = 256
+    # mini generator (ignored at full scale)
+    mini_users: int = 3000
+    mini_items: int = 1000
+
+    def validate(self) -> None:
+        super().validate()
+        if self.factors < 1 or len(self.mlp_layers) < 2 or self.mlp_layers[0] % 2 or self.train_negatives < 1:
+            raise TrainperfError("recipe: need factors >= 1, >= 2 even-first mlp_layers, train_negatives >= 1")
+
+
+FULL = NCFRecipe(name="reference", global_batch_size=2048, max_epochs=20, target=0.635, eval_every=1, eval_first=1)
+MINI = NCFRecipe(name="mini", global_batch_size=1024, max_epochs=12, target=0.35, eval_every=1, eval_first=1,
+                 factors=16, mlp_layers=(64, 32, 16), base_lr=4e-3)
+
+
+class NeuMF(nn.Module):
+    """GMF (elementwise product of embeddings) + MLP over concatenated embeddings, joined by a linear
+    layer to one logit; initialised as the reference (embeddings N(0, 0.01), MLP Glorot-uniform,
+    output LeCun-uniform)."""
+
+    def __init__(self, n_users: int, n_items: int, factors: int, mlp_layers: tuple[int, ...]) -> None:
+        super().__init__()
+        half = mlp_layers[0] // 2
+        self.gmf_user, self.gmf_item = nn.Embedding(n_users, factors), nn.Embedding(n_items, factors)
+        self.mlp_user, self.mlp_item = nn.Embedding(n_users, half), nn.Embedding(n_items, half)
+        self.mlp = nn.ModuleList(nn.Linear(a, b) for a, b in zip(mlp_layers[:-1], mlp_layers[1:], strict=True))
+        self.out = nn.Linear(factors + mlp_layers[-1], 1)
+        for emb in (self.gmf_user, self.gmf_item, self.mlp_user, self.mlp_item):
+            nn.init.normal_(emb.weight, std=0.01)
+        for layer in self.mlp:
+            nn.init.xavier_uniform_(layer.weight)
+            nn.init.zeros_(layer.bias)
+        bound = (3.0 / self.out.in_features) ** 0.5
+        nn.init.uniform_(self.out.weight, -bound, bound)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        gmf = self.gmf_user(users) * self.gmf_item(items)
+        x = torch.cat([self.mlp_user(users), self.mlp_item(items)], dim=-1)
+        for layer in self.mlp:
+            x = F.relu(layer(x))
+        return self.out(torch.cat([gmf, x], dim=-1)).squeeze(-1)
+
+
+def hit_rate_hits(scores_pos: torch.Tensor, scores_neg: torch.Tensor, k: int = TOP_K) -> torch.Tensor:
+    """Hits@k per user, vectorised: the positive's rank is the number of negatives scoring >= it
+    (ties are ranked ahead of the positive, as the MLPerf rules require)."""
+    rank = (scores_neg >= scores_pos.unsqueeze(1)).sum(dim=1)
+    return (rank < k).long()
+
+
+def popularity_hr(train_pairs: np.ndarray, test_pos: np.ndarray, test_neg: np.ndarray, n_items: int) -> float:
+    """HR@10 of ranking by training popularity: the baseline a learned model must clearly beat."""
+    counts = torch.from_numpy(np.bincount(train_pairs[:, 1], minlength=n_items)).float()
+    hits = hit_rate_hits(counts[torch.tensor(test_pos)], counts[torch.tensor(test_neg)])
+    return hits.float().mean().item()
+
+
+class NCFWorkload(Workload):
+    name = "ncf"
+    benchmark = "ncf"
+    ruleset = "0.7.0"  # the common rules of 0.7.0 plus trainperf's own ncf rules (see results/rules)
+    metric = Metric("hr@10", higher_is_better=True)
+    summary = "NeuMF on MovieLens-20m, HR@10 (mini: planted-preference ratings in ml-20m format)"
+    mlperf_runs = 10
+    speedups = frozenset({"precision", "compile", "fused_optimizer", "async_eval"})
+    needs_data_to_build = True
+
+    def recipes(self, scale: str) -> dict[str, Recipe]:
+        return {"mini": MINI} if scale == "mini" else {"reference": FULL}
+
+    @staticmethod
+    def _converted_dir(data_dir: Path) -> Path:
+        """The folder holding ratings.csv (the conversion is cached beside it, as the reference does):
+        DIR itself, or DIR/ml-20m when the user points at the folder the zip was extracted into."""
+        return data_dir / "ml-20m" if (data_dir / "ml-20m").is_dir() else data_dir
+
+    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
+        root = self._converted_dir(data_dir)
+        if D.converted(root):
+            return []
+        if scale == "mini":
+            return [f"{data_dir}: mini dataset not generated yet (trainperf prepare ncf)"]
+        if not (root / "ratings.csv").is_file():
+            return [f"{root / 'ratings.csv'}: missing (expected ml-20m/ratings.csv with header "
+                    "userId,movieId,rating,timestamp)"]
+        return [f"{root}: ratings.csv not converted yet (trainperf prepare ncf --scale full --data {data_dir})"]
+
+    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
+        root = self._converted_dir(data_dir)
+        if D.converted(root):
+            say(f"{root}: already converted")
+            return
+        root.mkdir(parents=True, exist_ok=True)
+        if scale == "mini":
+            rows = D.generate_ratings(root / "ratings.csv", MINI.mini_users, MINI.mini_items)
+            say(f"wrote {rows:,} synthetic ratings to {root / 'ratings.csv'} (ml-20m format)")
+        D.convert(root / "ratings.csv", root, say)
+
+    def mlperf_hyperparameters(self, recipe: Recipe, ctx: Any) -> dict[str, Any]:
+        assert isinstance(recipe, NCFRecipe)
+        return {
+            "opt_name": "adam", "opt_base_learning_rate": recipe.base_lr, "opt_adam_beta_1": recipe.beta1,
+            "opt_adam_beta_2": recipe.beta2, "opt_adam_epsilon": recipe.eps,
+            "model_hp_mf_dim": recipe.factors, "model_hp_mlp_layer_sizes": list(recipe.mlp_layers),
+            "input_hp_num_neg": recipe.train_negatives, "eval_hp_num_neg": D.NUM_EVAL_NEGATIVES,
+        }
+
+    def build(self, recipe: Recipe, ctx: Any, data_dir: Path | None = None) -> ModelParts:
+        assert isinstance(recipe, NCFRecipe)
+        manifest = D.converted(self._converted_dir(data_dir)) if data_dir else None
+        if manifest is None:
+            raise TrainperfError(f"ncf: the model is sized by the converted dataset; none in {data_dir} "
+                                 "(trainperf prepare ncf)")
+        model = NeuMF(manifest["users"], manifest["items"], recipe.factors, recipe.mlp_layers).to(ctx.device)
+        impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+        optimizer = torch.optim.Adam(model.parameters(), lr=recipe.base_lr, betas=(recipe.beta1, recipe.beta2),
+                                     eps=recipe.eps, **impl)
+
+        def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            users, items, labels = batch
+            return F.binary_cross_entropy_with_logits(model(users, items).float(), labels)
+
+        # The reference trains at a constant Adam learning rate.
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn,
+                          lr_schedule=lambda steps: (lambda step: 1.0))
+
+    def synthetic_batch(self, recipe: Recipe, ctx: Any, model: nn.Module | None = None) -> Any:
+        if model is None:
+            raise TrainperfError("ncf: synthetic batches are sized by the model")
+        bare = getattr(getattr(model, "_orig_mod", model), "module", getattr(model, "_orig_mod", model))
+        n = recipe.global_batch_size // ctx.world_size
+        gen = torch.Generator(device=ctx.device).manual_seed(0)
+        users = torch.randint(0, bare.gmf_user.num_embeddings, (n,), device=ctx.device, generator=gen)
+        items = torch.randint(0, bare.gmf_item.num_embeddings, (n,), device=ctx.device, generator=gen)
+        return users, items, torch.randint(0, 2, (n,), device=ctx.device, generator=gen).float()
+
+    def load_data(self, recipe: Recipe, data_dir: Path, ctx: Any) -> DataParts:
+        assert isinstance(recipe, NCFRecipe)
+        if recipe.global_batch_size % ctx.world_size:
+            raise TrainperfError(f"global_batch_size {recipe.global_batch_size} is not divisible by "
+                                 f"{ctx.world_size} processes")
+        root = self._converted_dir(data_dir)
+        manifest = D.converted(root)
+        train, test_users, test_pos, test_neg = D.load(root)
+        device = ctx.device
+        pos_users = torch.tensor(train[:, 0]).to(device)
+        pos_items = torch.tensor(train[:, 1]).to(device)
+        n_items = manifest["items"]
+        per_epoch = pos_users.numel() * (1 + recipe.train_negatives)
+        batch = recipe.global_batch_size
+        usable = per_epoch if per_epoch % batch >= ctx.world_size or per_epoch % batch == 0 else \
+            per_epoch - per_epoch % batch
+        gen = torch.Generator(device=device)
+        gen.manual_seed(int(torch.initial_seed()))
+        shard = ctx.shard(test_users.shape[0])
+        eval_users = torch.tensor(test_users[shard.start:shard.stop]).to(device)
+        eval_pos = torch.tensor(test_pos[shard.start:shard.stop]).to(device)
+        eval_neg = torch.tensor(test_neg[shard.start:shard.stop]).to(device)
+
+        def train_batches(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+            # Fresh training negatives every epoch (uniform over all items), the same on every rank.
+            k = recipe.train_negatives
+            users = torch.cat([pos_users, pos_users.repeat(k)])
+            items = torch.cat([pos_items, torch.randint(0, n_items, (pos_items.numel() * k,), device=device,
+                                                          generator=gen)])
+            labels = torch.cat([torch.ones(pos_users.numel(), device=device),
+                                torch.zeros(pos_users.numel() * k, device=device)])
+            order = torch.randperm(users.numel(), device=device, generator=gen)[:usable]
+            for start in range(0, usable, batch):
+                idx = order[start:start + batch]
+                mine = ctx.shard(idx.numel())
+                idx = idx[mine.start:mine.stop]
+                yield users[idx], items[idx], labels[idx]
+
+        def evaluate(model: nn.Module) -> EvalPartial:
+            hits = torch.zeros((), dtype=torch.long, device=device)
+            for start in range(0, eval_users.numel(), recipe.eval_batch_users):
+                u = eval_users[start:start + recipe.eval_batch_users]
+                candidates = torch.cat([eval_pos[start:start + recipe.eval_batch_users].unsqueeze(1),
+                                        eval_neg[start:start + recipe.eval_batch_users]], dim=1)
+                scores = model(u.unsqueeze(1).expand_as(candidates), candidates).float()
+                hits += hit_rate_hits(scores[:, 0], scores[:, 1:]).sum()
+            count = torch.tensor(eval_users.numel(), device=device)
+            return EvalPartial(metric=lambda t: t["hits"].item() / max(t["count"].item(), 1),
+                               sums={"hits": hits, "count": count})
+
+        return DataParts(train_batches=train_batches, steps_per_epoch=-(-usable // batch), train_samples=usable,
+                         eval_samples=int(test_users.shape[0]), evaluate=evaluate,
+                         batch_samples=lambda b: int(b[0].shape[0]))

@@ -1,0 +1,191 @@
+"""MovieLens-20m for NCF: the reference conversion, a planted-preference generator for mini, loading.
+
+`ratings.csv` (header `userId,movieId,rating,timestamp`) is converted as the MLPerf reference does:
+every rating is an implicit positive; users with >= 20 ratings are kept; user and item ids become
+contiguous (in order of the original ids); each user's latest rating is held out as the test
+positive; 999 negatives per user are drawn uniformly, with replacement, from the items that user
+never rated (numpy seed 0). Outputs are tab-separated without header, as the reference writes them:
+`train-ratings.csv` (user, item, 1), `test-ratings.csv` (user, item, 1), `test-negative.csv`
+(999 item ids per user). They are written to temporary files and renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+from array import array
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from trainperf.errors import TrainperfError
+
+HEADER = ["userId", "movieId", "rating", "timestamp"]
+OUTPUTS = ("train-ratings.csv", "test-ratings.csv", "test-negative.csv")
+MANIFEST = "trainperf_ncf.json"
+MIN_RATINGS = 20
+NUM_EVAL_NEGATIVES = 999
+FORMAT_VERSION = 1
+
+
+def read_ratings(path: Path, say: Callable[[str], None] = print) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Stream ratings.csv into compact arrays, rejecting malformed lines with their file and line."""
+    if not path.is_file():
+        raise TrainperfError(f"{path}: missing (expected MovieLens ratings.csv: {','.join(HEADER)})")
+    users, items, stamps = array("q"), array("q"), array("q")
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header != HEADER:
+            raise TrainperfError(f"{path}:1: expected the header {','.join(HEADER)}, got {','.join(header or [])}")
+        for lineno, row in enumerate(reader, start=2):
+            if len(row) != 4:
+                raise TrainperfError(f"{path}:{lineno}: expected 4 fields (userId,movieId,rating,timestamp), "
+                                     f"got {len(row)}")
+            try:
+                user, item, rating, stamp = int(row[0]), int(row[1]), float(row[2]), int(row[3])
+            except ValueError:
+                raise TrainperfError(f"{path}:{lineno}: expected integers userId, movieId, timestamp and a "
+                                     f"numeric rating, got {','.join(row)}") from None
+            if not 0 <= rating <= 5:
+                raise TrainperfError(f"{path}:{lineno}: rating {rating} outside 0-5")
+            users.append(user)
+            items.append(item)
+            stamps.append(stamp)
+            if lineno % 5_000_000 == 0:
+                say(f"  read {lineno - 1:,} ratings")
+    if not users:
+        raise TrainperfError(f"{path}: no ratings after the header")
+    return (np.frombuffer(users, dtype=np.int64), np.frombuffer(items, dtype=np.int64),
+            np.frombuffer(stamps, dtype=np.int64))
+
+
+def sample_negatives(rated_keys: np.ndarray, n_users: int, n_items: int, count: int,
+                     rng: np.random.RandomState) -> np.ndarray:
+    """`count` items per user, uniform with replacement over the items the user never rated.
+
+    Vectorised rejection sampling: draw for every unfilled slot, keep the draws that are not in the
+    user's rated set (a sorted array of user * n_items + item keys), repeat for the rest."""
+    out = np.empty((n_users, count), dtype=np.int64)
+    todo = np.arange(n_users * count)
+    while todo.size:
+        users = todo // count
+        draws = rng.randint(0, n_items, size=todo.size)
+        keys = users * n_items + draws
+        pos = np.searchsorted(rated_keys, keys)
+        pos[pos == rated_keys.size] = 0
+        ok = rated_keys[pos] != keys
+        out.reshape(-1)[todo[ok]] = draws[ok]
+        todo = todo[~ok]
+    return out
+
+
+def convert(ratings_csv: Path, out_dir: Path, say: Callable[[str], None] = print) -> dict:
+    """The reference conversion (see module doc). Returns the manifest it writes."""
+    users_orig, items_orig, stamps = read_ratings(ratings_csv, say)
+    uniq_users, user_counts = np.unique(users_orig, return_counts=True)
+    keep_users = uniq_users[user_counts >= MIN_RATINGS]
+    mask = np.isin(users_orig, keep_users)
+    users_orig, items_orig, stamps = users_orig[mask], items_orig[mask], stamps[mask]
+    if users_orig.size == 0:
+        raise TrainperfError(f"{ratings_csv}: no user has {MIN_RATINGS} or more ratings")
+    _, users = np.unique(users_orig, return_inverse=True)
+    item_ids, items = np.unique(items_orig, return_inverse=True)
+    n_users, n_items = int(users.max()) + 1, int(item_ids.size)
+    # Per user in time order (stable: ties keep file order); the last rating is the test positive.
+    order = np.lexsort((stamps, users))
+    users, items = users[order], items[order]
+    last = np.r_[users[1:] != users[:-1], True]
+    test_users, test_items = users[last], items[last]
+    train_users, train_items = users[~last], items[~last]
+    rated = np.unique(users * n_items + items)
+    negatives = sample_negatives(rated, n_users, n_items, NUM_EVAL_NEGATIVES, np.random.RandomState(0))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_tsv(out_dir / OUTPUTS[0], np.stack([train_users, train_items, np.ones_like(train_users)], 1))
+    _write_tsv(out_dir / OUTPUTS[1], np.stack([test_users, test_items, np.ones_like(test_users)], 1))
+    _write_tsv(out_dir / OUTPUTS[2], negatives)
+    manifest = {"format_version": FORMAT_VERSION, "source": str(ratings_csv), "users": n_users, "items": n_items,
+                "train_ratings": int(train_users.size), "test_ratings": int(test_users.size)}
+    _atomic_write(out_dir / MANIFEST, json.dumps(manifest, indent=2))
+    say(f"converted {users_orig.size:,} ratings: {n_users:,} users, {n_items:,} items, "
+        f"{train_users.size:,} train positives, {n_users:,} test users x {NUM_EVAL_NEGATIVES} negatives")
+    return manifest
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def _write_tsv(path: Path, table: np.ndarray) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        np.savetxt(tmp, table, fmt="%d", delimiter="\t")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def converted(out_dir: Path) -> dict | None:
+    try:
+        manifest = json.loads((out_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("format_version") != FORMAT_VERSION or not all((out_dir / f).is_file() for f in OUTPUTS):
+        return None
+    return manifest
+
+
+def load(out_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(train user/item pairs [N, 2], test users [U], test positives [U], test negatives [U, 999])."""
+    import pandas as pd
+
+    def table(name: str) -> np.ndarray:
+        path = out_dir / name
+        try:
+            return pd.read_csv(path, sep="\t", header=None, dtype=np.int64).to_numpy()
+        except (OSError, ValueError) as exc:
+            raise TrainperfError(f"{path}: cannot read ({str(exc).splitlines()[0]})") from None
+
+    train, test, negatives = (table(name) for name in OUTPUTS)
+    if negatives.shape[1] != NUM_EVAL_NEGATIVES or negatives.shape[0] != test.shape[0]:
+        raise TrainperfError(f"{out_dir / OUTPUTS[2]}: expected {test.shape[0]} rows of {NUM_EVAL_NEGATIVES} items")
+    return train[:, :2], test[:, 0], test[:, 1], negatives
+
+
+def generate_ratings(path: Path, n_users: int = 3000, n_items: int = 1000, dim: int = 8, seed: int = 0,
+                     affinity_weight: float = 6.0, popularity_exponent: float = 1.2) -> int:
+    """A synthetic ratings.csv in exactly the ml-20m format, from a planted preference model: users and
+    items with latent factors, Zipf-like item popularity, a long-tailed number of ratings per user
+    (>= 20), increasing timestamps per user and half-star ratings from the affinity. Returns rows."""
+    rng = np.random.default_rng(seed)
+    user_f = rng.normal(size=(n_users, dim))
+    item_f = rng.normal(size=(n_items, dim))
+    popularity = np.log(1.0 / np.arange(1, n_items + 1) ** popularity_exponent)
+    rng.shuffle(popularity)
+    counts = np.minimum(20 + rng.lognormal(mean=2.5, sigma=0.9, size=n_users).astype(int), n_items // 2)
+    movie_ids = np.sort(rng.choice(np.arange(1, 20 * n_items), size=n_items, replace=False))
+    rows = 0
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", newline="") as fh:
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(HEADER)
+        for u in range(n_users):
+            affinity = item_f @ user_f[u] / np.sqrt(dim)
+            logits = affinity_weight * affinity + popularity
+            # Gumbel top-k: a sample without replacement with probabilities softmax(logits).
+            chosen = np.argsort(-(logits + rng.gumbel(size=n_items)))[: counts[u]]
+            stamps = 946_684_800 + rng.integers(0, 400_000_000) + np.cumsum(rng.exponential(86_400, counts[u]))
+            stars = np.clip(np.round((3.5 + affinity[chosen] + rng.normal(0, 0.5, counts[u])) * 2) / 2, 0.5, 5.0)
+            for item, stamp, star in zip(chosen, stamps.astype(np.int64), stars, strict=True):
+                writer.writerow([u + 1, int(movie_ids[item]), f"{star:.1f}", int(stamp)])
+            rows += int(counts[u])
+    os.replace(tmp, path)
+    return rows
