@@ -275,6 +275,10 @@ class _TimedLoop:
     def _train(self, parts: Any) -> bool:
         config, log, clock = self.config, self.log, self.clock
         recipe, workload = config.recipe, config.workload
+        if recipe.global_batch_size % self.ctx.world_size:
+            # Every workload deals each global batch out across the processes.
+            raise TrainperfError(f"global_batch_size {recipe.global_batch_size} is not divisible by "
+                                 f"{self.ctx.world_size} processes")
         data = workload.load_data(recipe, config.data_dir, self.ctx)
         now = clock.now_ms()
         self.train_samples, self.eval_samples = data.train_samples, data.eval_samples

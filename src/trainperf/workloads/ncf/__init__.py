@@ -169,9 +169,6 @@ class NCFWorkload(Workload):
 
     def load_data(self, recipe: Recipe, data_dir: Path, ctx: Any) -> DataParts:
         assert isinstance(recipe, NCFRecipe)
-        if recipe.global_batch_size % ctx.world_size:
-            raise TrainperfError(f"global_batch_size {recipe.global_batch_size} is not divisible by "
-                                 f"{ctx.world_size} processes")
         root = self._converted_dir(data_dir)
         manifest = D.converted(root)
         train, test_users, test_pos, test_neg = D.load(root)

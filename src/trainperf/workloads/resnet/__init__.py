@@ -235,9 +235,6 @@ class ResNetWorkload(Workload):
         if len(train_index.classes) > recipe.num_classes:
             raise TrainperfError(f"{data_dir / 'train'}: {len(train_index.classes)} classes, but the model has "
                                  f"{recipe.num_classes} outputs (--set num_classes=N)")
-        if recipe.global_batch_size % ctx.world_size:
-            raise TrainperfError(f"global_batch_size {recipe.global_batch_size} is not divisible by "
-                                 f"{ctx.world_size} processes")
         if recipe.in_memory:
             return self._resident_data(recipe, train_index, val_index, ctx)
         return self._streamed_data(recipe, train_index, val_index, ctx)
