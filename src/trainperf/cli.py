@@ -217,12 +217,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     recipe = workload.recipe(args.scale, args.recipe).with_overrides(args.set or [])
     if args.runs < 1:
         raise TrainperfError(f"--runs {args.runs}: expected >= 1")
-    data_dir = _data_dir(workload, args.scale, args.data)
-    problems = workload.data_problems(args.scale, data_dir)
-    if problems and args.scale == "full":
-        raise TrainperfError(problems[0])
-    if problems:
-        workload.prepare(args.scale, data_dir, print)
+    _prepared_data(workload, args.scale, args.data)
     out_dir = Path(args.out) if args.out else Path("runs") / f"scale-{workload.name}-{_stamp()}"
     if (out_dir / "scaling.json").exists():
         raise TrainperfError(f"--out {out_dir}: already holds a scaling study; choose another folder")

@@ -18,6 +18,15 @@ def names() -> list[str]:
     return list(_WORKLOADS)
 
 
+def by_benchmark(benchmark: str) -> Workload | None:
+    """The workload whose MLPerf key is `benchmark`, if trainperf has one."""
+    for name in _WORKLOADS:
+        workload = get(name)
+        if workload.benchmark == benchmark:
+            return workload
+    return None
+
+
 def get(name: str) -> Workload:
     """Instantiate the workload called `name`, or raise a one-line error listing the known ones."""
     target = _WORKLOADS.get(name)

@@ -13,7 +13,8 @@ import torch
 
 from trainperf.bench import throughput
 from trainperf.harness import RunConfig, run
-from trainperf.results.files import write_csv_atomic, write_json_atomic
+from trainperf.report import plots
+from trainperf.results.files import write_bytes_atomic, write_csv_atomic, write_json_atomic
 from trainperf.runtime.context import RuntimeContext
 from trainperf.spec import Recipe, Workload
 
@@ -125,22 +126,5 @@ def save(rows: list[AblationRow], out_dir: Path, title: str) -> list[Path]:
     paths = [out_dir / "ablation.csv", out_dir / "ablation.json", out_dir / "ablation.png"]
     write_csv_atomic(paths[0], [{**asdict(row), "overrides": " ".join(row.overrides)} for row in rows])
     write_json_atomic(paths[1], {"title": title, "rows": [asdict(r) for r in rows]})
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2))
-    colors = {"baseline": "grey", "cumulative": "tab:blue", "alone": "tab:orange"}
-    labels = [r.config for r in rows][::-1]
-    ax.barh(labels, [r.uplift for r in rows][::-1], color=[colors[r.mode] for r in rows][::-1])
-    ax.axvline(1.0, color="black", lw=0.8)
-    ax.set(xlabel="throughput vs baseline (x)", title=title)
-    for i, r in enumerate(rows[::-1]):
-        ax.text(r.uplift, i, f" {r.uplift:.2f}x", va="center", fontsize=8)
-    fig.tight_layout()
-    tmp = paths[2].with_name(".ablation.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(paths[2])
+    write_bytes_atomic(paths[2], plots.ablation_chart([asdict(r) for r in rows], title))
     return paths

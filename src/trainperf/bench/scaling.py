@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainperf.errors import TrainperfError
+from trainperf.report import plots
 from trainperf.results import run_folder
-from trainperf.results.files import write_csv_atomic, write_json_atomic
+from trainperf.results.files import write_bytes_atomic, write_csv_atomic, write_json_atomic
 from trainperf.runtime import distributed
 
 
@@ -109,29 +110,5 @@ def save(rows: Sequence[ScalingRow], out_dir: Path, title: str) -> list[Path]:
     paths = [out_dir / "scaling.csv", out_dir / "scaling.json", out_dir / "scaling.png"]
     write_csv_atomic(paths[0], [asdict(row) for row in rows])
     write_json_atomic(paths[1], {"title": title, "rows": [asdict(r) for r in rows]})
-    _plot(rows, paths[2], title)
+    write_bytes_atomic(paths[2], plots.scaling_chart([asdict(r) for r in rows], title))
     return paths
-
-
-def _plot(rows: Sequence[ScalingRow], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    devices = [r.devices for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(devices, [r.time_to_train_s or float("nan") for r in rows], "o-")
-    left.set(xlabel="devices (processes)", ylabel="time-to-train (s, median)", title="time-to-train")
-    left.set_xticks(devices)
-    right.plot(devices, [r.speedup or float("nan") for r in rows], "o-", label="measured")
-    right.plot(devices, [d / devices[0] for d in devices], "--", color="grey", label="ideal (linear)")
-    right.set(xlabel="devices (processes)", ylabel=f"speedup vs {devices[0]}", title="speedup")
-    right.set_xticks(devices)
-    right.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)

@@ -72,19 +72,11 @@ class ReportData:
             if (g.system, g.benchmark, g.scale) == (system, benchmark, scale):
                 return g
         g = GroupView(system=system, benchmark=benchmark, scale=scale)
-        known = _workload_for(benchmark)
+        known = registry.by_benchmark(benchmark)
         if known is not None:
             g.metric, g.higher_is_better = known.metric.name, known.metric.higher_is_better
         self.groups.append(g)
         return g
-
-
-def _workload_for(benchmark: str) -> Any:
-    for name in registry.names():
-        workload = registry.get(name)
-        if workload.benchmark == benchmark:
-            return workload
-    return None
 
 
 def _from_result_json(result: dict[str, Any], system: str, label: str) -> RunView:
@@ -131,7 +123,7 @@ def _add_results_tree(data: ReportData, root: Path) -> None:
         group = data.group(scored.system, scored.benchmark, scale)
         group.score = scored.score
         group.score_note = scored.note
-        known = _workload_for(scored.benchmark)
+        known = registry.by_benchmark(scored.benchmark)
         for run in scored.runs:
             name = Path(run.file).name
             index = name.removeprefix("result_").removesuffix(".txt")

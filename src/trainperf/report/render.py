@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import json
 import statistics
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from trainperf import __version__
+from trainperf.report import plots
 from trainperf.report.collect import GroupView, ReportData
 from trainperf.results.files import write_text_atomic
 
@@ -94,27 +94,11 @@ def ablation_rows(study: dict) -> tuple[list[str], list[list[str]]]:
 # ---------------------------------------------------------------------------------------------
 # figures
 # ---------------------------------------------------------------------------------------------
-def _pyplot():  # noqa: ANN202 - matplotlib's module
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _png(fig) -> bytes:  # noqa: ANN001
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    _pyplot().close(fig)
-    return buf.getvalue()
-
-
 def convergence_figure(bench: str, groups: Sequence[GroupView], index: int) -> Figure | None:
     runs = [(g, r) for g in groups for r in g.runs if r.evals]
     if not runs:
         return None
-    plt = _pyplot()
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for gi, g in enumerate(groups):
@@ -128,36 +112,17 @@ def convergence_figure(bench: str, groups: Sequence[GroupView], index: int) -> F
     ax.set(xlabel="epoch", ylabel=groups[0].metric, title=f"{bench}: convergence of every run")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return Figure(f"{bench} convergence", _png(fig), f"convergence_{index}.png")
+    return Figure(f"{bench} convergence", plots.png(fig), f"convergence_{index}.png")
 
 
 def ablation_figure(study: dict, index: int) -> Figure:
-    plt = _pyplot()
-    rows = study["rows"][::-1]
-    fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.2))
-    colors = {"baseline": "grey", "cumulative": "tab:blue", "alone": "tab:orange"}
-    ax.barh([r["config"] for r in rows], [r["uplift"] for r in rows], color=[colors[r["mode"]] for r in rows])
-    ax.axvline(1.0, color="black", lw=0.8)
-    ax.set(xlabel="throughput vs baseline (x)", title=study.get("title", "ablation"))
-    return Figure(f"ablation: {study.get('title', '')}", _png(fig), f"ablation_{index}.png")
+    title = study.get("title", "ablation")
+    return Figure(f"ablation: {title}", plots.ablation_chart(study["rows"], title), f"ablation_{index}.png")
 
 
-def scaling_figure(title: str, study: dict, index: int) -> Figure:
-    plt = _pyplot()
-    rows = study["rows"]
-    devices = [r["devices"] for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
-    left.plot(devices, [r["time_to_train_s"] or float("nan") for r in rows], "o-")
-    left.set(xlabel="devices", ylabel="time-to-train (s)", title="time-to-train")
-    right.plot(devices, [r["speedup"] or float("nan") for r in rows], "o-", label="measured")
-    right.plot(devices, [d / devices[0] for d in devices], "--", color="grey", label="ideal")
-    right.set(xlabel="devices", ylabel="speedup", title="speedup")
-    right.legend()
-    for ax in (left, right):
-        ax.set_xticks(devices)
-        ax.grid(alpha=0.3)
-    fig.suptitle(study.get("title", title))
-    return Figure(f"scaling: {study.get('title', title)}", _png(fig), f"scaling_{index}.png")
+def scaling_figure(path: str, study: dict, index: int) -> Figure:
+    title = study.get("title", path)
+    return Figure(f"scaling: {title}", plots.scaling_chart(study["rows"], title), f"scaling_{index}.png")
 
 
 # ---------------------------------------------------------------------------------------------

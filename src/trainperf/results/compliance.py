@@ -45,11 +45,8 @@ OWN_RULES = {"ncf": Path(__file__).with_name("rules") / "ncf.yaml"}
 def ruleset_for(benchmark: str) -> str | None:
     from trainperf import registry
 
-    for name in registry.names():
-        workload = registry.get(name)
-        if workload.benchmark == benchmark:
-            return workload.ruleset
-    return OTHER_RULESETS.get(benchmark)
+    workload = registry.by_benchmark(benchmark)
+    return workload.ruleset if workload else OTHER_RULESETS.get(benchmark)
 
 
 def read_header(log: Path) -> dict[str, str]:

@@ -29,6 +29,13 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise
 
 
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def write_csv_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
     """One row per dict, the first row's keys as the header."""
     buf = io.StringIO()

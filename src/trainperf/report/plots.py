@@ -1,0 +1,57 @@
+"""The charts trainperf draws (headless matplotlib), each returned as PNG bytes so that a study can
+save it beside its data and a report can embed the very same picture."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any
+
+
+def pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    pyplot().close(fig)
+    return buf.getvalue()
+
+
+def scaling_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes:
+    """Time-to-train and speedup against devices, with the ideal (linear) line."""
+    plt = pyplot()
+    devices = [r["devices"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(devices, [r["time_to_train_s"] or float("nan") for r in rows], "o-")
+    left.set(xlabel="devices (processes)", ylabel="time-to-train (s, median)", title="time-to-train")
+    right.plot(devices, [r["speedup"] or float("nan") for r in rows], "o-", label="measured")
+    right.plot(devices, [d / devices[0] for d in devices], "--", color="grey", label="ideal (linear)")
+    right.set(xlabel="devices (processes)", ylabel=f"speedup vs {devices[0]}", title="speedup")
+    right.legend()
+    for ax in (left, right):
+        ax.set_xticks(devices)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    return png(fig)
+
+
+def ablation_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes:
+    """Throughput uplift of each configuration against the all-off baseline."""
+    plt = pyplot()
+    ordered = list(rows)[::-1]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(ordered) + 1.2))
+    colors = {"baseline": "grey", "cumulative": "tab:blue", "alone": "tab:orange"}
+    ax.barh([r["config"] for r in ordered], [r["uplift"] for r in ordered],
+            color=[colors[r["mode"]] for r in ordered])
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.set(xlabel="throughput vs baseline (x)", title=title)
+    for i, r in enumerate(ordered):
+        ax.text(r["uplift"], i, f" {r['uplift']:.2f}x", va="center", fontsize=8)
+    return png(fig)
