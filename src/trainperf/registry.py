@@ -11,6 +11,7 @@ from trainperf.spec import Workload
 _WORKLOADS: dict[str, str] = {
     "resnet": "trainperf.workloads.resnet:ResNetWorkload",
     "ncf": "trainperf.workloads.ncf:NCFWorkload",
+    "dlrm": "trainperf.workloads.dlrm:DLRMWorkload",
 }
 
 

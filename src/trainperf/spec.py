@@ -79,6 +79,9 @@ class Recipe:
     eval_every: int
     eval_first: int
     grad_accum_steps: int = 1
+    # Evaluations inside each epoch, evenly spaced by steps (DLRM: 20, i.e. every 0.05 epoch); the
+    # last of them is the end-of-epoch evaluation that eval_every/eval_first schedule.
+    evals_per_epoch: int = 1
     # Speedups the recipe turns on (applied by the runtime, never by the workload; see runtime/speedups).
     precision: str = "fp32"  # fp32 | bf16 | fp16 (torch.autocast; fp16 with gradient scaling)
     channels_last: bool = False
@@ -96,7 +99,8 @@ class Recipe:
 
     def validate(self) -> None:
         """Raise TrainperfError naming the field when a value makes no sense."""
-        for key in ("global_batch_size", "max_epochs", "eval_every", "eval_first", "grad_accum_steps"):
+        for key in ("global_batch_size", "max_epochs", "eval_every", "eval_first", "grad_accum_steps",
+                    "evals_per_epoch"):
             if getattr(self, key) < 1:
                 raise TrainperfError(f"recipe field {key} must be >= 1, got {getattr(self, key)}")
         if self.precision not in ("fp32", "bf16", "fp16"):
@@ -237,6 +241,11 @@ class Workload(ABC):
     def mlperf_hyperparameters(self, recipe: Recipe, ctx: Any) -> dict[str, Any]:
         """The hyperparameter keys the closed ruleset requires, with this recipe's values."""
 
+    def eval_epoch_num(self, epochs: float) -> float:
+        """The `epoch_num` an evaluation taken after `epochs` epochs of training is logged with.
+        Most rules log the epochs completed; DLRM's log 1 + the fraction of the epoch (1.05, 1.10…)."""
+        return epochs
+
     # Whether `build` needs the prepared dataset's metadata (e.g. NCF sizes its embeddings by it).
     needs_data_to_build: ClassVar[bool] = False
 
@@ -257,7 +266,7 @@ class Workload(ABC):
 
 @dataclass
 class Evaluation:
-    epoch: int
+    epoch: float  # epochs of training before it (fractional for evaluations inside an epoch)
     value: float
     samples: int  # training samples seen when the evaluation was taken
     time_s: float  # since run_start
@@ -280,7 +289,7 @@ class RunResult:
     init_time_s: float
     epochs: int  # epochs completed
     samples: int  # training samples processed
-    epochs_to_target: int | None
+    epochs_to_target: float | None
     samples_to_target: int | None
     final_metric: float | None
     evaluations: list[Evaluation]

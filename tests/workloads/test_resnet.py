@@ -15,9 +15,8 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import read_log
+from tests.conftest import read_log, write_minimal_closed_log
 from trainperf.cli import main
-from trainperf.harness.mlperf_log import MLPerfLog
 from trainperf.results.compliance import check
 from trainperf.workloads.resnet import MINI_RECIPE, ResNetWorkload
 from trainperf.workloads.resnet import data as D
@@ -147,30 +146,8 @@ def test_full_recipes_hyperparameters_pass_closed_rules(tmp_path, name):
     ctx = type("Ctx", (), {"world_size": 8})()
     hp = workload.mlperf_hyperparameters(recipe, ctx)
     assert hp["model_bn_span"] == recipe.global_batch_size // 8
-    log = MLPerfLog(tmp_path / "closed.txt")
-    t = 1_700_000_000_000
-    log.event("cache_clear", True, time_ms=t)
-    for key, value in (("submission_org", "trainperf"), ("submission_platform", "8xGPU"),
-                       ("submission_division", "closed"), ("submission_status", "onprem"),
-                       ("submission_benchmark", "resnet")):
-        log.event(key, value, time_ms=t)
-    log.start("init_start", time_ms=t)
-    for key, value in {"seed": 1, "global_batch_size": recipe.global_batch_size,
-                       "gradient_accumulation_steps": 1, **hp}.items():
-        log.event(key, value, time_ms=t)
-    log.end("init_stop", time_ms=t + 1)
-    log.start("run_start", time_ms=t + 2)
-    log.event("train_samples", 1281167, time_ms=t + 2)
-    log.event("eval_samples", 50000, time_ms=t + 2)
-    log.start("block_start", metadata={"first_epoch_num": 1, "epoch_count": 1}, time_ms=t + 3)
-    log.start("epoch_start", metadata={"epoch_num": 1}, time_ms=t + 3)
-    log.end("epoch_stop", metadata={"epoch_num": 1}, time_ms=t + 4)
-    log.start("eval_start", metadata={"epoch_num": 1}, time_ms=t + 4)
-    log.end("eval_stop", metadata={"epoch_num": 1}, time_ms=t + 5)
-    log.event("eval_accuracy", 0.76, metadata={"epoch_num": 1}, time_ms=t + 5)
-    log.end("block_stop", metadata={"first_epoch_num": 1}, time_ms=t + 5)
-    log.end("run_stop", metadata={"status": "success"}, time_ms=t + 6)
-    log.close()
+    write_minimal_closed_log(tmp_path / "closed.txt", "resnet", recipe.global_batch_size, hp, accuracy=0.76,
+                             epoch_num=1, train_samples=1281167, eval_samples=50000)
     verdict = check(tmp_path / "closed.txt")
     assert verdict.valid and verdict.division == "closed", verdict.output
 

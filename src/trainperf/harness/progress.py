@@ -39,7 +39,7 @@ class PlainProgress:
         self._print(f"epoch {epoch}/{self.max_epochs}  {seconds:6.2f} s  {samples_per_s:9.1f} samples/s"
                     f"  loss {loss:.4f}")
 
-    def evaluation(self, epoch: int, name: str, value: float, target: float) -> None:
+    def evaluation(self, epoch: float, name: str, value: float, target: float) -> None:
         self._print(f"eval  epoch {epoch}  {name} {value:.4f}  (target {target})")
 
     def close(self) -> None:
@@ -92,7 +92,7 @@ class RichProgress(PlainProgress):
             self._last_refresh = time.perf_counter()
         self._bar.update(self._task, completed=step, **fields)
 
-    def evaluation(self, epoch: int, name: str, value: float, target: float) -> None:
+    def evaluation(self, epoch: float, name: str, value: float, target: float) -> None:
         self._last_eval = f"{name} {value:.4f} @ epoch {epoch}"
         self._bar.update(self._task, eval=self._last_eval)
         super().evaluation(epoch, name, value, target)

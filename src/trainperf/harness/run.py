@@ -287,8 +287,11 @@ class _TimedLoop:
         step = TrainStep(parts, data.steps_per_epoch, recipe.grad_accum_steps, recipe, self.ctx.device)
         self.progress.start(workload.name, recipe.max_epochs, data.steps_per_epoch)
         self._data = data
+        self._model = parts.model
+        block_first = 1
         try:
             for first, count in recipe.eval_schedule.blocks(recipe.max_epochs):
+                block_first = first
                 log.start(C.BLOCK_START, metadata={"first_epoch_num": first, "epoch_count": count},
                           time_ms=clock.now_ms())
                 for epoch in range(first, first + count):
@@ -296,29 +299,36 @@ class _TimedLoop:
                 last = first + count - 1
                 reached = False
                 if recipe.eval_schedule.due(last):
-                    if recipe.async_eval:
-                        self._launch_eval(last, parts.model, data)
-                    else:
-                        reached = self._evaluate(last, parts.model, data)
+                    reached = self._eval_now(float(last))
                 log.end(C.BLOCK_STOP, metadata={"first_epoch_num": first}, time_ms=clock.now_ms())
                 if reached or self._collect(wait=False):
                     return True
             # The epoch budget is spent: results still being scored can meet the target.
             return self._collect(wait=True)
         except _TargetReached:
+            # Met in the middle of a block (MLPerf lets the run end there): close the open block.
+            log.end(C.BLOCK_STOP, metadata={"first_epoch_num": block_first}, time_ms=clock.now_ms())
             return True
         finally:
             if self._executor is not None:
                 self._executor.shutdown(wait=False, cancel_futures=True)
 
+    def _eval_now(self, epochs: float, samples: int | None = None) -> bool:
+        """Evaluate after `epochs` epochs (synchronously, or launched in the background)."""
+        samples = self.samples if samples is None else samples
+        if self.config.recipe.async_eval:
+            self._launch_eval(epochs, self._model, self._data, samples)
+            return False
+        return self._evaluate(epochs, self._model, self._data, samples)
+
     # -- asynchronous evaluation ------------------------------------------------------------------
-    def _launch_eval(self, epoch: int, model: torch.nn.Module, data: Any) -> None:
+    def _launch_eval(self, epoch: float, model: torch.nn.Module, data: Any, samples: int) -> None:
         """Score a snapshot of the weights in a background thread while training goes on. The
         result is logged (with this epoch_num) when it is known, and the clock runs until then."""
         bare = getattr(model, "_orig_mod", model)
         bare = getattr(bare, "module", bare)
         snapshot = copy.deepcopy(bare).eval()
-        self.log.start(C.EVAL_START, metadata={"epoch_num": epoch}, time_ms=self.clock.now_ms())
+        self.log.start(C.EVAL_START, metadata={"epoch_num": self._epoch_num(epoch)}, time_ms=self.clock.now_ms())
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainperf-eval")
 
@@ -327,7 +337,7 @@ class _TimedLoop:
                 partial = data.evaluate(snapshot)
                 return float(partial.metric(self.ctx.combine(partial)))
 
-        self._pending.append((epoch, self.samples, self._executor.submit(score)))
+        self._pending.append((epoch, samples, self._executor.submit(score)))
 
     def _collect(self, wait: bool) -> bool:
         """Log every finished asynchronous evaluation, in order; True once one meets the target."""
@@ -338,12 +348,19 @@ class _TimedLoop:
                 return True
         return False
 
-    def _record_eval(self, epoch: int, value: float, samples: int) -> bool:
+    def _epoch_num(self, epochs: float) -> float | int:
+        """The logged epoch_num: whole numbers stay integers (as every ruleset's logs have them)."""
+        value = self.config.workload.eval_epoch_num(epochs)
+        return int(value) if float(value).is_integer() else round(float(value), 6)
+
+    def _record_eval(self, epoch: float, value: float, samples: int) -> bool:
         log, clock = self.log, self.clock
         recipe, metric = self.config.recipe, self.config.workload.metric
         now = clock.now_ms()
-        log.end(C.EVAL_STOP, metadata={"epoch_num": epoch}, time_ms=now)
-        log.event(C.EVAL_ACCURACY, value, metadata={"epoch_num": epoch}, time_ms=now)
+        epoch_num = self._epoch_num(epoch)
+        log.end(C.EVAL_STOP, metadata={"epoch_num": epoch_num}, time_ms=now)
+        log.event(C.EVAL_ACCURACY, value, metadata={"epoch_num": epoch_num}, time_ms=now)
+        epoch = int(epoch) if float(epoch).is_integer() else round(float(epoch), 6)
         elapsed = (now - self.run_start_ms) / 1000.0 if self.run_start_ms is not None else 0.0
         self.evaluations.append(Evaluation(epoch=epoch, value=value, samples=samples, time_s=elapsed))
         self.progress.evaluation(epoch, metric.name, value, recipe.target)
@@ -353,27 +370,41 @@ class _TimedLoop:
 
     def _train_epoch(self, epoch: int, step: TrainStep, data: Any) -> None:
         log, clock, progress = self.log, self.clock, self.progress
+        recipe = self.config.recipe
         t0 = clock.now_ms()
         log.start(C.EPOCH_START, metadata={"epoch_num": epoch}, time_ms=t0)
         progress.epoch_start(epoch)
         step.model.train()
+        # Evaluations inside the epoch (evals_per_epoch > 1): after these step counts, evenly spaced.
+        n = recipe.evals_per_epoch
+        marks = {round(k * data.steps_per_epoch / n): k for k in range(1, n)} if n > 1 else {}
         # Losses stay on the device; the host reads them once per epoch (or when the display asks).
         loss_sum = torch.zeros((), device=self.ctx.device)
         steps = samples = 0
+        eval_s = 0.0
         wall0 = time.perf_counter()
         for batch in data.train_batches(epoch):
             loss = step(batch)
             loss_sum += loss
             steps += 1
             samples += data.batch_samples(batch)
-            rate = samples / max(time.perf_counter() - wall0, 1e-9)
+            rate = samples / max(time.perf_counter() - wall0 - eval_s, 1e-9)
             progress.step(epoch, steps, rate * self.ctx.world_size, float(loss) if progress.wants_loss() else None)
-            if self._pending and self._pending[0][2].done():
-                if self._collect(wait=False):
-                    # The target is known met: stop now (MLPerf lets the run end mid-epoch).
-                    self.samples += samples
-                    self.epochs_done = epoch - 1
-                    raise _TargetReached()
+            reached = False
+            if steps in marks:
+                e0 = time.perf_counter()
+                # Every rank has taken the same number of steps of equal shares of each global batch.
+                reached = self._eval_now(epoch - 1 + steps / data.steps_per_epoch,
+                                         self.samples + samples * self.ctx.world_size)
+                eval_s += time.perf_counter() - e0
+                step.model.train()
+            if reached or (self._pending and self._pending[0][2].done() and self._collect(wait=False)):
+                # The target is known met: stop now (MLPerf lets the run end mid-epoch).
+                self.samples += samples * self.ctx.world_size
+                self.epochs_done = epoch - 1
+                log.end(C.EPOCH_STOP, metadata={"epoch_num": epoch}, time_ms=clock.now_ms())
+                self.train_time_s += (clock.now_ms() - t0) / 1000.0 - eval_s
+                raise _TargetReached()
         # One reduction per epoch: every rank sees the same loss and sample count, so all ranks take
         # the same stop decision.
         counts = torch.tensor([float(steps), float(samples)], device=self.ctx.device)
@@ -384,19 +415,19 @@ class _TimedLoop:
             raise RunAborted(f"non-finite training loss in epoch {epoch}")
         t1 = clock.now_ms()
         log.end(C.EPOCH_STOP, metadata={"epoch_num": epoch}, time_ms=t1)
-        seconds = (t1 - t0) / 1000.0
+        seconds = (t1 - t0) / 1000.0 - eval_s
         self.epochs_done = epoch
         self.samples += samples
         self.train_time_s += seconds
         self.epoch_times_s.append(seconds)
         progress.epoch_end(epoch, samples / max(seconds, 1e-9), mean_loss)
 
-    def _evaluate(self, epoch: int, model: torch.nn.Module, data: Any) -> bool:
-        self.log.start(C.EVAL_START, metadata={"epoch_num": epoch}, time_ms=self.clock.now_ms())
+    def _evaluate(self, epoch: float, model: torch.nn.Module, data: Any, samples: int) -> bool:
+        self.log.start(C.EVAL_START, metadata={"epoch_num": self._epoch_num(epoch)}, time_ms=self.clock.now_ms())
         # Evaluate the bare model: DDP would sync buffers on every forward, and shards differ in size.
         model = getattr(model, "module", model)
         model.eval()
         with torch.no_grad():
             partial = data.evaluate(model)
             value = float(partial.metric(self.ctx.combine(partial)))
-        return self._record_eval(epoch, value, self.samples)
+        return self._record_eval(epoch, value, samples)

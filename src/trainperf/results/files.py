@@ -47,3 +47,27 @@ def write_csv_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+class AtomicOutput:
+    """A file written under a temporary sibling name and renamed into place only when the block
+    completes: an interrupted writer leaves either the old file or nothing, never half a file.
+
+        with AtomicOutput(path) as tmp:
+            write_to(tmp)
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.partial")
+
+    def __enter__(self) -> Path:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp.unlink(missing_ok=True)
+        return self.tmp
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            os.replace(self.tmp, self.path)
+        else:
+            self.tmp.unlink(missing_ok=True)

@@ -1,0 +1,285 @@
+"""DLRM on Criteo Terabyte (MLPerf key `dlrm`, the v0.7–v1.0 form), and its mini scale on day files
+generated in the same raw format from a planted teacher."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainperf.errors import TrainperfError
+from trainperf.spec import DataParts, EvalPartial, Metric, ModelParts, Recipe, Workload
+from trainperf.workloads.dlrm import data as D
+
+FULL_DAYS = 24
+MIN_LR = 1e-7  # the reference's floor during the polynomial decay
+
+
+@dataclass(frozen=True)
+class DLRMRecipe(Recipe):
+    base_lr: float = 1.0
+    warmup_steps: int = 0
+    decay_start_step: int = 0
+    decay_steps: int = 0
+    poly_power: float = 2.0  # fixed by the closed rules
+    embedding_dim: int = 128
+    bottom_mlp: tuple[int, ...] = (512, 256, 128)  # after the 13 dense inputs; the last = embedding_dim
+    top_mlp: tuple[int, ...] = (1024, 1024, 512, 256, 1)
+    eval_batch_size: int = 16384
+    # mini generator (ignored at full scale)
+    mini_days: int = 4
+    mini_rows_per_day: int = 100_000
+
+    def validate(self) -> None:
+        super().validate()
+        if self.bottom_mlp[-1:] != (self.embedding_dim,):
+            raise TrainperfError(f"recipe: bottom_mlp must end with embedding_dim={self.embedding_dim}, "
+                                 f"got {self.bottom_mlp}")
+        if self.top_mlp[-1:] != (1,):
+            raise TrainperfError(f"recipe: top_mlp must end with 1 (the click logit), got {self.top_mlp}")
+        if min(self.warmup_steps, self.decay_start_step, self.decay_steps) < 0:
+            raise TrainperfError("recipe: warmup_steps, decay_start_step and decay_steps must be >= 0")
+
+
+def _full(name: str, batch: int, lr: float, warmup: int, start: int, steps: int) -> DLRMRecipe:
+    # One pass over the data at most, evaluated every 0.05 epoch (MLPerf DLRM).
+    return DLRMRecipe(name=name, global_batch_size=batch, max_epochs=1, target=0.8025, eval_every=1, eval_first=1,
+                      evals_per_epoch=20, base_lr=lr, warmup_steps=warmup, decay_start_step=start,
+                      decay_steps=steps)
+
+
+# The reference run_and_time.sh, then the reference convergence points (RCP) of the v2.0 round.
+FULL_RECIPES = {r.name: r for r in (
+    _full("reference-2048", 2048, 1.0, 0, 0, 0),
+    _full("rcp-32768", 32768, 18.0, 8000, 70000, 30000),
+    _full("rcp-55296", 55296, 24.0, 2750, 49315, 27772),
+    _full("rcp-71680", 71680, 26.0, 2500, 46821, 15406),
+)}
+MINI = DLRMRecipe(name="mini", global_batch_size=512, max_epochs=2, target=0.79, eval_every=1, eval_first=1,
+                  evals_per_epoch=20, base_lr=1.0, warmup_steps=50, decay_start_step=600, decay_steps=600,
+                  embedding_dim=16, bottom_mlp=(64, 16), top_mlp=(64, 32, 1), eval_batch_size=8192)
+
+
+def lr_factor(recipe: DLRMRecipe) -> Callable[[int], float]:
+    """The reference schedule as a multiplier of base_lr: linear warmup from 0, hold, then
+    ((remaining decay steps) / decay_steps) ** 2 from decay_start_step, floored at MIN_LR."""
+    floor = MIN_LR / recipe.base_lr if recipe.base_lr > 0 else 0.0
+
+    def factor(step: int) -> float:
+        if step < recipe.warmup_steps:
+            return step / recipe.warmup_steps
+        if recipe.decay_steps > 0 and step >= recipe.decay_start_step:
+            done = step - recipe.decay_start_step
+            if done >= recipe.decay_steps:
+                return floor
+            return max(floor, ((recipe.decay_steps - done) / recipe.decay_steps) ** recipe.poly_power)
+        return 1.0
+
+    return factor
+
+
+def _mlp(sizes: list[int], last_relu: bool) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        linear = nn.Linear(fan_in, fan_out)
+        # The reference initialisation: W ~ N(0, sqrt(2 / (fan_in + fan_out))), b ~ N(0, sqrt(1 / fan_out)).
+        nn.init.normal_(linear.weight, 0.0, (2.0 / (fan_in + fan_out)) ** 0.5)
+        nn.init.normal_(linear.bias, 0.0, (1.0 / fan_out) ** 0.5)
+        layers.append(linear)
+        if last_relu or i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class DLRM(nn.Module):
+    """Embedding tables (sum EmbeddingBags, sparse gradients), a bottom MLP over the dense features,
+    the dot interaction of all 27 vectors (strictly-lower-triangle pairs, concatenated with the
+    bottom output) and a top MLP to one click logit."""
+
+    def __init__(self, table_sizes: list[int], dim: int, bottom: tuple[int, ...], top: tuple[int, ...]) -> None:
+        super().__init__()
+        self.embeddings = nn.ModuleList(nn.EmbeddingBag(n, dim, mode="sum", sparse=True) for n in table_sizes)
+        for table, n in zip(self.embeddings, table_sizes, strict=True):
+            nn.init.uniform_(table.weight, -(1.0 / n) ** 0.5, (1.0 / n) ** 0.5)
+        self.bottom = _mlp([D.N_DENSE, *bottom], last_relu=True)
+        vectors = len(table_sizes) + 1
+        self.top = _mlp([dim + vectors * (vectors - 1) // 2, *top], last_relu=False)
+        rows, cols = torch.tril_indices(vectors, vectors, offset=-1)
+        self.register_buffer("pair_rows", rows, persistent=False)
+        self.register_buffer("pair_cols", cols, persistent=False)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        x = self.bottom(dense)
+        # Each sample has one id per table: a bag of one (input [B, 1]).
+        vectors = [x] + [table(sparse[:, j:j + 1]) for j, table in enumerate(self.embeddings)]
+        t = torch.stack([v.to(x.dtype) for v in vectors], dim=1)
+        z = torch.bmm(t, t.transpose(1, 2))
+        return self.top(torch.cat([x, z[:, self.pair_rows, self.pair_cols]], dim=1)).squeeze(-1)
+
+
+def auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """ROC AUC, by scikit-learn (as the reference computes it)."""
+    from sklearn.metrics import roc_auc_score
+
+    if labels.min(initial=0) == labels.max(initial=0):
+        raise TrainperfError("dlrm evaluation set holds a single class: AUC is undefined")
+    return float(roc_auc_score(labels, scores))
+
+
+def to_batch(rows: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[B, 40] int32 rows -> (dense log(x+1) float [B, 13], sparse int64 [B, 26], label float [B])."""
+    t = torch.from_numpy(np.array(rows, dtype=np.int32))  # a private copy: the memory map is read-only
+    if device.type == "cuda":
+        t = t.pin_memory().to(device, non_blocking=True)
+    else:
+        t = t.to(device)
+    return torch.log1p(t[:, 1:1 + D.N_DENSE].float()), t[:, 1 + D.N_DENSE:].long(), t[:, 0].float()
+
+
+def _prefetched(batches: Iterator[Any], depth: int = 4) -> Iterator[Any]:
+    """Read the next batches from the memory map in a thread while the device trains."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+
+    def fill() -> None:
+        try:
+            for item in batches:
+                q.put(item)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            q.put(exc)
+        q.put(done)
+
+    threading.Thread(target=fill, daemon=True, name="trainperf-dlrm-reader").start()
+    while (item := q.get()) is not done:
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+class DLRMWorkload(Workload):
+    name = "dlrm"
+    benchmark = "dlrm"
+    ruleset = "1.0.0"
+    metric = Metric("auc", higher_is_better=True)
+    summary = "DLRM on Criteo Terabyte, ROC AUC (mini: planted-teacher day files in the raw TSV format)"
+    mlperf_runs = 5
+    speedups = frozenset({"precision", "async_eval"})
+    needs_data_to_build = True
+
+    def recipes(self, scale: str) -> dict[str, Recipe]:
+        return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
+
+    def eval_epoch_num(self, epochs: float) -> float:
+        # The DLRM rules log 1 + the fraction of the epoch: 1.05, 1.10, … (as the published logs do).
+        return 1.0 + epochs
+
+    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
+        if D.preprocessed(data_dir):
+            return []
+        if scale == "mini":
+            return [f"{data_dir}: mini dataset not generated yet (trainperf prepare dlrm)"]
+        missing = [D.day_file(data_dir, d) for d in range(FULL_DAYS) if not D.day_file(data_dir, d).is_file()]
+        if missing:
+            return [f"{missing[0]}: missing (Criteo Terabyte needs day_0 … day_{FULL_DAYS - 1} in {data_dir})"]
+        return [f"{data_dir}: day files not preprocessed yet (trainperf prepare dlrm --scale full --data {data_dir})"]
+
+    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
+        if D.preprocessed(data_dir):
+            say(f"{data_dir}: already preprocessed")
+            return
+        days = MINI.mini_days if scale == "mini" else FULL_DAYS
+        if scale == "mini" and not all(D.day_file(data_dir, d).is_file() for d in range(days)):
+            stats = D.generate_days(data_dir, days, MINI.mini_rows_per_day)
+            say(f"wrote {days} day files of {MINI.mini_rows_per_day:,} rows to {data_dir} (Criteo raw TSV format); "
+                f"teacher AUC on the eval half {stats['teacher_auc']:.4f}")
+        D.preprocess(data_dir, days, say)
+
+    def mlperf_hyperparameters(self, recipe: Recipe, ctx: Any) -> dict[str, Any]:
+        assert isinstance(recipe, DLRMRecipe)
+        return {
+            "opt_base_learning_rate": recipe.base_lr, "sgd_opt_base_learning_rate": recipe.base_lr,
+            "opt_learning_rate_warmup_steps": recipe.warmup_steps, "lr_decay_start_steps": recipe.decay_start_step,
+            "sgd_opt_learning_rate_decay_steps": recipe.decay_steps,
+            "sgd_opt_learning_rate_decay_poly_power": recipe.poly_power,
+        }
+
+    def build(self, recipe: Recipe, ctx: Any, data_dir: Path | None = None) -> ModelParts:
+        assert isinstance(recipe, DLRMRecipe)
+        manifest = D.preprocessed(data_dir) if data_dir else None
+        if manifest is None:
+            raise TrainperfError(f"dlrm: the embedding tables are sized by the preprocessed dataset; none in "
+                                 f"{data_dir} (trainperf prepare dlrm)")
+        model = DLRM(manifest["table_sizes"], recipe.embedding_dim, recipe.bottom_mlp, recipe.top_mlp)
+        model = model.to(ctx.device)
+        # Plain SGD on every parameter (the reference: no momentum, no weight decay); the embedding
+        # gradients are sparse, which torch's SGD handles on its per-tensor path.
+        optimizer = torch.optim.SGD(model.parameters(), lr=recipe.base_lr)
+
+        def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            dense, sparse, labels = batch
+            return F.binary_cross_entropy_with_logits(model(dense, sparse).float(), labels)
+
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn,
+                          lr_schedule=lambda steps: lr_factor(recipe))
+
+    def synthetic_batch(self, recipe: Recipe, ctx: Any, model: nn.Module | None = None) -> Any:
+        if model is None:
+            raise TrainperfError("dlrm: synthetic batches are sized by the model's tables")
+        bare = getattr(model, "_orig_mod", model)
+        bare = getattr(bare, "module", bare)
+        n = recipe.global_batch_size // ctx.world_size
+        gen = torch.Generator(device=ctx.device).manual_seed(0)
+        dense = torch.rand((n, D.N_DENSE), device=ctx.device, generator=gen) * 5
+        sparse = torch.stack([torch.randint(0, t.num_embeddings, (n,), device=ctx.device, generator=gen)
+                              for t in bare.embeddings], dim=1)
+        return dense, sparse, torch.randint(0, 2, (n,), device=ctx.device, generator=gen).float()
+
+    def load_data(self, recipe: Recipe, data_dir: Path, ctx: Any) -> DataParts:
+        assert isinstance(recipe, DLRMRecipe)
+        if D.preprocessed(data_dir) is None:
+            raise TrainperfError(f"{data_dir}: no preprocessed Criteo data (trainperf prepare dlrm)")
+        train, test = D.open_split(data_dir, "train"), D.open_split(data_dir, "test")
+        batch, device = recipe.global_batch_size, ctx.device
+        steps = train.shape[0] // batch  # whole global batches only: static shapes
+        if steps == 0:
+            raise TrainperfError(f"{D.output_file(data_dir, 'train')}: {train.shape[0]} samples, fewer than one "
+                                 f"global batch of {batch}")
+        mine = ctx.shard(batch)
+        seed = int(torch.initial_seed())
+        shard = ctx.shard(test.shape[0])
+
+        def train_batches(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+            # Whole global batches in a new order every epoch (the reference's --mlperf-bin-shuffle),
+            # the same order on every rank; each rank reads its contiguous share of each batch.
+            order = np.random.default_rng([seed, epoch]).permutation(steps)
+
+            def read() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+                for b in order:
+                    start = int(b) * batch
+                    yield to_batch(train[start + mine.start:start + mine.stop], device)
+
+            return _prefetched(read()) if device.type == "cuda" else read()
+
+        def evaluate(model: nn.Module) -> EvalPartial:
+            scores, labels = [], []
+            for start in range(shard.start, shard.stop, recipe.eval_batch_size):
+                dense, sparse, label = to_batch(test[start:min(start + recipe.eval_batch_size, shard.stop)], device)
+                scores.append(torch.sigmoid(model(dense, sparse).float()))
+                labels.append(label)
+            empty = torch.zeros(0, device=device)
+            return EvalPartial(
+                metric=lambda t: auc(t["labels"].cpu().numpy(), t["scores"].double().cpu().numpy()),
+                gathers={"scores": torch.cat(scores) if scores else empty,
+                         "labels": torch.cat(labels) if labels else empty})
+
+        return DataParts(train_batches=train_batches, steps_per_epoch=steps, train_samples=steps * batch,
+                         eval_samples=int(test.shape[0]), evaluate=evaluate,
+                         batch_samples=lambda b: int(b[0].shape[0]))

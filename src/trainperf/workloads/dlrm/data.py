@@ -1,0 +1,454 @@
+"""Criteo Terabyte for DLRM: raw `day_*` TSV parsing, the reference preprocessing to the binary
+layout, a planted-teacher generator for mini, and the memory-mapped batch reader.
+
+Raw format (one click-log line): label, 13 integer features, 26 categorical features as hex
+strings, tab-separated; any feature may be empty. Preprocessing, as the MLPerf reference does it:
+an empty field counts as 0, categorical = int(hex, 16) mod `max_ind_range` (40,000,000), negative
+integers are clipped to 0, then every categorical feature is remapped to contiguous ids (here in
+increasing order of the hashed value; `day_fea_count.npz` holds the table sizes). The output is the
+reference's binary layout: 40 int32 per sample [label, 13 dense, 26 sparse] in
+`terabyte_processed_{train,test,val}.bin`: days 0..D-2 train (rows shuffled within blocks), the first
+half of the last day is `test` (the MLPerf evaluation set), its second half `val`. log(x+1) is
+applied to the dense features at load time.
+
+Parsing is vectorised over the raw bytes (numpy), never a Python loop per field; malformed input
+stops with the file and line. Pass 1 (parse + hash) writes one resumable file per day; pass 2 remaps
+into the final files. Every output is written under a temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+import numpy as np
+
+from trainperf.errors import TrainperfError
+from trainperf.results.files import AtomicOutput, write_json_atomic
+
+N_DENSE, N_SPARSE = 13, 26
+N_FIELDS = 1 + N_DENSE + N_SPARSE
+MAX_IND_RANGE = 40_000_000
+PREFIX = "terabyte_processed"
+SPLITS = ("train", "test", "val")
+COUNTS = "day_fea_count.npz"
+MANIFEST = "trainperf_dlrm.json"
+FORMAT_VERSION = 1
+READ_BYTES = 64 << 20  # raw text parsed per block
+SHUFFLE_ROWS = 1 << 20  # training rows are shuffled within blocks of this many
+_TAB, _NL, _MINUS = 9, 10, 45
+_HEX = np.full(256, 255, dtype=np.uint8)
+_HEX[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10)
+_HEX[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16)
+_HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
+_DEC = np.full(256, 255, dtype=np.uint8)
+_DEC[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10)
+
+
+def day_file(data_dir: Path, day: int) -> Path:
+    return data_dir / f"day_{day}"
+
+
+def output_file(data_dir: Path, split: str) -> Path:
+    return data_dir / f"{PREFIX}_{split}.bin"
+
+
+# -- parsing ------------------------------------------------------------------------------------
+def _column_name(col: int) -> str:
+    if col == 0:
+        return "label"
+    return f"integer feature I{col}" if col <= N_DENSE else f"categorical feature C{col - N_DENSE}"
+
+
+def parse_block(buf: np.ndarray, path: Path, first_line: int, max_ind_range: int = MAX_IND_RANGE) -> np.ndarray:
+    """Parse whole lines (`buf`: uint8, every line ending in a newline) into an int32 [rows, 40] array
+    of [label, dense clipped at 0, categorical hashed mod max_ind_range]."""
+    seps = np.flatnonzero((buf == _TAB) | (buf == _NL))
+    newlines = np.flatnonzero(buf[seps] == _NL)
+    rows = newlines.size
+    # Each line has exactly 39 tabs and one newline: its newline is separator number 40*k + 39.
+    if seps.size != rows * N_FIELDS or not np.array_equal(newlines, np.arange(N_FIELDS - 1, seps.size, N_FIELDS)):
+        fields = np.diff(np.r_[-1, newlines])
+        bad = int(np.flatnonzero(fields != N_FIELDS)[0])
+        raise TrainperfError(f"{path}:{first_line + bad}: expected {N_FIELDS} tab-separated fields (label, "
+                             f"{N_DENSE} integer, {N_SPARSE} categorical), got {int(fields[bad])}")
+    starts = np.r_[0, seps[:-1] + 1].reshape(rows, N_FIELDS)
+    lengths = seps.reshape(rows, N_FIELDS) - starts
+    out = np.empty((rows, N_FIELDS), dtype=np.int32)
+
+    def fail(mask: np.ndarray, what: str) -> None:
+        row, col = (int(i) for i in np.argwhere(mask)[0])
+        cols = slice(0, 1) if what == "label" else (slice(1, 1 + N_DENSE) if what == "int" else
+                                                      slice(1 + N_DENSE, N_FIELDS))
+        col += cols.start
+        start = int(starts[row, col])
+        text = bytes(buf[start:start + min(int(lengths[row, col]), 40)]).decode("latin-1")
+        expected = {"label": "0 or 1", "int": "an integer (or empty)",
+                    "hex": "a hexadecimal string of at most 16 digits (or empty)"}[what]
+        raise TrainperfError(f"{path}:{first_line + row}: {_column_name(col)} is {text!r}; expected {expected}")
+
+    # label
+    label_ok = (lengths[:, 0] == 1) & ((buf[starts[:, 0]] == ord("0")) | (buf[starts[:, 0]] == ord("1")))
+    if not label_ok.all():
+        fail(~label_ok[:, None], "label")
+    out[:, 0] = buf[starts[:, 0]] - ord("0")
+
+    # integers: optional minus sign, decimal digits; empty -> 0; negative -> 0 (clipped)
+    st, ln = starts[:, 1:1 + N_DENSE], lengths[:, 1:1 + N_DENSE]
+    negative = (ln > 0) & (buf[np.minimum(st, buf.size - 1)] == _MINUS)
+    st, ln = st + negative, ln - negative
+    if ln.max(initial=0) > 10 or ((ln == 0) & negative).any():
+        fail((ln > 10) | ((ln == 0) & negative), "int")
+    value = np.zeros(st.shape, dtype=np.int64)
+    for k in range(int(ln.max(initial=0))):
+        present = k < ln
+        digit = _DEC[buf[np.where(present, st + k, 0)]]
+        if (present & (digit == 255)).any():
+            fail(present & (digit == 255), "int")
+        value = np.where(present, value * 10 + digit, value)
+    if (value > np.iinfo(np.int32).max).any():
+        fail(value > np.iinfo(np.int32).max, "int")
+    out[:, 1:1 + N_DENSE] = np.where(negative, 0, value)
+
+    # categoricals: hex; empty -> 0; then mod max_ind_range
+    st, ln = starts[:, 1 + N_DENSE:], lengths[:, 1 + N_DENSE:]
+    if ln.max(initial=0) > 16:
+        fail(ln > 16, "hex")
+    value = np.zeros(st.shape, dtype=np.uint64)
+    for k in range(int(ln.max(initial=0))):
+        present = k < ln
+        nibble = _HEX[buf[np.where(present, st + k, 0)]]
+        if (present & (nibble == 255)).any():
+            fail(present & (nibble == 255), "hex")
+        value = np.where(present, value * np.uint64(16) + nibble.astype(np.uint64), value)
+    out[:, 1 + N_DENSE:] = (value % np.uint64(max_ind_range)).astype(np.int32)
+    return out
+
+
+def iter_day(path: Path, max_ind_range: int = MAX_IND_RANGE,
+             block_bytes: int = READ_BYTES) -> Iterator[np.ndarray]:
+    """Yield parsed int32 [rows, 40] blocks of a raw day file, streaming (never the whole file)."""
+    if not path.is_file():
+        raise TrainperfError(f"{path}: missing (expected a Criteo Terabyte raw day file, tab-separated)")
+    line = 1
+    carry = b""
+    with path.open("rb") as fh:
+        while True:
+            chunk = fh.read(block_bytes)
+            data = carry + chunk
+            if not chunk:
+                if data:
+                    data += b"\n"  # the last line may lack its newline
+                else:
+                    break
+                carry = b""
+            else:
+                cut = data.rfind(b"\n") + 1
+                data, carry = data[:cut], data[cut:]
+            if data:
+                buf = np.frombuffer(data, dtype=np.uint8)
+                block = parse_block(buf, path, line, max_ind_range)
+                line += block.shape[0]
+                yield block
+            if not chunk:
+                break
+    if line == 1:
+        raise TrainperfError(f"{path}: empty (expected tab-separated click-log lines)")
+
+
+# -- preprocessing ------------------------------------------------------------------------------
+def _hashed_file(data_dir: Path, day: int) -> Path:
+    return data_dir / f"day_{day}.hashed.bin"
+
+
+def _uniques_file(data_dir: Path, day: int) -> Path:
+    return data_dir / f"day_{day}.uniques.npz"
+
+
+class _ValueSet:
+    """The distinct values of one categorical feature in a day: sorted arrays while they are few
+    (cheap for small files), a bitmap over [0, max_ind_range) once they are many (linear time for
+    the 190M-row days of the real data). Both give the same sorted result."""
+
+    def __init__(self, max_ind_range: int) -> None:
+        self.max_ind_range = max_ind_range
+        self.parts: list[np.ndarray] = []
+        self.pending = 0
+        self.bitmap: np.ndarray | None = None
+
+    def add(self, values: np.ndarray) -> None:
+        if self.bitmap is not None:
+            self.bitmap[values] = True
+            return
+        self.parts.append(np.unique(values))
+        self.pending += self.parts[-1].size
+        if self.pending > self.max_ind_range // 16:
+            self.bitmap = np.zeros(self.max_ind_range, dtype=bool)
+            for part in self.parts:
+                self.bitmap[part] = True
+            self.parts = []
+
+    def values(self) -> np.ndarray:
+        if self.bitmap is not None:
+            return np.flatnonzero(self.bitmap).astype(np.int32)
+        return np.unique(np.concatenate(self.parts)).astype(np.int32) if self.parts else np.zeros(0, np.int32)
+
+
+def _hash_day(data_dir: Path, day: int, max_ind_range: int) -> int:
+    """Pass 1 for one day: parse and hash into `day_N.hashed.bin` and note the values each
+    categorical feature takes. Skipped when a previous run finished this day (resumable)."""
+    hashed, uniques = _hashed_file(data_dir, day), _uniques_file(data_dir, day)
+    if hashed.is_file() and uniques.is_file():
+        return hashed.stat().st_size // (4 * N_FIELDS)
+    seen = [_ValueSet(max_ind_range) for _ in range(N_SPARSE)]
+    rows = 0
+    with AtomicOutput(hashed) as tmp, tmp.open("wb") as fh:
+        for block in iter_day(day_file(data_dir, day), max_ind_range):
+            block.tofile(fh)
+            for j in range(N_SPARSE):
+                seen[j].add(block[:, 1 + N_DENSE + j])
+            rows += block.shape[0]
+    with AtomicOutput(uniques) as tmp:
+        with tmp.open("wb") as fh:
+            np.savez(fh, **{f"c{j}": s.values() for j, s in enumerate(seen)})
+    return rows
+
+
+def preprocess(data_dir: Path, days: int, say: Callable[[str], None] = print,
+               max_ind_range: int = MAX_IND_RANGE, seed: int = 0, workers: int | None = None) -> dict:
+    """The reference preprocessing of `day_0` … `day_{days-1}` (see module doc). Returns the manifest."""
+    if days < 2:
+        raise TrainperfError(f"dlrm preprocessing needs >= 2 day files (train days + one eval day), got {days}")
+    missing = [str(day_file(data_dir, d)) for d in range(days) if not day_file(data_dir, d).is_file()]
+    if missing:
+        raise TrainperfError(f"{missing[0]}: missing (expected day_0 … day_{days - 1} in {data_dir})")
+    t0 = time.perf_counter()
+    # Pass 1, one process per day file (they are independent): parse, hash, note the values seen.
+    workers = max(1, min(days, workers or os.cpu_count() or 1))
+    say(f"parsing {days} day files with {workers} process{'es' if workers > 1 else ''}")
+    rows_per_day = [0] * days
+    if workers == 1:
+        for day in range(days):
+            rows_per_day[day] = _hash_day(data_dir, day, max_ind_range)
+            say(f"  day_{day}: {rows_per_day[day]:,} rows parsed and hashed")
+    else:
+        context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            futures = {pool.submit(_hash_day, data_dir, day, max_ind_range): day for day in range(days)}
+            for future in as_completed(futures):
+                day = futures[future]
+                rows_per_day[day] = future.result()
+                say(f"  day_{day}: {rows_per_day[day]:,} rows parsed and hashed "
+                    f"({sum(rows_per_day) / (time.perf_counter() - t0):,.0f} rows/s so far)")
+    # Contiguous ids per feature over all days: position in the sorted set of hashed values.
+    vocab = []
+    for j in range(N_SPARSE):
+        union = np.zeros(0, dtype=np.int32)
+        for day in range(days):
+            with np.load(_uniques_file(data_dir, day)) as z:
+                union = np.union1d(union, z[f"c{j}"])
+        vocab.append(union)
+    counts = np.array([v.size for v in vocab], dtype=np.int32)
+    rng = np.random.default_rng(seed)
+    last = days - 1
+    test_rows = -(-rows_per_day[last] // 2)  # the first half (rounded up) of the last day
+    with AtomicOutput(output_file(data_dir, "train")) as train_tmp, train_tmp.open("wb") as train_fh:
+        for day in range(last):
+            for block in _remapped_blocks(data_dir, day, vocab):
+                block[:] = block[rng.permutation(block.shape[0])]
+                block.tofile(train_fh)
+        with AtomicOutput(output_file(data_dir, "test")) as test_tmp, test_tmp.open("wb") as test_fh, \
+                AtomicOutput(output_file(data_dir, "val")) as val_tmp, val_tmp.open("wb") as val_fh:
+            done = 0
+            for block in _remapped_blocks(data_dir, last, vocab):
+                cut = min(max(test_rows - done, 0), block.shape[0])
+                block[:cut].tofile(test_fh)
+                block[cut:].tofile(val_fh)
+                done += block.shape[0]
+    with AtomicOutput(data_dir / COUNTS) as tmp, tmp.open("wb") as fh:
+        np.savez(fh, counts=counts)
+    seconds = time.perf_counter() - t0
+    total = int(sum(rows_per_day))
+    manifest = {"format_version": FORMAT_VERSION, "days": days, "max_ind_range": max_ind_range,
+                "rows_per_day": [int(r) for r in rows_per_day], "train_samples": int(sum(rows_per_day[:last])),
+                "test_samples": int(test_rows), "val_samples": int(rows_per_day[last] - test_rows),
+                "table_sizes": counts.tolist(), "seconds": round(seconds, 2),
+                "rows_per_s": round(total / max(seconds, 1e-9))}
+    write_json_atomic(data_dir / MANIFEST, manifest)
+    for day in range(days):  # the intermediate files only served resuming
+        _hashed_file(data_dir, day).unlink(missing_ok=True)
+        _uniques_file(data_dir, day).unlink(missing_ok=True)
+    say(f"preprocessed {total:,} rows from {days} day files in {seconds:.1f} s ({total / seconds:,.0f} rows/s); "
+        f"train {manifest['train_samples']:,}, test {manifest['test_samples']:,}, val {manifest['val_samples']:,}")
+    return manifest
+
+
+def _remapped_blocks(data_dir: Path, day: int, vocab: list[np.ndarray]) -> Iterator[np.ndarray]:
+    hashed = np.memmap(_hashed_file(data_dir, day), dtype=np.int32, mode="r").reshape(-1, N_FIELDS)
+    for start in range(0, hashed.shape[0], SHUFFLE_ROWS):
+        block = np.array(hashed[start:start + SHUFFLE_ROWS])
+        for j in range(N_SPARSE):
+            col = 1 + N_DENSE + j
+            block[:, col] = np.searchsorted(vocab[j], block[:, col])
+        yield block
+
+
+def preprocessed(data_dir: Path) -> dict | None:
+    """The manifest of a completed preprocessing in `data_dir`, or None."""
+    try:
+        manifest = json.loads((data_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        return None
+    if not all(output_file(data_dir, s).is_file() for s in SPLITS) or not (data_dir / COUNTS).is_file():
+        return None
+    return manifest
+
+
+# -- reading ------------------------------------------------------------------------------------
+def open_split(data_dir: Path, split: str) -> np.ndarray:
+    """A read-only memory map of a split as [rows, 40] int32 (nothing is read until sliced)."""
+    path = output_file(data_dir, split)
+    size = path.stat().st_size if path.is_file() else -1
+    if size < 0 or size % (4 * N_FIELDS):
+        raise TrainperfError(f"{path}: missing or not a whole number of {N_FIELDS}-int32 samples "
+                             "(re-run trainperf prepare dlrm)")
+    if size == 0:
+        return np.zeros((0, N_FIELDS), dtype=np.int32)
+    return np.memmap(path, dtype=np.int32, mode="r").reshape(-1, N_FIELDS)
+
+
+# -- the mini generator ---------------------------------------------------------------------------
+TEACHER = "mini_teacher.json"
+# Per-feature vocabulary sizes of the mini data: a few tiny tables (3, 4, 10 rows, as in Criteo) up to
+# tens of thousands; the preprocessed table sizes follow from whatever the data then contains.
+MINI_CARDINALITIES = (2000, 800, 300, 3, 60, 20000, 4, 150, 10, 6000, 400, 40, 14, 2500, 90, 9000, 200, 25,
+                      12, 15000, 500, 1000, 36, 120, 3500, 80)
+_DIGITS = np.frombuffer(b"0123456789abcdef", np.uint8)
+
+
+def _render_int(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Decimal text of int64 values as a [n, 11] byte matrix and the lengths."""
+    negative = values < 0
+    mag = np.abs(values)
+    ndig = 1 + sum((mag >= 10 ** p).astype(np.int64) for p in range(1, 10))
+    length = ndig + negative
+    chars = np.zeros((values.size, 11), dtype=np.uint8)
+    for k in range(11):
+        i = k - negative  # digit index from the left
+        digit = (mag // np.power(10, np.clip(ndig - 1 - i, 0, 9))) % 10
+        chars[:, k] = np.where((k == 0) & negative, _MINUS, _DIGITS[digit])
+    return chars, length
+
+
+def _render_hex(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """8-digit lowercase hex of uint32 values (as Criteo writes them)."""
+    v = values.astype(np.uint64)
+    chars = np.stack([_DIGITS[(v >> np.uint64(4 * (7 - k))) & np.uint64(15)] for k in range(8)], axis=1)
+    return chars, np.full(values.size, 8, dtype=np.int64)
+
+
+def render_lines(fields: list[tuple[np.ndarray, np.ndarray]]) -> bytes:
+    """TSV bytes from per-column (chars [n, W], lengths [n]) pairs: tab between fields, newline after
+    the last; a length of 0 is an empty field."""
+    n, f = fields[0][1].size, len(fields)
+    lengths = np.stack([length for _, length in fields], axis=1)
+    widths = (lengths + 1).ravel()
+    offsets = (np.cumsum(widths) - widths).reshape(n, f)
+    out = np.empty(int(widths.sum()), dtype=np.uint8)
+    ends = offsets + lengths
+    out[ends.ravel()] = _TAB
+    out[ends[:, -1]] = _NL
+    for col, (chars, length) in enumerate(fields):
+        for k in range(chars.shape[1]):
+            present = k < length
+            out[offsets[present, col] + k] = chars[present, k]
+    return out.tobytes()
+
+
+class _Teacher:
+    """The planted model behind the mini data: per-value weights for every categorical feature,
+    latent vectors whose dot products add pairwise interactions (what DLRM's interaction layer
+    models), and a per-row activity that drives both the counts (dense features) and the click."""
+
+    def __init__(self, seed: int, dim: int = 4) -> None:
+        rng = np.random.default_rng(seed)
+        self.cards = MINI_CARDINALITIES
+        # Rare values carry less of the signal than frequent ones (as in click logs): the weight scale
+        # shrinks with the vocabulary size.
+        scale = rng.choice([0.0, 0.3, 0.6, 1.0], size=N_SPARSE, p=[0.2, 0.3, 0.3, 0.2])
+        scale *= np.minimum(1.0, (500 / np.array(self.cards)) ** 0.25)
+        self.weights = [rng.normal(0, s, c) for s, c in zip(scale, self.cards, strict=True)]
+        self.latent = [rng.normal(0, 1 / np.sqrt(dim), (c, dim)) for c in self.cards]
+        self.pairs = [(0, 1), (1, 2), (2, 7), (4, 10), (7, 11), (10, 14), (13, 16), (17, 20), (21, 23), (3, 6)]
+        self.popularity = [1.0 / np.arange(1, c + 1) ** 1.1 for c in self.cards]
+        for p in self.popularity:
+            p /= p.sum()
+        # Distinct raw 32-bit values per feature, written as hex (what hashing then maps mod 40M).
+        self.raw = [rng.choice(np.unique(rng.integers(0, 2**32, 2 * c + 64, dtype=np.uint64)), c, replace=False)
+                    for c in self.cards]
+        self.dense_mu = rng.uniform(0.5, 4.0, N_DENSE)
+        self.dense_gain = rng.uniform(0.2, 0.9, N_DENSE)
+        self.dense_missing = rng.choice([0.0, 0.05, 0.2, 0.45], size=N_DENSE)
+        self.sparse_missing = rng.choice([0.0, 0.0, 0.02, 0.3], size=N_SPARSE)
+        self.bias = -1.6
+
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray,
+                                                                 np.ndarray]:
+        """n rows: their rendered columns, labels and the teacher's logits."""
+        activity = rng.normal(size=n)
+        ids = np.stack([rng.choice(c, size=n, p=p) for c, p in zip(self.cards, self.popularity, strict=True)], 1)
+        present = rng.random((n, N_SPARSE)) >= self.sparse_missing
+        logit = self.bias + 0.6 * activity
+        for j in range(N_SPARSE):
+            logit += np.where(present[:, j], self.weights[j][ids[:, j]], 0.0)
+        for a, b in self.pairs:
+            dot = np.einsum("nd,nd->n", self.latent[a][ids[:, a]], self.latent[b][ids[:, b]])
+            logit += 1.5 * np.where(present[:, a] & present[:, b], dot, 0.0)
+        labels = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.int64)
+        columns = [_render_int(labels)]
+        for j in range(N_DENSE):
+            count = np.floor(np.exp(self.dense_mu[j] + self.dense_gain[j] * activity + rng.normal(0, 0.7, n))) - 1
+            if j == 1:
+                count -= 3  # Criteo's I2 has small negative values (clipped to 0 by preprocessing)
+            chars, length = _render_int(count.astype(np.int64))
+            columns.append((chars, np.where(rng.random(n) < self.dense_missing[j], 0, length)))
+        for j in range(N_SPARSE):
+            chars, length = _render_hex(self.raw[j][ids[:, j]])
+            columns.append((chars, np.where(present[:, j], length, 0)))
+        return columns, labels, logit
+
+
+def generate_days(data_dir: Path, days: int, rows_per_day: int, seed: int = 0) -> dict:
+    """Write `day_0` … `day_{days-1}` in the raw Criteo TSV format from the planted teacher (see
+    _Teacher) and record the teacher's own AUC on the evaluation rows (first half of the last day)."""
+    from sklearn.metrics import roc_auc_score
+
+    teacher = _Teacher(seed)
+    rng = np.random.default_rng(seed + 1)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    block = 100_000
+    eval_labels, eval_logits = [], []
+    test_rows = -(-rows_per_day // 2)
+    for day in range(days):
+        with AtomicOutput(day_file(data_dir, day)) as tmp, tmp.open("wb") as fh:
+            for start in range(0, rows_per_day, block):
+                n = min(block, rows_per_day - start)
+                columns, labels, logits = teacher.sample(n, rng)
+                fh.write(render_lines(columns))
+                if day == days - 1 and start < test_rows:
+                    keep = min(n, test_rows - start)
+                    eval_labels.append(labels[:keep])
+                    eval_logits.append(logits[:keep])
+    labels, logits = np.concatenate(eval_labels), np.concatenate(eval_logits)
+    stats = {"days": days, "rows_per_day": rows_per_day, "seed": seed, "positive_rate": float(labels.mean()),
+             "teacher_auc": float(roc_auc_score(labels, logits))}
+    write_json_atomic(data_dir / TEACHER, stats)
+    return stats
