@@ -104,9 +104,10 @@ class DLRM(nn.Module):
     the dot interaction of all 27 vectors (strictly-lower-triangle pairs, concatenated with the
     bottom output) and a top MLP to one click logit."""
 
-    def __init__(self, table_sizes: list[int], dim: int, bottom: tuple[int, ...], top: tuple[int, ...]) -> None:
+    def __init__(self, table_sizes: list[int], dim: int, bottom: tuple[int, ...], top: tuple[int, ...],
+                 sparse: bool = True) -> None:
         super().__init__()
-        self.embeddings = nn.ModuleList(nn.EmbeddingBag(n, dim, mode="sum", sparse=True) for n in table_sizes)
+        self.embeddings = nn.ModuleList(nn.EmbeddingBag(n, dim, mode="sum", sparse=sparse) for n in table_sizes)
         for table, n in zip(self.embeddings, table_sizes, strict=True):
             nn.init.uniform_(table.weight, -(1.0 / n) ** 0.5, (1.0 / n) ** 0.5)
         self.bottom = _mlp([D.N_DENSE, *bottom], last_relu=True)
@@ -217,10 +218,15 @@ class DLRMWorkload(Workload):
         if manifest is None:
             raise TrainperfError(f"dlrm: the embedding tables are sized by the preprocessed dataset; none in "
                                  f"{data_dir} (trainperf prepare dlrm)")
-        model = DLRM(manifest["table_sizes"], recipe.embedding_dim, recipe.bottom_mlp, recipe.top_mlp)
+        # Sparse embedding gradients (only the rows a batch touched) on one process. Data parallelism
+        # all-reduces dense ones instead: DDP's sparse all-reduce is unsupported on NCCL and was slow
+        # (and once crashed) on gloo. The full tables (~24e9 parameters) do not fit one GPU anyway:
+        # full-scale multi-GPU DLRM needs model-parallel embeddings, which trainperf does not have.
+        sparse = ctx.world_size == 1
+        model = DLRM(manifest["table_sizes"], recipe.embedding_dim, recipe.bottom_mlp, recipe.top_mlp, sparse=sparse)
         model = model.to(ctx.device)
-        # Plain SGD on every parameter (the reference: no momentum, no weight decay); the embedding
-        # gradients are sparse, which torch's SGD handles on its per-tensor path.
+        # Plain SGD on every parameter (the reference: no momentum, no weight decay); sparse gradients
+        # take torch's per-tensor path.
         optimizer = torch.optim.SGD(model.parameters(), lr=recipe.base_lr)
 
         def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
