@@ -377,7 +377,8 @@ class _TimedLoop:
         step.model.train()
         # Evaluations inside the epoch (evals_per_epoch > 1): after these step counts, evenly spaced.
         n = recipe.evals_per_epoch
-        marks = {round(k * data.steps_per_epoch / n): k for k in range(1, n)} if n > 1 else {}
+        # (Never at step 0 nor at the epoch's end, which the schedule covers; short epochs get fewer.)
+        marks = {s for k in range(1, n) if 0 < (s := round(k * data.steps_per_epoch / n)) < data.steps_per_epoch}
         # Losses stay on the device; the host reads them once per epoch (or when the display asks).
         loss_sum = torch.zeros((), device=self.ctx.device)
         steps = samples = 0
