@@ -77,3 +77,25 @@ def test_lamb_excluded_group_has_no_decay_or_trust_ratio():
     opt.step()
     # First Adam step with bias correction: m_hat/sqrt(v_hat) = sign(g) (up to eps).
     assert torch.allclose(p.detach(), torch.tensor([2.9, 4.1]), atol=1e-5)
+
+
+def test_lars_foreach_equals_the_per_parameter_loop():
+    """The multi-tensor form gives the same weights as the reference loop over several steps, with
+    an excluded group (BN/bias), a zero-weight tensor and weight decay."""
+    torch.manual_seed(0)
+    shapes = [(8, 4), (4,), (16,), (3, 3, 2)]
+    start = [torch.randn(s) for s in shapes]
+    start[2].zero_()
+    runs = []
+    for foreach in (False, True):
+        params = [torch.nn.Parameter(w.clone()) for w in start]
+        opt = LARS([{"params": params[:2]}, {"params": params[2:], "lars_exclude": True, "weight_decay": 0.0}],
+                   lr=0.3, momentum=0.9, weight_decay=5e-5, trust_coefficient=0.001, foreach=foreach)
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(4):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=gen)
+            opt.step()
+        runs.append([p.detach().clone() for p in params])
+    for a, b in zip(*runs, strict=True):
+        assert torch.allclose(a, b, atol=1e-6)

@@ -192,11 +192,10 @@ class ResNetWorkload(Workload):
         model = model.to(ctx.device)
         groups = _param_groups(model, recipe.weight_decay)
         if recipe.optimizer == "lars":
-            if recipe.fused_optimizer:
-                raise TrainperfError("fused_optimizer=true: torch has no fused LARS; trainperf's LARS is used")
+            # torch has no fused LARS: fused_optimizer selects trainperf's multi-tensor (foreach) form.
             optimizer: torch.optim.Optimizer = LARS(
                 groups, lr=recipe.base_lr, momentum=recipe.momentum, trust_coefficient=recipe.lars_eta,
-                eps=recipe.lars_epsilon,
+                eps=recipe.lars_epsilon, foreach=True if recipe.fused_optimizer else None,
             )
         else:
             for group in groups:
