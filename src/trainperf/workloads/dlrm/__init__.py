@@ -172,7 +172,7 @@ class DLRMWorkload(Workload):
     metric = Metric("auc", higher_is_better=True)
     summary = "DLRM on Criteo Terabyte, ROC AUC (mini: planted-teacher day files in the raw TSV format)"
     mlperf_runs = 5
-    speedups = frozenset({"precision", "async_eval"})
+    speedups = frozenset({"precision", "compile", "async_eval"})
     needs_data_to_build = True
 
     def recipes(self, scale: str) -> dict[str, Recipe]:
