@@ -161,6 +161,12 @@ def _parse_value(raw: str, annotation: Any, where: str) -> Any:
     return raw
 
 
+def bare_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The module a workload built, under the runtime's wrappers (torch.compile's, then DDP's)."""
+    model = getattr(model, "_orig_mod", model)
+    return getattr(model, "module", model)
+
+
 @dataclass
 class ModelParts:
     """What a workload builds during initialisation (before run_start): no data is touched here."""

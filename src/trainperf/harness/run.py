@@ -31,7 +31,7 @@ from trainperf.harness.progress import NoProgress, PlainProgress
 from trainperf.runtime import distributed, environment, speedups
 from trainperf.runtime.context import RuntimeContext
 from trainperf.runtime.step import TrainStep
-from trainperf.spec import Evaluation, Recipe, RunResult, Workload
+from trainperf.spec import Evaluation, Recipe, RunResult, Workload, bare_model
 
 
 @dataclass
@@ -325,8 +325,7 @@ class _TimedLoop:
     def _launch_eval(self, epoch: float, model: torch.nn.Module, data: Any, samples: int) -> None:
         """Score a snapshot of the weights in a background thread while training goes on. The
         result is logged (with this epoch_num) when it is known, and the clock runs until then."""
-        bare = getattr(model, "_orig_mod", model)
-        bare = getattr(bare, "module", bare)
+        bare = bare_model(model)
         snapshot = copy.deepcopy(bare).eval()
         self.log.start(C.EVAL_START, metadata={"epoch_num": self._epoch_num(epoch)}, time_ms=self.clock.now_ms())
         if self._executor is None:

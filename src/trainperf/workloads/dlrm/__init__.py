@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainperf.errors import TrainperfError
-from trainperf.spec import DataParts, EvalPartial, Metric, ModelParts, Recipe, Workload
+from trainperf.spec import DataParts, EvalPartial, Metric, ModelParts, Recipe, Workload, bare_model
 from trainperf.workloads.dlrm import data as D
 
 FULL_DAYS = 24
@@ -239,8 +239,7 @@ class DLRMWorkload(Workload):
     def synthetic_batch(self, recipe: Recipe, ctx: Any, model: nn.Module | None = None) -> Any:
         if model is None:
             raise TrainperfError("dlrm: synthetic batches are sized by the model's tables")
-        bare = getattr(model, "_orig_mod", model)
-        bare = getattr(bare, "module", bare)
+        bare = bare_model(model)
         n = recipe.global_batch_size // ctx.world_size
         gen = torch.Generator(device=ctx.device).manual_seed(0)
         dense = torch.rand((n, D.N_DENSE), device=ctx.device, generator=gen) * 5

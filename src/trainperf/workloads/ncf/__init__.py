@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainperf.errors import TrainperfError
-from trainperf.spec import DataParts, EvalPartial, Metric, ModelParts, Recipe, Workload
+from trainperf.spec import DataParts, EvalPartial, Metric, ModelParts, Recipe, Workload, bare_model
 from trainperf.workloads.ncf import data as D
 
 TOP_K = 10
@@ -160,7 +160,7 @@ class NCFWorkload(Workload):
     def synthetic_batch(self, recipe: Recipe, ctx: Any, model: nn.Module | None = None) -> Any:
         if model is None:
             raise TrainperfError("ncf: synthetic batches are sized by the model")
-        bare = getattr(getattr(model, "_orig_mod", model), "module", getattr(model, "_orig_mod", model))
+        bare = bare_model(model)
         n = recipe.global_batch_size // ctx.world_size
         gen = torch.Generator(device=ctx.device).manual_seed(0)
         users = torch.randint(0, bare.gmf_user.num_embeddings, (n,), device=ctx.device, generator=gen)
