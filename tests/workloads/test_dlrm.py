@@ -112,11 +112,11 @@ def test_preprocessing_resumes_after_an_interruption(tmp_path, monkeypatch):
     real = D._hash_day
     calls = []
 
-    def flaky(data_dir, day, max_ind_range):
+    def flaky(data_dir, day, max_ind_range, progress=None):
         calls.append(day)
         if day == 2 and calls.count(2) == 1:
             raise KeyboardInterrupt
-        return real(data_dir, day, max_ind_range)
+        return real(data_dir, day, max_ind_range, progress)
 
     monkeypatch.setattr(D, "_hash_day", flaky)
     with pytest.raises(KeyboardInterrupt):
@@ -130,6 +130,24 @@ def test_preprocessing_resumes_after_an_interruption(tmp_path, monkeypatch):
         a = np.fromfile(D.output_file(root, split), dtype=np.int32).reshape(-1, 40)
         b = np.fromfile(D.output_file(clean, split), dtype=np.int32).reshape(-1, 40)
         assert sorted(a.tolist()) == sorted(b.tolist())
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_preprocessing_reports_progress_and_agrees_across_worker_counts(tmp_path, workers):
+    D.generate_days(tmp_path, 4, 3000, seed=2)
+    said: list[str] = []
+    manifest = D.preprocess(tmp_path, 4, say=said.append, workers=workers, report_every_s=0.0)
+    assert any("rows parsed so far" in line for line in said), said
+    assert sum(manifest["rows_per_day"]) == 12000 and manifest["rows_per_s"] > 0
+    test = np.fromfile(D.output_file(tmp_path, "test"), dtype=np.int32)
+    assert test.size == 1500 * 40
+    if workers == 2:  # same output as one process
+        other = tmp_path / "one"
+        other.mkdir()
+        for day in range(4):
+            (other / f"day_{day}").write_bytes((tmp_path / f"day_{day}").read_bytes())
+        D.preprocess(other, 4, say=lambda s: None, workers=1)
+        assert np.array_equal(np.fromfile(D.output_file(other, "test"), dtype=np.int32), test)
 
 
 def test_generated_days_are_raw_criteo_lines_with_empty_fields(tmp_path):

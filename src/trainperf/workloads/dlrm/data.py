@@ -24,8 +24,9 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -200,9 +201,23 @@ class _ValueSet:
         return np.unique(np.concatenate(self.parts)).astype(np.int32) if self.parts else np.zeros(0, np.int32)
 
 
-def _hash_day(data_dir: Path, day: int, max_ind_range: int) -> int:
+class _Reporter:
+    """Progress of the in-process path: says the rows parsed every `every_s` seconds."""
+
+    def __init__(self, say: Callable[[str], None], every_s: float) -> None:
+        self.say, self.every_s, self.last = say, every_s, time.perf_counter()
+
+    def put(self, item: tuple[int, int]) -> None:
+        if time.perf_counter() - self.last >= self.every_s:
+            self.last = time.perf_counter()
+            day, rows = item
+            self.say(f"  day_{day}: {rows:,} rows parsed so far")
+
+
+def _hash_day(data_dir: Path, day: int, max_ind_range: int, progress: Any = None) -> int:
     """Pass 1 for one day: parse and hash into `day_N.hashed.bin` and note the values each
-    categorical feature takes. Skipped when a previous run finished this day (resumable)."""
+    categorical feature takes. Skipped when a previous run finished this day (resumable).
+    `progress` (a queue) receives (day, rows parsed so far) after every block."""
     hashed, uniques = _hashed_file(data_dir, day), _uniques_file(data_dir, day)
     if hashed.is_file() and uniques.is_file():
         return hashed.stat().st_size // (4 * N_FIELDS)
@@ -214,14 +229,43 @@ def _hash_day(data_dir: Path, day: int, max_ind_range: int) -> int:
             for j in range(N_SPARSE):
                 seen[j].add(block[:, 1 + N_DENSE + j])
             rows += block.shape[0]
+            if progress is not None:
+                progress.put((day, rows))
     with AtomicOutput(uniques) as tmp:
         with tmp.open("wb") as fh:
             np.savez(fh, **{f"c{j}": s.values() for j, s in enumerate(seen)})
     return rows
 
 
+def _hash_days_in_processes(data_dir: Path, days: int, max_ind_range: int, workers: int,
+                            say: Callable[[str], None], report_every_s: float) -> list[int]:
+    """Pass 1 with one process per day file at a time; workers report the rows they parsed through a
+    queue, because a real day file (~190M rows) takes a process half an hour."""
+    rows_per_day, parsed = [0] * days, [0] * days
+    t0 = last_report = time.perf_counter()
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    with context.Manager() as manager, ProcessPoolExecutor(workers, mp_context=context) as pool:
+        progress = manager.Queue()
+        futures = {pool.submit(_hash_day, data_dir, day, max_ind_range, progress): day for day in range(days)}
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            while not progress.empty():
+                day, rows = progress.get()
+                parsed[day] = max(parsed[day], rows)
+            for future in finished:
+                day = futures[future]
+                rows_per_day[day] = parsed[day] = future.result()
+                say(f"  day_{day}: {rows_per_day[day]:,} rows parsed and hashed")
+            if pending and time.perf_counter() - last_report >= report_every_s:
+                last_report = time.perf_counter()
+                say(f"  {sum(parsed):,} rows parsed so far ({sum(parsed) / (last_report - t0):,.0f} rows/s)")
+    return rows_per_day
+
+
 def preprocess(data_dir: Path, days: int, say: Callable[[str], None] = print,
-               max_ind_range: int = MAX_IND_RANGE, seed: int = 0, workers: int | None = None) -> dict:
+               max_ind_range: int = MAX_IND_RANGE, seed: int = 0, workers: int | None = None,
+               report_every_s: float = 30.0) -> dict:
     """The reference preprocessing of `day_0` … `day_{days-1}` (see module doc). Returns the manifest."""
     if days < 2:
         raise TrainperfError(f"dlrm preprocessing needs >= 2 day files (train days + one eval day), got {days}")
@@ -232,20 +276,13 @@ def preprocess(data_dir: Path, days: int, say: Callable[[str], None] = print,
     # Pass 1, one process per day file (they are independent): parse, hash, note the values seen.
     workers = max(1, min(days, workers or os.cpu_count() or 1))
     say(f"parsing {days} day files with {workers} process{'es' if workers > 1 else ''}")
-    rows_per_day = [0] * days
-    if workers == 1:
+    if workers == 1:  # in this process (simplest to debug)
+        rows_per_day = []
         for day in range(days):
-            rows_per_day[day] = _hash_day(data_dir, day, max_ind_range)
-            say(f"  day_{day}: {rows_per_day[day]:,} rows parsed and hashed")
+            rows_per_day.append(_hash_day(data_dir, day, max_ind_range, _Reporter(say, report_every_s)))
+            say(f"  day_{day}: {rows_per_day[-1]:,} rows parsed and hashed")
     else:
-        context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            futures = {pool.submit(_hash_day, data_dir, day, max_ind_range): day for day in range(days)}
-            for future in as_completed(futures):
-                day = futures[future]
-                rows_per_day[day] = future.result()
-                say(f"  day_{day}: {rows_per_day[day]:,} rows parsed and hashed "
-                    f"({sum(rows_per_day) / (time.perf_counter() - t0):,.0f} rows/s so far)")
+        rows_per_day = _hash_days_in_processes(data_dir, days, max_ind_range, workers, say, report_every_s)
     # Contiguous ids per feature over all days: position in the sorted set of hashed values.
     vocab = []
     for j in range(N_SPARSE):
