@@ -284,3 +284,46 @@ def test_full_path_on_tiny_criteo_days(tmp_path):
     epochs = [e["epoch"] for e in result["evaluations"]]
     assert len(epochs) == 20 and epochs[-1] == 1 and epochs == sorted(set(epochs))
     assert check(out / "mlperf_log.txt").valid
+
+
+def _mini_root() -> Path:
+    workload = DLRMWorkload()
+    root = workload.default_data_dir("mini")
+    if D.preprocessed(root) is None:
+        workload.prepare("mini", root, say=lambda s: None)
+    return root
+
+
+def test_embedding_device_cpu_needs_one_process():
+    ctx = RuntimeContext(device=torch.device("cpu"), rank=0, world_size=2)
+    recipe = MINI.with_overrides(["embedding_device=cpu"])
+    with pytest.raises(TrainperfError, match="embedding_device=cpu: supported on a single process only"):
+        DLRMWorkload().build(recipe, ctx, _mini_root())
+    with pytest.raises(TrainperfError, match="embedding_device='gpu' is not one of: device, cpu"):
+        MINI.with_overrides(["embedding_device=gpu"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_host_embedding_tables_with_the_mlps_on_the_gpu():
+    """embedding_device=cpu: tables and their sparse gradients on the host, MLPs on the GPU, and a
+    training step that changes both."""
+    from trainperf.runtime.step import TrainStep
+
+    workload, root = DLRMWorkload(), _mini_root()
+    recipe = MINI.with_overrides(["embedding_device=cpu"])
+    ctx = RuntimeContext.create("cuda")
+    parts = workload.build(recipe, ctx, root)
+    assert parts.model.embeddings[0].weight.device.type == "cpu"
+    assert parts.model.top[0].weight.device.type == "cuda"
+    data = workload.load_data(recipe, root, ctx)
+    batch = next(iter(data.train_batches(1)))
+    assert batch[0].device.type == "cuda" and batch[1].device.type == "cpu"
+    before = [parts.model.embeddings[0].weight.clone(), parts.model.top[0].weight.clone()]
+    step = TrainStep(parts, data.steps_per_epoch, 1, recipe, ctx.device)
+    for _ in range(60):  # past the LR warm-up's first steps (LR 0 at step 0)
+        step(batch)
+    assert not torch.equal(before[0], parts.model.embeddings[0].weight)
+    assert not torch.equal(before[1], parts.model.top[0].weight)
+    with torch.no_grad():
+        partial = data.evaluate(parts.model.eval())
+    assert 0.0 <= partial.metric(partial.gathers) <= 1.0

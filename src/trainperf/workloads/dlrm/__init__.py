@@ -34,9 +34,14 @@ class DLRMRecipe(Recipe):
     bottom_mlp: tuple[int, ...] = (512, 256, 128)  # after the 13 dense inputs; the last = embedding_dim
     top_mlp: tuple[int, ...] = (1024, 1024, 512, 256, 1)
     eval_batch_size: int = 16384
+    # Where the embedding tables live: "device" (with the MLPs) or "cpu" (host memory, the MLPs and
+    # the interaction on the device). The reference tables (~96 GB in fp32) fit no single 80 GB GPU.
+    embedding_device: str = "device"
     # mini generator (ignored at full scale)
     mini_days: int = 4
     mini_rows_per_day: int = 100_000
+
+    CHOICES = {"embedding_device": ("device", "cpu")}
 
     def validate(self) -> None:
         super().validate()
@@ -121,7 +126,8 @@ class DLRM(nn.Module):
         x = self.bottom(dense)
         # Each sample has one id per table: a bag of one (input [B, 1]).
         vectors = [x] + [table(sparse[:, j:j + 1]) for j, table in enumerate(self.embeddings)]
-        t = torch.stack([v.to(x.dtype) for v in vectors], dim=1)
+        # (With the tables in host memory, the looked-up rows travel to the MLPs' device here.)
+        t = torch.stack([v.to(device=x.device, dtype=x.dtype) for v in vectors], dim=1)
         z = torch.bmm(t, t.transpose(1, 2))
         return self.top(torch.cat([x, z[:, self.pair_rows, self.pair_cols]], dim=1)).squeeze(-1)
 
@@ -135,14 +141,14 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     return float(roc_auc_score(labels, scores))
 
 
-def to_batch(rows: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[B, 40] int32 rows -> (dense log(x+1) float [B, 13], sparse int64 [B, 26], label float [B])."""
-    t = torch.from_numpy(np.array(rows, dtype=np.int32))  # a private copy: the memory map is read-only
-    if device.type == "cuda":
-        t = t.pin_memory().to(device, non_blocking=True)
-    else:
-        t = t.to(device)
-    return torch.log1p(t[:, 1:1 + D.N_DENSE].float()), t[:, 1 + D.N_DENSE:].long(), t[:, 0].float()
+def to_batch(rows: np.ndarray, device: torch.device,
+             sparse_device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[B, 40] int32 rows -> (dense log(x+1) float [B, 13], sparse int64 [B, 26], label float [B]); the
+    sparse ids go where the embedding tables are (`sparse_device`, default `device`)."""
+    host = torch.from_numpy(np.array(rows, dtype=np.int32))  # a private copy: the memory map is read-only
+    t = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+    sparse = t[:, 1 + D.N_DENSE:] if sparse_device in (None, device) else host[:, 1 + D.N_DENSE:].to(sparse_device)
+    return torch.log1p(t[:, 1:1 + D.N_DENSE].float()), sparse.long(), t[:, 0].float()
 
 
 def _prefetched(batches: Iterator[Any], depth: int = 4) -> Iterator[Any]:
@@ -220,11 +226,16 @@ class DLRMWorkload(Workload):
                                  f"{data_dir} (trainperf prepare dlrm)")
         # Sparse embedding gradients (only the rows a batch touched) on one process. Data parallelism
         # all-reduces dense ones instead: DDP's sparse all-reduce is unsupported on NCCL and was slow
-        # (and once crashed) on gloo. The full tables (~24e9 parameters) do not fit one GPU anyway:
+        # (and once crashed) on gloo. The full tables (24e9 parameters) do not fit one GPU anyway:
         # full-scale multi-GPU DLRM needs model-parallel embeddings, which trainperf does not have.
         sparse = ctx.world_size == 1
+        if recipe.embedding_device == "cpu" and ctx.world_size > 1:
+            raise TrainperfError("embedding_device=cpu: supported on a single process only (data parallelism "
+                                 "would all-reduce the host tables)")
         model = DLRM(manifest["table_sizes"], recipe.embedding_dim, recipe.bottom_mlp, recipe.top_mlp, sparse=sparse)
         model = model.to(ctx.device)
+        if recipe.embedding_device == "cpu":
+            model.embeddings.to("cpu")
         # Plain SGD on every parameter (the reference: no momentum, no weight decay); sparse gradients
         # take torch's per-tensor path.
         optimizer = torch.optim.SGD(model.parameters(), lr=recipe.base_lr)
@@ -243,8 +254,9 @@ class DLRMWorkload(Workload):
         n = recipe.global_batch_size // ctx.world_size
         gen = torch.Generator(device=ctx.device).manual_seed(0)
         dense = torch.rand((n, D.N_DENSE), device=ctx.device, generator=gen) * 5
+        tables = bare.embeddings[0].weight.device
         sparse = torch.stack([torch.randint(0, t.num_embeddings, (n,), device=ctx.device, generator=gen)
-                              for t in bare.embeddings], dim=1)
+                              for t in bare.embeddings], dim=1).to(tables)
         return dense, sparse, torch.randint(0, 2, (n,), device=ctx.device, generator=gen).float()
 
     def load_data(self, recipe: Recipe, data_dir: Path, ctx: Any) -> DataParts:
@@ -258,6 +270,7 @@ class DLRMWorkload(Workload):
             raise TrainperfError(f"{D.output_file(data_dir, 'train')}: {train.shape[0]} samples, fewer than one "
                                  f"global batch of {batch}")
         mine = ctx.shard(batch)
+        tables = torch.device("cpu") if recipe.embedding_device == "cpu" else device
         seed = int(torch.initial_seed())
         shard = ctx.shard(test.shape[0])
 
@@ -269,14 +282,15 @@ class DLRMWorkload(Workload):
             def read() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
                 for b in order:
                     start = int(b) * batch
-                    yield to_batch(train[start + mine.start:start + mine.stop], device)
+                    yield to_batch(train[start + mine.start:start + mine.stop], device, tables)
 
             return _prefetched(read()) if device.type == "cuda" else read()
 
         def evaluate(model: nn.Module) -> EvalPartial:
             scores, labels = [], []
             for start in range(shard.start, shard.stop, recipe.eval_batch_size):
-                dense, sparse, label = to_batch(test[start:min(start + recipe.eval_batch_size, shard.stop)], device)
+                rows = test[start:min(start + recipe.eval_batch_size, shard.stop)]
+                dense, sparse, label = to_batch(rows, device, tables)
                 scores.append(torch.sigmoid(model(dense, sparse).float()))
                 labels.append(label)
             empty = torch.zeros(0, device=device)
