@@ -242,3 +242,20 @@ def test_async_eval_results_pending_at_budget_end_still_count(tmp_path):
     result, records = _run(tmp_path, LastEvalPasses(scores=[0.1, 0.95]))
     assert result.status == "success" and result.epochs_to_target == 2
     assert [r["key"] for r in records][-1] == "run_stop"
+
+
+@pytest.mark.parametrize("per_epoch", [4, 8])
+def test_evaluations_inside_an_epoch_stop_mid_epoch_and_close_it(tmp_path, per_epoch):
+    """evals_per_epoch: evaluations after steps 1, 2, 3 of each 4-step epoch (8 per epoch cannot
+    fit more, and none repeats the end-of-epoch one); a target met mid-epoch closes epoch and block."""
+    workload = FakeWorkload([0.1, 0.2, 0.3, 0.4, 0.95])
+    result, records = _run(tmp_path, workload, evals_per_epoch=per_epoch)
+    assert result.status == "success"
+    assert [e.epoch for e in result.evaluations] == [0.25, 0.5, 0.75, 1, 1.25]
+    assert result.epochs_to_target == 1.25 and result.epochs == 1 and result.samples == 20
+    evals = [r["metadata"]["epoch_num"] for r in records if r["key"] == "eval_accuracy"]
+    assert evals == [0.25, 0.5, 0.75, 1, 1.25]
+    keys = _keys(records)
+    assert keys.count("epoch_start") == keys.count("epoch_stop") == 2
+    assert keys.count("block_start") == keys.count("block_stop") == 2
+    assert keys.index("run_stop") == len(keys) - 1 and keys[-2] == "block_stop"
