@@ -67,6 +67,22 @@ def _column_name(col: int) -> str:
     return f"integer feature I{col}" if col <= N_DENSE else f"categorical feature C{col - N_DENSE}"
 
 
+def _positional(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray, table: np.ndarray, base: int,
+                dtype: type) -> tuple[np.ndarray, np.ndarray | None]:
+    """The value of every field's digits in `base`, one digit position at a time over all fields
+    (`table` maps a byte to its digit, 255 to "not a digit"). Returns the values and, when a field
+    holds a non-digit, the mask of such fields (else None)."""
+    value = np.zeros(starts.shape, dtype=dtype)
+    for k in range(int(lengths.max(initial=0))):
+        present = k < lengths
+        digit = table[buf[np.where(present, starts + k, 0)]]
+        bad = present & (digit == 255)
+        if bad.any():
+            return value, bad
+        value = np.where(present, value * dtype(base) + digit.astype(dtype), value)
+    return value, None
+
+
 def parse_block(buf: np.ndarray, path: Path, first_line: int, max_ind_range: int = MAX_IND_RANGE) -> np.ndarray:
     """Parse whole lines (`buf`: uint8, every line ending in a newline) into an int32 [rows, 40] array
     of [label, dense clipped at 0, categorical hashed mod max_ind_range]."""
@@ -106,13 +122,9 @@ def parse_block(buf: np.ndarray, path: Path, first_line: int, max_ind_range: int
     st, ln = st + negative, ln - negative
     if ln.max(initial=0) > 10 or ((ln == 0) & negative).any():
         fail((ln > 10) | ((ln == 0) & negative), "int")
-    value = np.zeros(st.shape, dtype=np.int64)
-    for k in range(int(ln.max(initial=0))):
-        present = k < ln
-        digit = _DEC[buf[np.where(present, st + k, 0)]]
-        if (present & (digit == 255)).any():
-            fail(present & (digit == 255), "int")
-        value = np.where(present, value * 10 + digit, value)
+    value, bad = _positional(buf, st, ln, _DEC, 10, np.int64)
+    if bad is not None:
+        fail(bad, "int")
     if (value > np.iinfo(np.int32).max).any():
         fail(value > np.iinfo(np.int32).max, "int")
     out[:, 1:1 + N_DENSE] = np.where(negative, 0, value)
@@ -121,13 +133,9 @@ def parse_block(buf: np.ndarray, path: Path, first_line: int, max_ind_range: int
     st, ln = starts[:, 1 + N_DENSE:], lengths[:, 1 + N_DENSE:]
     if ln.max(initial=0) > 16:
         fail(ln > 16, "hex")
-    value = np.zeros(st.shape, dtype=np.uint64)
-    for k in range(int(ln.max(initial=0))):
-        present = k < ln
-        nibble = _HEX[buf[np.where(present, st + k, 0)]]
-        if (present & (nibble == 255)).any():
-            fail(present & (nibble == 255), "hex")
-        value = np.where(present, value * np.uint64(16) + nibble.astype(np.uint64), value)
+    value, bad = _positional(buf, st, ln, _HEX, 16, np.uint64)
+    if bad is not None:
+        fail(bad, "hex")
     out[:, 1 + N_DENSE:] = (value % np.uint64(max_ind_range)).astype(np.int32)
     return out
 
