@@ -327,3 +327,16 @@ def test_host_embedding_tables_with_the_mlps_on_the_gpu():
     with torch.no_grad():
         partial = data.evaluate(parts.model.eval())
     assert 0.0 <= partial.metric(partial.gathers) <= 1.0
+
+
+def test_async_eval_refuses_to_copy_huge_tables(tmp_path):
+    # A preprocessed dataset's metadata only (build reads the sizes, never the data).
+    (tmp_path / D.MANIFEST).write_text(json.dumps({"format_version": D.FORMAT_VERSION,
+                                                   "table_sizes": [40_000_000] * 26}))
+    for name in [D.COUNTS] + [D.output_file(tmp_path, split).name for split in D.SPLITS]:
+        (tmp_path / name).touch()
+    workload = DLRMWorkload()
+    recipe = workload.recipe("full").with_overrides(["async_eval=true"])
+    ctx = RuntimeContext.create("cpu")
+    with pytest.raises(TrainperfError, match="async_eval=true .* 496 GiB"):
+        workload.build(recipe, ctx, tmp_path)

@@ -21,6 +21,7 @@ from trainperf.workloads.dlrm import data as D
 
 FULL_DAYS = 24
 MIN_LR = 1e-7  # the reference's floor during the polynomial decay
+ASYNC_EVAL_MAX_BYTES = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -232,6 +233,12 @@ class DLRMWorkload(Workload):
         if recipe.embedding_device == "cpu" and ctx.world_size > 1:
             raise TrainperfError("embedding_device=cpu: supported on a single process only (data parallelism "
                                  "would all-reduce the host tables)")
+        table_bytes = sum(manifest["table_sizes"]) * recipe.embedding_dim * 4
+        if recipe.async_eval and table_bytes > ASYNC_EVAL_MAX_BYTES:
+            # Asynchronous evaluation scores a copy of the weights, 20 times an epoch.
+            raise TrainperfError(f"async_eval=true (--async-eval): the embedding tables hold "
+                                 f"{table_bytes / 2**30:.0f} GiB; copying them for every evaluation is not "
+                                 f"supported above {ASYNC_EVAL_MAX_BYTES / 2**30:.0f} GiB")
         model = DLRM(manifest["table_sizes"], recipe.embedding_dim, recipe.bottom_mlp, recipe.top_mlp, sparse=sparse)
         model = model.to(ctx.device)
         if recipe.embedding_device == "cpu":
