@@ -135,6 +135,11 @@ def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None =
     return loop.result(status, reason)
 
 
+def _tidy(epochs: float) -> float | int:
+    """Whole epoch counts stay integers (as every ruleset's logs have them); fractions get 6 digits."""
+    return int(epochs) if float(epochs).is_integer() else round(float(epochs), 6)
+
+
 class _TargetReached(Exception):
     """An asynchronous evaluation met the target in the middle of an epoch."""
 
@@ -169,7 +174,9 @@ class _TimedLoop:
         self.train_samples: int | None = None
         self.eval_samples: int | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._pending: list[tuple[int, int, Future]] = []
+        self._pending: list[tuple[float, int, Future]] = []
+        self._model: torch.nn.Module | None = None  # set when training starts
+        self._data: Any = None
 
     # -- the sequence ---------------------------------------------------------------------------
     def execute(self) -> bool:
@@ -317,16 +324,16 @@ class _TimedLoop:
         """Evaluate after `epochs` epochs (synchronously, or launched in the background)."""
         samples = self.samples if samples is None else samples
         if self.config.recipe.async_eval:
-            self._launch_eval(epochs, self._model, self._data, samples)
+            self._launch_eval(epochs, samples)
             return False
-        return self._evaluate(epochs, self._model, self._data, samples)
+        return self._evaluate(epochs, samples)
 
     # -- asynchronous evaluation ------------------------------------------------------------------
-    def _launch_eval(self, epoch: float, model: torch.nn.Module, data: Any, samples: int) -> None:
+    def _launch_eval(self, epoch: float, samples: int) -> None:
         """Score a snapshot of the weights in a background thread while training goes on. The
         result is logged (with this epoch_num) when it is known, and the clock runs until then."""
-        bare = bare_model(model)
-        snapshot = copy.deepcopy(bare).eval()
+        data = self._data
+        snapshot = copy.deepcopy(bare_model(self._model)).eval()
         self.log.start(C.EVAL_START, metadata={"epoch_num": self._epoch_num(epoch)}, time_ms=self.clock.now_ms())
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainperf-eval")
@@ -348,9 +355,8 @@ class _TimedLoop:
         return False
 
     def _epoch_num(self, epochs: float) -> float | int:
-        """The logged epoch_num: whole numbers stay integers (as every ruleset's logs have them)."""
-        value = self.config.workload.eval_epoch_num(epochs)
-        return int(value) if float(value).is_integer() else round(float(value), 6)
+        """The logged epoch_num, as the workload's rules define it."""
+        return _tidy(self.config.workload.eval_epoch_num(epochs))
 
     def _record_eval(self, epoch: float, value: float, samples: int) -> bool:
         log, clock = self.log, self.clock
@@ -359,7 +365,7 @@ class _TimedLoop:
         epoch_num = self._epoch_num(epoch)
         log.end(C.EVAL_STOP, metadata={"epoch_num": epoch_num}, time_ms=now)
         log.event(C.EVAL_ACCURACY, value, metadata={"epoch_num": epoch_num}, time_ms=now)
-        epoch = int(epoch) if float(epoch).is_integer() else round(float(epoch), 6)
+        epoch = _tidy(epoch)
         elapsed = (now - self.run_start_ms) / 1000.0 if self.run_start_ms is not None else 0.0
         self.evaluations.append(Evaluation(epoch=epoch, value=value, samples=samples, time_s=elapsed))
         self.progress.evaluation(epoch, metric.name, value, recipe.target)
@@ -422,12 +428,13 @@ class _TimedLoop:
         self.epoch_times_s.append(seconds)
         progress.epoch_end(epoch, samples / max(seconds, 1e-9), mean_loss)
 
-    def _evaluate(self, epoch: float, model: torch.nn.Module, data: Any, samples: int) -> bool:
+    def _evaluate(self, epoch: float, samples: int) -> bool:
         self.log.start(C.EVAL_START, metadata={"epoch_num": self._epoch_num(epoch)}, time_ms=self.clock.now_ms())
-        # Evaluate the bare model: DDP would sync buffers on every forward, and shards differ in size.
-        model = getattr(model, "module", model)
+        # Evaluate without DDP's wrapper: it would sync buffers on every forward, and shards differ in
+        # size (a compiled model stays compiled).
+        model = getattr(self._model, "module", self._model)
         model.eval()
         with torch.no_grad():
-            partial = data.evaluate(model)
+            partial = self._data.evaluate(model)
             value = float(partial.metric(self.ctx.combine(partial)))
         return self._record_eval(epoch, value, samples)
