@@ -292,13 +292,14 @@ def preprocess(data_dir: Path, days: int, say: Callable[[str], None] = print,
     else:
         rows_per_day = _hash_days_in_processes(data_dir, days, max_ind_range, workers, say, report_every_s)
     # Contiguous ids per feature over all days: position in the sorted set of hashed values.
+    # (A bitmap once the values are many: 24 days x up to 40M values per feature at full scale.)
     vocab = []
     for j in range(N_SPARSE):
-        union = np.zeros(0, dtype=np.int32)
+        union = _ValueSet(max_ind_range)
         for day in range(days):
             with np.load(_uniques_file(data_dir, day)) as z:
-                union = np.union1d(union, z[f"c{j}"])
-        vocab.append(union)
+                union.add(z[f"c{j}"])
+        vocab.append(union.values())
     counts = np.array([v.size for v in vocab], dtype=np.int32)
     rng = np.random.default_rng(seed)
     last = days - 1
