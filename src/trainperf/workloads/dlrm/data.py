@@ -301,18 +301,20 @@ def preprocess(data_dir: Path, days: int, say: Callable[[str], None] = print,
                 union.add(z[f"c{j}"])
         vocab.append(union.values())
     counts = np.array([v.size for v in vocab], dtype=np.int32)
+    remaps = [_Remap(v, max_ind_range) for v in vocab]
     rng = np.random.default_rng(seed)
     last = days - 1
     test_rows = -(-rows_per_day[last] // 2)  # the first half (rounded up) of the last day
     with AtomicOutput(output_file(data_dir, "train")) as train_tmp, train_tmp.open("wb") as train_fh:
         for day in range(last):
-            for block in _remapped_blocks(data_dir, day, vocab):
+            for block in _remapped_blocks(data_dir, day, remaps):
                 block[:] = block[rng.permutation(block.shape[0])]
                 block.tofile(train_fh)
+            say(f"  day_{day}: remapped into {output_file(data_dir, 'train').name}")
         with AtomicOutput(output_file(data_dir, "test")) as test_tmp, test_tmp.open("wb") as test_fh, \
                 AtomicOutput(output_file(data_dir, "val")) as val_tmp, val_tmp.open("wb") as val_fh:
             done = 0
-            for block in _remapped_blocks(data_dir, last, vocab):
+            for block in _remapped_blocks(data_dir, last, remaps):
                 cut = min(max(test_rows - done, 0), block.shape[0])
                 block[:cut].tofile(test_fh)
                 block[cut:].tofile(val_fh)
@@ -335,13 +337,29 @@ def preprocess(data_dir: Path, days: int, say: Callable[[str], None] = print,
     return manifest
 
 
-def _remapped_blocks(data_dir: Path, day: int, vocab: list[np.ndarray]) -> Iterator[np.ndarray]:
+class _Remap:
+    """Hashed value -> contiguous id for one feature: a binary search in the sorted vocabulary while
+    it is small, a lookup table over [0, max_ind_range) once it is large (at full scale a search in
+    a 40M-value vocabulary costs ~1.7 s per million rows, the table ~0.03 s)."""
+
+    def __init__(self, vocab: np.ndarray, max_ind_range: int) -> None:
+        self.vocab = vocab
+        self.table: np.ndarray | None = None
+        if vocab.size > max_ind_range // 64:
+            self.table = np.zeros(max_ind_range, dtype=np.int32)
+            self.table[vocab] = np.arange(vocab.size, dtype=np.int32)
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        return self.table[values] if self.table is not None else np.searchsorted(self.vocab, values)
+
+
+def _remapped_blocks(data_dir: Path, day: int, remaps: list[_Remap]) -> Iterator[np.ndarray]:
     hashed = np.memmap(_hashed_file(data_dir, day), dtype=np.int32, mode="r").reshape(-1, N_FIELDS)
     for start in range(0, hashed.shape[0], SHUFFLE_ROWS):
         block = np.array(hashed[start:start + SHUFFLE_ROWS])
-        for j in range(N_SPARSE):
+        for j, remap in enumerate(remaps):
             col = 1 + N_DENSE + j
-            block[:, col] = np.searchsorted(vocab[j], block[:, col])
+            block[:, col] = remap(block[:, col])
         yield block
 
 
