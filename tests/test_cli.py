@@ -54,6 +54,17 @@ def test_bad_set_type(tmp_path, cli):
     assert "expected an integer, got 'many'" in line
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["run", "dlrm", "--channels-last"], "channels_last=True: not supported by dlrm"),
+    (["run", "resnet", "--cuda-graphs", "--device", "cpu"], "CUDA Graphs need a CUDA GPU; this run is on cpu"),
+    (["run", "resnet", "--async-eval", "--nproc", "2"], "async_eval=true (--async-eval): supported on a single"),
+])
+def test_unsupported_switch_is_refused_before_anything_is_written(tmp_path, cli, argv, message):
+    line = _one_line_error(cli(*argv, cwd=tmp_path))
+    assert message in line
+    assert not (tmp_path / "runs").exists()
+
+
 def test_full_without_data(tmp_path, cli):
     line = _one_line_error(cli("run", "resnet", "--scale", "full", cwd=tmp_path))
     assert "needs --data DIR" in line

@@ -74,6 +74,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.nproc > 1 and recipe.global_batch_size % args.nproc:
         raise TrainperfError(f"--nproc {args.nproc}: global_batch_size {recipe.global_batch_size} "
                              "is not divisible by the number of processes")
+    _check_switches(workload, recipe, args.device, placement[2] if in_group else args.nproc)
     out_dir = Path(args.out) if args.out else default_run_dir(workload.name)
     is_main = placement is None or placement[0] == 0
     if is_main and args.runs is None:
@@ -91,6 +92,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif result["status"] != "success":
         print(f"trainperf: run aborted: {result['abort_reason']}", file=sys.stderr)
     return 0 if result["status"] == "success" else 1
+
+
+def _check_switches(workload: Workload, recipe: Recipe, device: str | None, world_size: int) -> None:
+    """An unsupported speedup is a one-line error before any run folder is written (the harness
+    checks again, on the device each process really gets)."""
+    import torch
+
+    from trainperf.runtime import speedups
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    speedups.check_supported(workload, recipe, torch.device(device), world_size)
 
 
 def _execute(args: argparse.Namespace, workload: Workload, recipe: Recipe, data_dir: Path, out_dir: Path,
