@@ -20,6 +20,8 @@ from trainperf.spec import DataParts, EvalPartial, Metric, ModelParts, Recipe, W
 from trainperf.workloads.dlrm import data as D
 
 FULL_DAYS = 24
+# The mini dataset (generated once by `prepare`, so not a recipe field: a recipe cannot change it).
+MINI_DAYS, MINI_ROWS_PER_DAY = 4, 100_000
 MIN_LR = 1e-7  # the reference's floor during the polynomial decay
 ASYNC_EVAL_MAX_BYTES = 4 << 30
 
@@ -38,9 +40,6 @@ class DLRMRecipe(Recipe):
     # Where the embedding tables live: "device" (with the MLPs) or "cpu" (host memory, the MLPs and
     # the interaction on the device). The reference tables (~96 GB in fp32) fit no single 80 GB GPU.
     embedding_device: str = "device"
-    # mini generator (ignored at full scale)
-    mini_days: int = 4
-    mini_rows_per_day: int = 100_000
 
     CHOICES = {"embedding_device": ("device", "cpu")}
 
@@ -203,10 +202,10 @@ class DLRMWorkload(Workload):
         if D.preprocessed(data_dir):
             say(f"{data_dir}: already preprocessed")
             return
-        days = MINI.mini_days if scale == "mini" else FULL_DAYS
+        days = MINI_DAYS if scale == "mini" else FULL_DAYS
         if scale == "mini" and not all(D.day_file(data_dir, d).is_file() for d in range(days)):
-            stats = D.generate_days(data_dir, days, MINI.mini_rows_per_day)
-            say(f"wrote {days} day files of {MINI.mini_rows_per_day:,} rows to {data_dir} (Criteo raw TSV format); "
+            stats = D.generate_days(data_dir, days, MINI_ROWS_PER_DAY)
+            say(f"wrote {days} day files of {MINI_ROWS_PER_DAY:,} rows to {data_dir} (Criteo raw TSV format); "
                 f"teacher AUC on the eval half {stats['teacher_auc']:.4f}")
         D.preprocess(data_dir, days, say)
 

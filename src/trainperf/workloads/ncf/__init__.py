@@ -18,6 +18,8 @@ from trainperf.spec import DataParts, EvalPartial, Metric, ModelParts, Recipe, W
 from trainperf.workloads.ncf import data as D
 
 TOP_K = 10
+# The mini dataset (generated once by `prepare`, so not a recipe field: a recipe cannot change it).
+MINI_USERS, MINI_ITEMS = 3000, 1000
 
 
 @dataclass(frozen=True)
@@ -30,9 +32,6 @@ class NCFRecipe(Recipe):
     eps: float = 1e-8
     train_negatives: int = 4
     eval_batch_users: int = 256
-    # mini generator (ignored at full scale)
-    mini_users: int = 3000
-    mini_items: int = 1000
 
     def validate(self) -> None:
         super().validate()
@@ -125,7 +124,7 @@ class NCFWorkload(Workload):
             return
         root.mkdir(parents=True, exist_ok=True)
         if scale == "mini":
-            rows = D.generate_ratings(root / "ratings.csv", MINI.mini_users, MINI.mini_items)
+            rows = D.generate_ratings(root / "ratings.csv", MINI_USERS, MINI_ITEMS)
             say(f"wrote {rows:,} synthetic ratings to {root / 'ratings.csv'} (ml-20m format)")
         D.convert(root / "ratings.csv", root, say)
 
