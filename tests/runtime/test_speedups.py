@@ -188,3 +188,27 @@ def test_mini_with_async_eval_reaches_target_and_passes_checker(tmp_path):
 def test_async_eval_refuses_several_processes():
     with pytest.raises(TrainperfError, match="single process"):
         speedups.check_supported(ResNetWorkload(), BASE.with_overrides(["async_eval=true"]), CPU, world_size=2)
+
+
+def test_warm_up_compiles_the_evaluation_graph_before_the_clock():
+    """After warm-up, evaluating (eval mode, no grad) at a new batch size compiles nothing more:
+    no compilation is left for the timed region. The weights are restored."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter)
+    from trainperf.spec import ModelParts
+
+    parts = ModelParts(model=compiled, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                       loss_fn=lambda m, b: ((m(b[0]) - b[1]) ** 2).mean(), lr_schedule=lambda spe: (lambda s: 1.0))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    speedups.warm_up(parts, lambda: TrainStep(parts, 1), (torch.randn(16, 4), torch.randn(16, 1)), steps=2)
+    compiled_frames = counter.frame_count
+    compiled.eval()
+    with torch.no_grad():
+        compiled(torch.randn(5, 4))
+        compiled(torch.randn(11, 4))
+    assert counter.frame_count == compiled_frames
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -83,6 +83,19 @@ def warm_up(parts: ModelParts, make_step: Callable[[], Callable[[Any], torch.Ten
     step = make_step()
     for _ in range(steps):
         step(batch)
+    inner = getattr(parts.model, "_orig_mod", parts.model)
+    if not isinstance(inner, torch.nn.parallel.DistributedDataParallel):
+        # The harness evaluates this model in eval mode, without gradients or autocast, at other
+        # batch sizes: that graph is compiled here too (at two sizes, so that its batch dimension is
+        # dynamic) and no compilation lands in the timed region. (Under DDP the harness evaluates
+        # the bare module, uncompiled.)
+        from trainperf.runtime.step import split_batch
+
+        parts.model.eval()
+        with torch.no_grad():
+            for sub in (batch, split_batch(batch, 2)[0]):
+                parts.loss_fn(parts.model, sub)
+        parts.model.train()
     parts.model.load_state_dict(model_state)
     parts.optimizer.load_state_dict(optim_state)
     parts.optimizer.zero_grad(set_to_none=True)
