@@ -142,3 +142,26 @@ def test_version(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 0
+
+
+@pytest.mark.parametrize("written, message", [
+    (None, "the run left no result.json (launcher exit code 1"),
+    ({"status": "success"}, "rank 0 reached the target but a process failed (launcher exit code 1)"),
+])
+def test_failed_launch_is_an_error_even_without_a_result(tmp_path, cli, monkeypatch, written, message):
+    """A rank killed before rank 0 saved its result used to make `run --nproc 2` exit 0."""
+    import json
+
+    from trainperf.runtime import distributed
+
+    out = tmp_path / "ddp"
+
+    def launch(nproc: int, argv: list[str]) -> int:
+        out.mkdir()
+        if written is not None:
+            (out / "result.json").write_text(json.dumps(written))
+        return 1
+
+    monkeypatch.setattr(distributed, "launch_local", launch)
+    line = _one_line_error(cli("run", "resnet", "--nproc", "2", "--out", str(out), cwd=tmp_path))
+    assert message in line

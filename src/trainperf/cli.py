@@ -116,8 +116,15 @@ def _execute(args: argparse.Namespace, workload: Workload, recipe: Recipe, data_
 
     if args.nproc > 1:
         # Every process gets the same run folder and seed; rank 0 writes the log and result.
-        distributed.launch_local(args.nproc, _passthrough_argv(args, out_dir, seed))
-        return run_folder.load(out_dir) if (out_dir / run_folder.RESULT_NAME).exists() else None
+        code = distributed.launch_local(args.nproc, _passthrough_argv(args, out_dir, seed))
+        if not (out_dir / run_folder.RESULT_NAME).exists():
+            raise TrainperfError(f"{out_dir}: the run left no {run_folder.RESULT_NAME} (launcher exit code {code}; "
+                                 "see the messages above)")
+        result = run_folder.load(out_dir)
+        if code != 0 and result["status"] == "success":
+            raise TrainperfError(f"{out_dir}: rank 0 reached the target but a process failed "
+                                 f"(launcher exit code {code}); the run does not count")
+        return result
     ctx = distributed.init_from_env(args.device)
     seed = distributed.agree_seed(ctx, seed)
     try:
@@ -126,14 +133,16 @@ def _execute(args: argparse.Namespace, workload: Workload, recipe: Recipe, data_
                            log_path=log_path, division=_division(args), org=args.org, status=args.status,
                            clear_caches=args.clear_caches,
                            extra_env={"command": shlex.join(["trainperf", *getattr(args, "argv", [])])})
-        result = run(config, ctx, make_progress(args.quiet))
+        # Saved inside the harness's signal guard: a SIGTERM from the launcher cannot come between
+        # run_stop and the result file.
+        save = (lambda res: run_folder.save(out_dir, res)) if ctx.is_main else None
+        result = run(config, ctx, make_progress(args.quiet), on_result=save)
     finally:
         distributed.shutdown()
     if not ctx.is_main:
         if result.status != "success":
             raise SystemExit(1)
         return None
-    run_folder.save(out_dir, result)
     return result.to_dict()
 
 
@@ -163,9 +172,14 @@ def _run_series(args: argparse.Namespace, workload: Workload, data_dir: Path, ou
     finished = 0
     for i in range(count):
         run_dir = details_dir / f"run_{i}"
-        result = _execute(args, workload, recipe, data_dir, run_dir, seed + i)
+        try:
+            result = _execute(args, workload, recipe, data_dir, run_dir, seed + i)
+        except TrainperfError as exc:
+            result, why = None, str(exc)
+        else:
+            why = "no result (see the messages above)"
         if result is None:
-            print(f"run {i}: no result (see the messages above); the series stops", file=sys.stderr)
+            print(f"run {i}: {why}; the series stops", file=sys.stderr)
             break
         reason = result.get("abort_reason") or ""
         if reason.startswith(("received SIG", "interrupted")):

@@ -180,6 +180,30 @@ def test_signal_aborts_with_valid_log(tmp_path, sig):
     assert signal.getsignal(sig) is before
 
 
+def test_signal_after_the_loop_waits_for_the_result_then_is_delivered(tmp_path):
+    """A launcher stops the surviving ranks with SIGTERM while rank 0 is closing its run: the log's
+    run_stop and the result file come first, then the signal reaches the handler that was there."""
+    delivered: list[int] = []
+    saved: list[str] = []
+
+    def on_result(result: Any) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        saved.append(result.status)
+
+    workload = FakeWorkload(scores=[0.95])
+    cfg = RunConfig(workload=workload, recipe=workload.recipe("mini"), scale="mini", data_dir=tmp_path, seed=7,
+                    log_path=tmp_path / "log.txt")
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: delivered.append(signum))
+    try:
+        result = run(cfg, RuntimeContext.create("cpu"), on_result=on_result)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert result.status == "success" and saved == ["success"]
+    assert delivered == [signal.SIGTERM]
+    records = read_log(tmp_path / "log.txt")
+    assert records[-1]["key"] == "run_stop" and records[-1]["metadata"]["status"] == "success"
+
+
 def test_data_error_in_timed_region_closes_the_log(tmp_path):
     result, records = _run(tmp_path, FakeWorkload(scores=[], fail_load=True))
     assert result.status == "aborted"

@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,29 +74,47 @@ def clear_page_cache() -> bool:
 
 
 @contextlib.contextmanager
-def abort_on_signals() -> Iterator[None]:
-    """Turn SIGINT/SIGTERM into RunAborted inside the timed loop (main thread only)."""
+def abort_on_signals() -> Iterator[Callable[[], None]]:
+    """Turn SIGINT/SIGTERM into RunAborted inside the timed loop (main thread only).
+
+    It yields `hold`: from then on a signal is held instead of raised, so that closing the log and
+    saving the result cannot be cut short (a launcher stops the surviving ranks with SIGTERM as soon
+    as one rank dies, which is exactly when rank 0 is writing its aborted result). A held signal is
+    delivered again once the previous handlers are back.
+    """
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield lambda: None
         return
+    held: list[int] = []
+    armed = [True]
 
     def handler(signum: int, _frame: Any) -> None:
-        raise RunAborted(f"received {signal.Signals(signum).name}")
+        if armed[0]:
+            raise RunAborted(f"received {signal.Signals(signum).name}")
+        held.append(signum)
+
+    def hold() -> None:
+        armed[0] = False
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield hold
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+        if held:
+            signal.raise_signal(held[0])
 
 
-def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None = None) -> RunResult:
+def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None = None,
+        on_result: Callable[[RunResult], None] | None = None) -> RunResult:
     """Train `config.workload` to its target under the MLPerf clock and return the result.
 
     Whatever happens after init_start, the MLPerf log ends with run_stop: `success` when the target
     was met, `aborted` (with a reason) otherwise. A TrainperfError (bad data, say) or a signal ends
     the run as aborted; any other exception is a bug and is re-raised once the log is closed.
+    `on_result` (saving the result file, say) runs before a signal received after the loop ended
+    is let through.
     """
     workload, recipe = config.workload, config.recipe
     progress = progress if (progress is not None and ctx.is_main) else NoProgress()
@@ -104,8 +122,8 @@ def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None =
     clock = Clock(ctx)
     loop = _TimedLoop(config, ctx, log, clock, progress)
     status, reason, bug = "aborted", None, None
-    try:
-        with abort_on_signals():
+    with abort_on_signals() as hold_signals:
+        try:
             try:
                 reached = loop.execute()
                 if reached:
@@ -126,13 +144,19 @@ def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None =
                 else:
                     reason = f"internal error: {type(exc).__name__}: {exc}"
                     bug = exc
-            loop.stop(status, reason)
-    finally:
-        progress.close()
-        log.close()
-    if bug is not None:
-        raise bug
-    return loop.result(status, reason)
+        finally:
+            hold_signals()
+            try:
+                loop.stop(status, reason)
+            finally:
+                progress.close()
+                log.close()
+        if bug is not None:
+            raise bug
+        result = loop.result(status, reason)
+        if on_result is not None:
+            on_result(result)
+    return result
 
 
 def _tidy(epochs: float) -> float | int:
