@@ -117,14 +117,7 @@ def _execute(args: argparse.Namespace, workload: Workload, recipe: Recipe, data_
     if args.nproc > 1:
         # Every process gets the same run folder and seed; rank 0 writes the log and result.
         code = distributed.launch_local(args.nproc, _passthrough_argv(args, out_dir, seed))
-        if not (out_dir / run_folder.RESULT_NAME).exists():
-            raise TrainperfError(f"{out_dir}: the run left no {run_folder.RESULT_NAME} (launcher exit code {code}; "
-                                 "see the messages above)")
-        result = run_folder.load(out_dir)
-        if code != 0 and result["status"] == "success":
-            raise TrainperfError(f"{out_dir}: rank 0 reached the target but a process failed "
-                                 f"(launcher exit code {code}); the run does not count")
-        return result
+        return run_folder.load_launched(out_dir, code)
     ctx = distributed.init_from_env(args.device)
     seed = distributed.agree_seed(ctx, seed)
     try:

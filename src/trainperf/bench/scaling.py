@@ -57,10 +57,7 @@ def run_study(workload: str, nprocs: Sequence[int], runs: int, base_batch: int, 
             argv = ["run", workload, "--out", str(run_dir), "--seed", str(first_seed + k), "--quiet",
                     *run_args, "--set", f"global_batch_size={gbs}"]
             say(f"devices {n}, run {k + 1}/{runs}: global batch {gbs}, seed {first_seed + k}")
-            distributed.launch_local(n, argv)
-            if not (run_dir / run_folder.RESULT_NAME).exists():
-                raise TrainperfError(f"{run_dir}: the run left no result.json (see the messages above)")
-            results[n].append(run_folder.load(run_dir))
+            results[n].append(run_folder.load_launched(run_dir, distributed.launch_local(n, argv)))
     return summarize(results)
 
 

@@ -43,3 +43,15 @@ def save(out_dir: Path, result: RunResult) -> Path:
     path = out_dir / RESULT_NAME
     write_json_atomic(path, result.to_dict())
     return path
+
+
+def load_launched(out_dir: Path, launcher_code: int) -> dict:
+    """Rank 0's result of a run started through the launcher, checked against the launcher's exit code."""
+    if not (out_dir / RESULT_NAME).exists():
+        raise TrainperfError(f"{out_dir}: the run left no {RESULT_NAME} (launcher exit code {launcher_code}; "
+                             "see the messages above)")
+    result = load(out_dir)
+    if launcher_code != 0 and result.get("status") == "success":
+        raise TrainperfError(f"{out_dir}: rank 0 reached the target but a process failed "
+                             f"(launcher exit code {launcher_code}); the run does not count")
+    return result
