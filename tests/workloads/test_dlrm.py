@@ -17,7 +17,7 @@ from trainperf.cli import main
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
 from trainperf.runtime.context import RuntimeContext
-from trainperf.workloads.dlrm import DLRM, MINI, DLRMWorkload, lr_factor
+from trainperf.workloads.dlrm import DLRM, MINI, DLRMWorkload, auc, lr_factor
 from trainperf.workloads.dlrm import data as D
 
 CATS = ["0a", "", "FF", "3", "1" * 16, "b"] + ["c"] * 20  # 26 categorical fields
@@ -204,6 +204,23 @@ def test_sharded_evaluation_agrees_with_scikit_learn():
     combined = {k: torch.cat(v) for k, v in gathered.items()}
     assert combined["labels"].numel() == test.shape[0]
     assert partial.metric(combined) == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("n, decimals", [(7, 1), (1000, 2), (200_000, 3), (200_000, 7)])
+def test_auc_agrees_with_scikit_learn(n, decimals):
+    """Random probabilities, with many ties (rounded) and saturated 0/1 scores as float32 sigmoids give."""
+    g = torch.Generator().manual_seed(n + decimals)
+    labels = (torch.rand(n, generator=g) < 0.3).float()
+    labels[:2] = torch.tensor([0.0, 1.0])
+    scores = torch.sigmoid(4 * torch.randn(n, generator=g) + 2 * labels).round(decimals=decimals)
+    scores[::50] = 1.0
+    expected = roc_auc_score(labels.numpy(), scores.double().numpy())
+    assert auc(labels, scores) == pytest.approx(expected, abs=1e-6)
+
+
+def test_auc_of_a_single_class_is_an_error():
+    with pytest.raises(TrainperfError, match="single class"):
+        auc(torch.ones(5), torch.rand(5))
 
 
 @pytest.fixture(scope="module")
