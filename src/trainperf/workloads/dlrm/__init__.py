@@ -137,8 +137,8 @@ class DLRM(nn.Module):
 
 def auc(labels: torch.Tensor, scores: torch.Tensor) -> float:
     """ROC AUC of probabilities `scores` in [0, 1] (torchmetrics would take other values for logits),
-    computed where the tensors are: the whole evaluation set is one sort, which a GPU does in
-    milliseconds where scikit-learn's host sort of the 89M-sample set takes tens of seconds."""
+    computed where the tensors are: no copy of the whole evaluation set to the host, and one sort
+    (2.4x faster than scikit-learn at 89M samples even on a CPU: benchmarks/dlrm_auc.py)."""
     if labels.numel() == 0 or bool(labels.min() == labels.max()):
         raise TrainperfError("dlrm evaluation set holds a single class: AUC is undefined")
     return float(binary_auroc(scores, labels.long(), thresholds=None, validate_args=False))
