@@ -18,7 +18,7 @@ import torch
 from trainperf import registry
 from trainperf.harness import RunConfig, run
 from trainperf.runtime import speedups
-from trainperf.runtime.context import RuntimeContext
+from trainperf.spec import Assets, EpochView, RuntimeContext
 
 
 def harness_time(workload, recipe, data_dir: Path, seed: int, log_dir: Path) -> float:
@@ -31,23 +31,24 @@ def harness_time(workload, recipe, data_dir: Path, seed: int, log_dir: Path) -> 
 
 
 def minimal_loop_time(workload, recipe, data_dir: Path, seed: int) -> float:
-    ctx = RuntimeContext.create("cpu")
+    ctx = RuntimeContext.create("cpu", seed=seed)
     torch.manual_seed(seed)
     # The same model in the same memory layout as the harness runs it (speedups of the recipe applied).
-    parts = speedups.apply(workload, recipe, workload.build(recipe, ctx), ctx.device)
+    parts = speedups.assemble(workload, recipe, ctx, Assets(workload.assets(recipe, data_dir)))
     start = time.perf_counter()
     data = workload.load_data(recipe, data_dir, ctx)
     sched = torch.optim.lr_scheduler.LambdaLR(parts.optimizer, parts.lr_schedule(data.steps_per_epoch))
-    for _epoch in range(1, recipe.max_epochs + 1):
+    forward = speedups.evaluate_with(parts, recipe, ctx.device)
+    for epoch in range(1, recipe.max_epochs + 1):
         parts.model.train()
-        for batch in data.train_batches(_epoch):
+        for batch in data.train_batches(EpochView(epoch=epoch, model=parts.model, log=lambda *a, **k: None)):
             parts.optimizer.zero_grad(set_to_none=True)
             parts.loss_fn(parts.model, batch).backward()
             parts.optimizer.step()
             sched.step()
         parts.model.eval()
-        with torch.no_grad():
-            data.evaluate(parts.model)
+        partial = data.evaluate(forward)
+        partial.metric(ctx.combine(partial))
     return time.perf_counter() - start
 
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from trainperf import registry
 from trainperf.harness import RunConfig, run
-from trainperf.runtime.context import RuntimeContext
+from trainperf.spec import RuntimeContext
 
 
 def trainperf_run(workload, recipe, data_dir: Path, seed: int) -> tuple[float, bool, int | None]:

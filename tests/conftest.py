@@ -1,9 +1,14 @@
 from __future__ import annotations
 
-import json
+from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+
+from trainperf.results.logs import read_records
+from trainperf.spec import Assets, DataParts, EpochView, ModelParts, Recipe, RuntimeContext, Workload
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -17,12 +22,90 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def read_log(path: Path) -> list[dict]:
-    """The :::MLLOG records of a log file, in order."""
-    records = []
-    for line in Path(path).read_text().splitlines():
-        if line.startswith(":::MLLOG "):
-            records.append(json.loads(line[len(":::MLLOG "):]))
-    return records
+    """The :::MLLOG records of a log file, in order (the library's one reader)."""
+    return read_records(path)
+
+
+def build_parts(workload: Workload, recipe: Recipe, ctx: RuntimeContext, data_dir: Path | None = None) -> ModelParts:
+    """What `workload.build` returns, given the assets it declares for `data_dir`."""
+    return workload.build(recipe, ctx, Assets(workload.assets(recipe, data_dir)))
+
+
+def score(parts: ModelParts, data: DataParts, recipe: Recipe, ctx: RuntimeContext) -> Any:
+    """One evaluation as the harness runs it: this process's share, combined, scored on rank 0
+    (None on other ranks)."""
+    from trainperf.runtime import speedups
+
+    speedups.evaluation_model(parts).eval()
+    partial = data.evaluate(speedups.evaluate_with(parts, recipe, ctx.device))
+    combined = ctx.combine(partial)
+    return partial.metric(combined) if ctx.is_main else None
+
+
+def epoch_view(epoch: int = 1, model: torch.nn.Module | None = None) -> EpochView:
+    return EpochView(epoch=epoch, model=model if model is not None else torch.nn.Identity(),
+                     log=lambda *args, **kwargs: None)
+
+
+def imagenet_folder(root: Path, classes: int = 2, train_per_class: int = 4, val_per_class: int = 2,
+                    size: tuple[int, int] | None = None) -> Path:
+    """A tiny ImageNet-layout folder of real JPEGs (of varied sizes unless `size` is given)."""
+    from PIL import Image
+
+    gen = torch.Generator().manual_seed(0)
+    for split, count in (("train", train_per_class), ("val", val_per_class)):
+        for c in range(classes):
+            folder = root / split / f"n0144076{c}"
+            folder.mkdir(parents=True)
+            for i in range(count):
+                h, w = size or (60 + 10 * i, 80 - 5 * i)
+                pixels = torch.randint(0, 256, (h, w, 3), generator=gen, dtype=torch.uint8).numpy()
+                Image.fromarray(pixels).save(folder / f"n0144076{c}_{i}.JPEG")
+    return root
+
+
+def mini_data(name: str) -> Path:
+    """The session's mini dataset of a workload, generated on first use."""
+    from trainperf import registry
+
+    workload = registry.get(name)
+    root = workload.default_data_dir("mini")
+    if workload.data_problems("mini", root):
+        workload.prepare("mini", root, say=lambda s: None)
+    return root
+
+
+class Page(HTMLParser):
+    """Tables (as lists of rows of cell text), images and script tags of an HTML document."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self.images: list[str] = []
+        self.scripts = 0
+        self._cell: list[str] | None = None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+        elif tag == "img":
+            self.images.append(dict(attrs)["src"])
+        elif tag == "script":
+            self.scripts += 1
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[-1][-1].append("".join(self._cell))
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
 
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"

@@ -57,7 +57,6 @@ def test_bad_set_type(tmp_path, cli):
 @pytest.mark.parametrize("argv, message", [
     (["run", "dlrm", "--channels-last"], "channels_last=True: not supported by dlrm"),
     (["run", "resnet", "--cuda-graphs", "--device", "cpu"], "CUDA Graphs need a CUDA GPU; this run is on cpu"),
-    (["run", "resnet", "--async-eval", "--nproc", "2"], "async_eval=true (--async-eval): supported on a single"),
 ])
 def test_unsupported_switch_is_refused_before_anything_is_written(tmp_path, cli, argv, message):
     line = _one_line_error(cli(*argv, cwd=tmp_path))
@@ -115,9 +114,9 @@ def test_check_non_mlperf_file(tmp_path, cli):
 
 
 def test_corrupt_jpeg_ends_run_aborted_naming_the_file(tmp_path, capsys):
-    from tests.workloads.test_resnet import _imagenet_folder
+    from tests.conftest import imagenet_folder
 
-    data = _imagenet_folder(tmp_path / "imagenet")
+    data = imagenet_folder(tmp_path / "imagenet")
     bad = data / "val" / "n01440760" / "n01440760_0.JPEG"
     bad.write_bytes(b"\xff\xd8 truncated")
     out = tmp_path / "run"

@@ -3,27 +3,105 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from trainperf.errors import TrainperfError
-from trainperf.spec import EvalSchedule
+from trainperf.spec import Cadence, Metric, RuntimeContext, count_samples, split_batch
 from trainperf.workloads.resnet import MINI_RECIPE, ResNetWorkload
 
 
-def test_resnet_schedule_every_four_with_offset():
-    s = EvalSchedule(every=4, first=3)
-    assert [e for e in range(1, 20) if s.due(e)] == [3, 7, 11, 15, 19]
-    assert list(s.blocks(12)) == [(1, 3), (4, 4), (8, 4), (12, 1)]
+def test_resnet_cadence_every_four_with_offset():
+    c = Cadence(every=4, first=3, max_epochs=12)
+    assert [e for e in range(1, 20) if c.due_after_epoch(e)] == [3, 7, 11, 15, 19]
+    assert list(c.blocks()) == [(1, 3), (4, 4), (8, 4), (12, 1)]
 
 
-def test_every_epoch_schedule():
-    s = EvalSchedule(every=1, first=1)
-    assert list(s.blocks(3)) == [(1, 1), (2, 1), (3, 1)]
-    assert all(s.due(e) for e in range(1, 10))
+def test_every_epoch_cadence():
+    c = Cadence(every=1, first=1, max_epochs=3)
+    assert list(c.blocks()) == [(1, 1), (2, 1), (3, 1)]
+    assert all(c.due_after_epoch(e) for e in range(1, 10))
 
 
-def test_schedule_rejects_nonsense():
-    with pytest.raises(TrainperfError):
-        EvalSchedule(every=0, first=1)
+def test_listed_epochs_cadence_as_ssd_v0_7():
+    c = Cadence(epochs=(40, 50, 55, 60, 65, 70, 75, 80), max_epochs=80)
+    assert [e for e in range(1, 81) if c.due_after_epoch(e)] == [40, 50, 55, 60, 65, 70, 75, 80]
+    assert list(c.blocks())[:3] == [(1, 40), (41, 10), (51, 5)]
+    assert c.next_eval_epoch(81) is None
+
+
+def test_sample_cadence_as_bert():
+    c = Cadence(every_samples=150_000, first_samples=150_000, max_samples=4_500_000)
+    assert c.by_samples and not c.due_after_epoch(1)
+    points = c.sample_evals()
+    assert [next(points) for _ in range(3)] == [150_000, 300_000, 450_000]
+
+
+def test_reference_epoch_cadence_as_unet3d():
+    """3D U-Net: first evaluation at epoch ceil(1000*168/S), then every ceil(20*168/S), budget
+    ceil(10000*168/S), S = samples per epoch."""
+    rules = Cadence(every=20, first=1000, max_epochs=10000, reference_epoch_samples=168)
+    assert rules.resolve(168) == Cadence(every=20, first=1000, max_epochs=10000)
+    doubled = rules.resolve(336)
+    assert (doubled.first, doubled.every, doubled.max_epochs) == (500, 10, 5000)
+    odd = rules.resolve(170)
+    assert (odd.first, odd.every, odd.max_epochs) == (989, 20, 9883)
+
+
+def test_marks_inside_an_epoch():
+    assert Cadence(per_epoch=4, max_epochs=1).marks(8) == {2, 4, 6}
+    assert Cadence(per_epoch=20, max_epochs=1).marks(4) == {1, 2, 3}  # short epochs get fewer
+    assert Cadence(per_epoch=4, max_epochs=1).marks(None) == set()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"every": 0}, "must be >= 1"),
+    ({"epochs": (5, 3)}, "increasing epoch numbers"),
+    ({"max_epochs": 0}, "max_epochs or max_samples must be > 0"),
+])
+def test_cadence_rejects_nonsense(kwargs, message):
+    with pytest.raises(TrainperfError, match=message):
+        Cadence(**{"max_epochs": 1, **kwargs})
+
+
+def test_sample_cadence_logs_samples_and_only_it_does():
+    with pytest.raises(TrainperfError, match="log_epoch_num=samples"):
+        MINI_RECIPE.with_overrides(["eval_every_samples=1000"])
+    assert MINI_RECIPE.with_overrides(["eval_every_samples=1000", "log_epoch_num=samples"]).cadence.by_samples
+
+
+def test_composite_metric_targets_and_verdict():
+    m = Metric("ap", parts=("BBOX", "SEGM"))
+    assert m.targets((0.377, 0.339)) == {"BBOX": 0.377, "SEGM": 0.339}
+    assert m.reached({"BBOX": 0.38, "SEGM": 0.34}, (0.377, 0.339))
+    assert not m.reached({"BBOX": 0.40, "SEGM": 0.33}, (0.377, 0.339))  # both must be met
+    assert m.logged({"SEGM": 0.34, "BBOX": 0.38}) == {"BBOX": 0.38, "SEGM": 0.34}
+    assert m.describe_target((0.377, 0.339)) == "BBOX >= 0.377 and SEGM >= 0.339"
+    with pytest.raises(TrainperfError, match="one value for each of BBOX, SEGM"):
+        m.targets(0.3)
+    with pytest.raises(TrainperfError, match="expected values for BBOX, SEGM"):
+        m.values(0.3)
+    lower = Metric("wer", higher_is_better=False)
+    assert lower.reached(0.05, 0.058) and not lower.reached(0.06, 0.058)
+
+
+def test_default_batch_rules_split_lists_as_samples():
+    images = [torch.zeros(3, 8 + i, 8) for i in range(5)]
+    batch = (images, torch.arange(5))
+    assert count_samples(batch) == 5  # not the 3 channels of the first image
+    micro = split_batch(batch, 2)
+    assert [len(m[0]) for m in micro] == [3, 2] and [m[1].tolist() for m in micro] == [[0, 1, 2], [3, 4]]
+    assert micro[0][0][0].shape == (3, 8, 8)  # images stay whole
+
+
+def test_generators_are_explicit_and_stable():
+    a = RuntimeContext(device=torch.device("cpu"), seed=5)
+    b = RuntimeContext(device=torch.device("cpu"), seed=5, rank=1, world_size=2)
+    assert torch.equal(torch.rand(3, generator=a.generator("order")), torch.rand(3, generator=b.generator("order")))
+    assert not torch.equal(torch.rand(3, generator=a.generator("order")), torch.rand(3, generator=a.generator("x")))
+    assert a.stream_seed("aug", per_rank=True) != b.stream_seed("aug", per_rank=True)
+    assert RuntimeContext(device=torch.device("cpu"), seed=6).stream_seed("order") != a.stream_seed("order")
+    # The same in another process (no reliance on Python's salted hash).
+    assert RuntimeContext(device=torch.device("cpu"), seed=5).stream_seed("order") == a.stream_seed("order")
 
 
 def test_overrides_are_typed():
@@ -40,7 +118,10 @@ def test_overrides_are_typed():
     ("base_lr=fast", "expected a number, got 'fast'"),
     ("hflip=maybe", "expected a boolean"),
     ("optimizer=adam", "optimizer='adam' is not one of: sgd, lars"),
-    ("max_epochs=0", "max_epochs must be >= 1"),
+    ("max_epochs=0", "at least one budget must be > 0"),
+    ("max_epochs=-1", "max_epochs must be >= 0"),
+    ("log_epoch_num=steps", "log_epoch_num='steps' is not one of: epochs, 1+epochs, samples"),
+    ("max_grad_norm=-1", "max_grad_norm must be >= 0"),
     ("justakey", "expected key=value"),
 ])
 def test_bad_overrides_name_the_option(item, message):

@@ -15,8 +15,7 @@ from torch import nn
 from tests.conftest import read_log
 from trainperf.errors import TrainperfError
 from trainperf.harness import RunConfig, run
-from trainperf.runtime.context import RuntimeContext
-from trainperf.spec import DataParts, EvalPartial, Metric, ModelParts, Recipe, Workload
+from trainperf.spec import DataParts, EvalPartial, Metric, ModelParts, Recipe, RuntimeContext, Workload
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ class FakeWorkload(Workload):
     def mlperf_hyperparameters(self, recipe: Recipe, ctx: Any) -> dict[str, Any]:
         return {"opt_name": "sgd", "opt_base_learning_rate": recipe.lr}
 
-    def build(self, recipe: Recipe, ctx: Any, data_dir: Path | None = None) -> ModelParts:
+    def build(self, recipe: Recipe, ctx: Any, assets: Any) -> ModelParts:
         model = nn.Linear(1, 1)
         opt = torch.optim.SGD(model.parameters(), lr=recipe.lr)
         nan_at = self.nan_at_epoch
@@ -70,7 +69,8 @@ class FakeWorkload(Workload):
                 loss = loss * float("nan")
             return loss
 
-        return ModelParts(model=model, optimizer=opt, loss_fn=loss_fn, lr_schedule=lambda spe: (lambda s: 1.0))
+        return ModelParts(model=model, optimizer=opt, loss_fn=loss_fn, lr_schedule=lambda spe: (lambda s: 1.0),
+                          eval_forward=lambda m, batch: m(batch))
 
     def synthetic_batch(self, recipe: Recipe, ctx: Any, model: Any = None) -> Any:
         return torch.zeros(4, 1), torch.zeros(4, 1)
@@ -82,14 +82,16 @@ class FakeWorkload(Workload):
         y = 2 * x
         scores = iter(self.scores)
 
-        def batches(epoch: int):
+        def batches(view):
+            epoch = view.epoch
             self._state["epoch"] = epoch
             for i in range(0, 16, 4):
                 if self.on_step:
                     self.on_step(epoch, i)
                 yield x[i:i + 4], y[i:i + 4]
 
-        def evaluate(model: nn.Module) -> EvalPartial:
+        def evaluate(forward) -> EvalPartial:
+            forward(x)
             return EvalPartial(metric=lambda totals: totals["score"].item(),
                                sums={"score": torch.tensor(next(scores), dtype=torch.float64)})
 
@@ -150,7 +152,7 @@ def test_event_sequence_and_clock(tmp_path):
 def test_epoch_budget_exhausted_is_aborted(tmp_path):
     result, records = _run(tmp_path, FakeWorkload(scores=[0.1] * 10), max_epochs=3)
     assert result.status == "aborted"
-    assert "not reached within 3 epochs" in result.abort_reason
+    assert result.abort_reason == "target score >= 0.9 not reached within 3 epochs"
     stop = records[-1]
     assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "aborted"
     # Budget 3 with evals at 1, 3: the last block is cut at the budget and still evaluated.
@@ -231,10 +233,17 @@ def test_async_eval_overlaps_training_and_stops_when_target_known(tmp_path):
             data = super().load_data(recipe, data_dir, ctx)
             inner = data.evaluate
 
-            def slow(model):
-                started.set()
-                _time.sleep(0.3)  # long enough for training to go on meanwhile
-                return inner(model)
+            def slow(forward):
+                partial = inner(forward)
+                metric = partial.metric
+
+                def slow_metric(totals):
+                    started.set()
+                    _time.sleep(0.3)  # scoring long enough for training to go on meanwhile
+                    return metric(totals)
+
+                partial.metric = slow_metric
+                return partial
 
             data.evaluate = slow
             return data

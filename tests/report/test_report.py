@@ -5,51 +5,17 @@ from __future__ import annotations
 import base64
 import re
 import shutil
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SHARED
+from tests.conftest import SHARED, Page
 from trainperf.cli import main
 from trainperf.errors import TrainperfError
 from trainperf.report import collect, render
 
 FIXTURES = SHARED / "fixtures" / "mlperf-results-v1.0"
 HOSTILE = "<img src=x onerror=alert(1)>"
-
-
-class Page(HTMLParser):
-    """Tables (as lists of rows of cell text), images and script tags of an HTML document."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.tables: list[list[list[str]]] = []
-        self.images: list[str] = []
-        self.scripts = 0
-        self._cell: list[str] | None = None
-        self.feed(text)
-
-    def handle_starttag(self, tag, attrs):
-        if tag == "table":
-            self.tables.append([])
-        elif tag == "tr":
-            self.tables[-1].append([])
-        elif tag in ("td", "th"):
-            self._cell = []
-        elif tag == "img":
-            self.images.append(dict(attrs)["src"])
-        elif tag == "script":
-            self.scripts += 1
-
-    def handle_endtag(self, tag):
-        if tag in ("td", "th") and self._cell is not None:
-            self.tables[-1][-1].append("".join(self._cell))
-            self._cell = None
-
-    def handle_data(self, data):
-        if self._cell is not None:
-            self._cell.append(data)
 
 
 @pytest.fixture(scope="module")

@@ -16,14 +16,13 @@ import torch
 from torch import nn
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from tests.conftest import read_log
+from tests.conftest import build_parts, read_log, score
 from trainperf.cli import main
 from trainperf.results.compliance import check
-from trainperf.runtime import distributed
-from trainperf.runtime.context import RuntimeContext
+from trainperf.runtime import distributed, speedups
 from trainperf.runtime.slurm import sbatch_script
 from trainperf.runtime.step import TrainStep
-from trainperf.spec import ModelParts
+from trainperf.spec import ModelParts, RuntimeContext
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
 
@@ -43,12 +42,14 @@ def _sharded_top1(data_dir: str) -> tuple[float, int]:
         workload = ResNetWorkload()
         recipe = MINI_RECIPE.with_overrides(["global_batch_size=4"])
         torch.manual_seed(3)
-        model = workload.build(recipe, ctx).model.eval()
+        parts = build_parts(workload, recipe, ctx)
         data = workload.load_data(recipe, Path(data_dir), ctx)
-        with torch.no_grad():
-            partial = data.evaluate(model)
-            combined = ctx.combine(partial)
-        return partial.metric(combined), int(combined["count"])
+        parts.model.eval()
+        partial = data.evaluate(speedups.evaluate_with(parts, recipe, ctx.device))
+        combined = ctx.combine(partial)
+        verdict = (partial.metric(combined), int(combined["count"])) if ctx.is_main else None
+        # Every rank learns rank 0's verdict, as the harness shares it.
+        return ctx.broadcast_object(verdict)
     finally:
         distributed.shutdown()
 
@@ -84,20 +85,18 @@ def _one_ddp_step() -> list[torch.Tensor]:
 
 # -- tests ----------------------------------------------------------------------------------------
 def test_sharded_evaluation_equals_single_process_on_odd_eval_set(tmp_path):
-    from tests.workloads.test_resnet import _imagenet_folder
+    from tests.conftest import imagenet_folder
     from trainperf.workloads.resnet import MINI_RECIPE, ResNetWorkload
 
-    data = _imagenet_folder(tmp_path / "d", classes=3, train_per_class=2, val_per_class=3, size=(32, 32))
+    data = imagenet_folder(tmp_path / "d", classes=3, train_per_class=2, val_per_class=3, size=(32, 32))
     (data / "val" / "n01440762" / "n01440762_2.JPEG").unlink()  # 8 val images ...
     (data / "val" / "n01440761" / "n01440761_2.JPEG").unlink()  # ... 7: odd, uneven shards
     workload = ResNetWorkload()
     recipe = MINI_RECIPE.with_overrides(["global_batch_size=4"])
     ctx = RuntimeContext.create("cpu")
     torch.manual_seed(3)
-    model = workload.build(recipe, ctx).model.eval()
-    with torch.no_grad():
-        partial = workload.load_data(recipe, data, ctx).evaluate(model)
-    single = partial.metric(ctx.combine(partial))
+    parts = build_parts(workload, recipe, ctx)
+    single = score(parts, workload.load_data(recipe, data, ctx), recipe, ctx)
     results = _launch(_sharded_top1, str(data))
     assert results[0] == results[1] == (single, 7)
 

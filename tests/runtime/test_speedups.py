@@ -13,8 +13,8 @@ from trainperf.bench import ablate, throughput
 from trainperf.cli import main
 from trainperf.errors import TrainperfError
 from trainperf.runtime import speedups
-from trainperf.runtime.context import RuntimeContext
 from trainperf.runtime.step import TrainStep
+from trainperf.spec import Assets, RuntimeContext
 from trainperf.workloads.resnet import MINI_RECIPE, ResNetWorkload
 
 CPU = torch.device("cpu")
@@ -25,14 +25,13 @@ def _parts(recipe):
     workload = ResNetWorkload()
     ctx = RuntimeContext.create("cpu")
     torch.manual_seed(0)
-    parts = speedups.apply(workload, recipe, workload.build(recipe, ctx), CPU)
-    return workload, ctx, speedups.compile_model(recipe, parts)
+    return workload, ctx, speedups.assemble(workload, recipe, ctx, Assets())
 
 
 def _losses(recipe, steps: int = 4) -> list[float]:
     workload, ctx, parts = _parts(recipe)
-    batch = workload.synthetic_batch(recipe, ctx)
-    step = TrainStep(parts, 100, 1, recipe, CPU)
+    batch = workload.synthetic_batch(recipe, ctx, parts.model)
+    step = TrainStep(parts, 100, recipe, CPU)
     return [float(step(batch)) for _ in range(steps)]
 
 
@@ -50,7 +49,7 @@ def test_autocast_dtype_seen_inside_the_step():
     workload, ctx, parts = _parts(recipe)
     seen = []
     parts.model.stem[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
-    TrainStep(parts, 10, 1, recipe, CPU)(workload.synthetic_batch(recipe, ctx))
+    TrainStep(parts, 10, recipe, CPU)(workload.synthetic_batch(recipe, ctx, parts.model))
     assert seen == [torch.bfloat16]
     assert parts.model.stem[0].weight.dtype == torch.float32  # master weights stay fp32
 
@@ -58,9 +57,9 @@ def test_autocast_dtype_seen_inside_the_step():
 def test_fp16_uses_a_grad_scaler():
     recipe = BASE.with_overrides(["precision=fp16"])
     _, _, parts = _parts(recipe)
-    step = TrainStep(parts, 10, 1, recipe, CPU)
+    step = TrainStep(parts, 10, recipe, CPU)
     assert isinstance(step.scaler, torch.amp.GradScaler)
-    assert TrainStep(parts, 10, 1, BASE, CPU).scaler is None
+    assert TrainStep(parts, 10, BASE, CPU).scaler is None
 
 
 @pytest.mark.parametrize("overrides, tolerance", [
@@ -79,15 +78,15 @@ def test_compile_compiles_and_keeps_the_loss():
     recipe = BASE.with_overrides(["compile=true"])
     workload, ctx, parts = _parts(recipe)
     assert isinstance(parts.model, torch._dynamo.eval_frame.OptimizedModule)
-    step = TrainStep(parts, 100, 1, recipe, CPU)
-    batch = workload.synthetic_batch(recipe, ctx)
+    step = TrainStep(parts, 100, recipe, CPU)
+    batch = workload.synthetic_batch(recipe, ctx, parts.model)
     assert [float(step(batch)) for _ in range(2)] == pytest.approx(reference, rel=1e-3, abs=1e-3)
 
 
 def test_warm_up_restores_the_weights():
     workload, ctx, parts = _parts(BASE)
     before = {k: v.clone() for k, v in parts.model.state_dict().items()}
-    speedups.warm_up(parts, lambda: TrainStep(parts, 1, 1, BASE, CPU), workload.synthetic_batch(BASE, ctx), 2)
+    speedups.warm_up(workload, BASE, ctx, parts, lambda: TrainStep(parts, 1, BASE, CPU), steps=2)
     after = parts.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert not parts.optimizer.state
@@ -107,9 +106,9 @@ def test_cuda_graphs_capture_once_and_replay():
     recipe = BASE.with_overrides(["cuda_graphs=true", "channels_last=true", "precision=bf16"])
     workload = ResNetWorkload()
     ctx = RuntimeContext.create("cuda")
-    parts = speedups.compile_model(recipe, speedups.apply(workload, recipe, workload.build(recipe, ctx), ctx.device))
-    step = TrainStep(parts, 100, 1, recipe, ctx.device)
-    batch = workload.synthetic_batch(recipe, ctx)
+    parts = speedups.assemble(workload, recipe, ctx, Assets())
+    step = TrainStep(parts, 100, recipe, ctx.device)
+    batch = workload.synthetic_batch(recipe, ctx, parts.model)
     metrics.reset()
     losses = [float(step(batch)) for _ in range(6)]
     assert all(math.isfinite(x) for x in losses)
@@ -136,9 +135,24 @@ def test_flop_count_of_a_known_layer():
     assert flops == 2 * (2 * 8 * 64 * 32)
 
 
-def test_cpu_peak_is_an_estimate():
+def test_cpu_peak_is_an_estimate_from_cores_clock_and_simd(tmp_path, monkeypatch):
+    """The CPU peak: cores x first core's clock x 2 FMA units x 2 x lanes (x2 with bf16 dot products)."""
+    import os
+
+    from trainperf.runtime import environment
+
+    fake = tmp_path / "cpuinfo"
+    fake.write_text("processor\t: 0\nmodel name\t: Test CPU\ncpu MHz\t\t: 2000.000\n"
+                    "flags\t\t: fpu sse avx2 avx512f avx512_bf16\n\nprocessor\t: 1\ncpu MHz\t\t: 1000.0\n")
+    real = environment.cpuinfo
+    monkeypatch.setattr(environment, "cpuinfo", lambda: real(fake))
+    cores = len(os.sched_getaffinity(0))
     peak, source = throughput.cpu_peak_tflops("fp32")
-    assert peak is None or (peak > 0 and source.startswith("estimate"))
+    assert peak == pytest.approx(cores * 2000e6 * 64 / 1e12) and source.startswith("estimate: ")
+    assert "AVX-512" in source
+    assert throughput.cpu_peak_tflops("bf16")[0] == pytest.approx(2 * peak)
+    monkeypatch.setattr(environment, "cpuinfo", lambda: real(tmp_path / "missing"))
+    assert throughput.cpu_peak_tflops("fp32") == (None, "unknown CPU")
 
 
 def test_ablation_configurations_cumulative_and_alone():
@@ -183,32 +197,3 @@ def test_mini_with_async_eval_reaches_target_and_passes_checker(tmp_path):
     assert result["status"] == "success" and result["recipe"]["async_eval"]
     assert result["final_metric"] >= MINI_RECIPE.target
     assert check(run_dir / "mlperf_log.txt").valid
-
-
-def test_async_eval_refuses_several_processes():
-    with pytest.raises(TrainperfError, match="single process"):
-        speedups.check_supported(ResNetWorkload(), BASE.with_overrides(["async_eval=true"]), CPU, world_size=2)
-
-
-def test_warm_up_compiles_the_evaluation_graph_before_the_clock():
-    """After warm-up, evaluating (eval mode, no grad) at a new batch size compiles nothing more:
-    no compilation is left for the timed region. The weights are restored."""
-    from torch._dynamo.testing import CompileCounter
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
-    counter = CompileCounter()
-    compiled = torch.compile(model, backend=counter)
-    from trainperf.spec import ModelParts
-
-    parts = ModelParts(model=compiled, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                       loss_fn=lambda m, b: ((m(b[0]) - b[1]) ** 2).mean(), lr_schedule=lambda spe: (lambda s: 1.0))
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    speedups.warm_up(parts, lambda: TrainStep(parts, 1), (torch.randn(16, 4), torch.randn(16, 1)), steps=2)
-    compiled_frames = counter.frame_count
-    compiled.eval()
-    with torch.no_grad():
-        compiled(torch.randn(5, 4))
-        compiled(torch.randn(11, 4))
-    assert counter.frame_count == compiled_frames
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

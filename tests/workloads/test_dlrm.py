@@ -12,11 +12,12 @@ import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
-from tests.conftest import read_log, write_minimal_closed_log
+from tests.conftest import build_parts, epoch_view, mini_data, read_log, score, write_minimal_closed_log
 from trainperf.cli import main
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
-from trainperf.runtime.context import RuntimeContext
+from trainperf.runtime import speedups
+from trainperf.spec import RuntimeContext
 from trainperf.workloads.dlrm import DLRM, MINI, DLRMWorkload, auc, lr_factor
 from trainperf.workloads.dlrm import data as D
 
@@ -182,12 +183,9 @@ def test_lr_schedule_warmup_hold_and_quadratic_decay():
 
 
 def test_sharded_evaluation_agrees_with_scikit_learn():
-    workload = DLRMWorkload()
-    root = workload.default_data_dir("mini")
-    if D.preprocessed(root) is None:
-        workload.prepare("mini", root, say=lambda s: None)
+    workload, root = DLRMWorkload(), mini_data("dlrm")
     torch.manual_seed(0)
-    parts = workload.build(MINI, RuntimeContext.create("cpu"), root)
+    parts = build_parts(workload, MINI, RuntimeContext.create("cpu"), root)
     model = parts.model.eval()
     test = np.array(D.open_split(root, "test"))
     with torch.no_grad():
@@ -197,8 +195,8 @@ def test_sharded_evaluation_agrees_with_scikit_learn():
     gathered = {"scores": [], "labels": []}
     for rank in range(3):  # three ranks' shards, concatenated in rank order as the harness does
         ctx = RuntimeContext(device=torch.device("cpu"), rank=rank, world_size=3)
-        with torch.no_grad():
-            partial = workload.load_data(MINI, root, ctx).evaluate(model)
+        forward = speedups.evaluate_with(parts, MINI, ctx.device)
+        partial = workload.load_data(MINI, root, ctx).evaluate(forward)
         for key in gathered:
             gathered[key].append(partial.gathers[key])
     combined = {k: torch.cat(v) for k, v in gathered.items()}
@@ -249,8 +247,10 @@ def test_mini_log_passes_official_checker_with_fractional_epochs(dlrm_run, tmp_p
     nums = [r["metadata"]["epoch_num"] for r in records if r["key"] == "eval_accuracy"]
     # 20 evaluations per epoch, logged as 1 + the fraction of the epoch (1.05, 1.10, …).
     assert nums[0] == pytest.approx(1.05, abs=0.002) and nums == sorted(nums) and len(nums) >= 5
-    if 2 in nums:  # the end of the first epoch is the 20th evaluation
-        assert nums.index(2) == 19
+    # Evenly spaced by steps: after round(k * steps / 20) steps of each epoch, the epoch's end the 20th.
+    steps = json.loads((dlrm_run / "result.json").read_text())["train_samples"] // MINI.global_batch_size
+    expected = [epoch + round(k * steps / 20) / steps for epoch in (1, 2) for k in range(1, 21)]
+    assert nums == pytest.approx(expected[:len(nums)], abs=1e-6)
     keys = [r["key"] for r in records]
     assert keys.count("epoch_stop") == keys.count("epoch_start")
     assert keys.count("block_stop") == keys.count("block_start")
@@ -303,19 +303,11 @@ def test_full_path_on_tiny_criteo_days(tmp_path):
     assert check(out / "mlperf_log.txt").valid
 
 
-def _mini_root() -> Path:
-    workload = DLRMWorkload()
-    root = workload.default_data_dir("mini")
-    if D.preprocessed(root) is None:
-        workload.prepare("mini", root, say=lambda s: None)
-    return root
-
-
 def test_embedding_device_cpu_needs_one_process():
     ctx = RuntimeContext(device=torch.device("cpu"), rank=0, world_size=2)
     recipe = MINI.with_overrides(["embedding_device=cpu"])
     with pytest.raises(TrainperfError, match="embedding_device=cpu: supported on a single process only"):
-        DLRMWorkload().build(recipe, ctx, _mini_root())
+        build_parts(DLRMWorkload(), recipe, ctx, mini_data("dlrm"))
     with pytest.raises(TrainperfError, match="embedding_device='gpu' is not one of: device, cpu"):
         MINI.with_overrides(["embedding_device=gpu"])
 
@@ -326,34 +318,19 @@ def test_host_embedding_tables_with_the_mlps_on_the_gpu():
     training step that changes both."""
     from trainperf.runtime.step import TrainStep
 
-    workload, root = DLRMWorkload(), _mini_root()
+    workload, root = DLRMWorkload(), mini_data("dlrm")
     recipe = MINI.with_overrides(["embedding_device=cpu"])
     ctx = RuntimeContext.create("cuda")
-    parts = workload.build(recipe, ctx, root)
+    parts = build_parts(workload, recipe, ctx, root)
     assert parts.model.embeddings[0].weight.device.type == "cpu"
     assert parts.model.top[0].weight.device.type == "cuda"
     data = workload.load_data(recipe, root, ctx)
-    batch = next(iter(data.train_batches(1)))
+    batch = next(iter(data.train_batches(epoch_view(1, parts.model))))
     assert batch[0].device.type == "cuda" and batch[1].device.type == "cpu"
     before = [parts.model.embeddings[0].weight.clone(), parts.model.top[0].weight.clone()]
-    step = TrainStep(parts, data.steps_per_epoch, 1, recipe, ctx.device)
+    step = TrainStep(parts, data.steps_per_epoch, recipe, ctx.device)
     for _ in range(60):  # past the LR warm-up's first steps (LR 0 at step 0)
         step(batch)
     assert not torch.equal(before[0], parts.model.embeddings[0].weight)
     assert not torch.equal(before[1], parts.model.top[0].weight)
-    with torch.no_grad():
-        partial = data.evaluate(parts.model.eval())
-    assert 0.0 <= partial.metric(partial.gathers) <= 1.0
-
-
-def test_async_eval_refuses_to_copy_huge_tables(tmp_path):
-    # A preprocessed dataset's metadata only (build reads the sizes, never the data).
-    (tmp_path / D.MANIFEST).write_text(json.dumps({"format_version": D.FORMAT_VERSION,
-                                                   "table_sizes": [40_000_000] * 26}))
-    for name in [D.COUNTS] + [D.output_file(tmp_path, split).name for split in D.SPLITS]:
-        (tmp_path / name).touch()
-    workload = DLRMWorkload()
-    recipe = workload.recipe("full").with_overrides(["async_eval=true"])
-    ctx = RuntimeContext.create("cpu")
-    with pytest.raises(TrainperfError, match="async_eval=true .* 496 GiB"):
-        workload.build(recipe, ctx, tmp_path)
+    assert 0.0 <= score(parts, data, recipe, ctx) <= 1.0

@@ -12,29 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from PIL import Image
 
-from tests.conftest import read_log, write_minimal_closed_log
+from tests.conftest import imagenet_folder, read_log, write_minimal_closed_log
 from trainperf.cli import main
 from trainperf.results.compliance import check
 from trainperf.workloads.resnet import MINI_RECIPE, ResNetWorkload
 from trainperf.workloads.resnet import data as D
-
-
-def _imagenet_folder(root: Path, classes: int = 2, train_per_class: int = 4, val_per_class: int = 2,
-                     size: tuple[int, int] | None = None) -> Path:
-    """A tiny ImageNet-layout folder of real JPEGs (of varied sizes unless `size` is given)."""
-    gen = torch.Generator().manual_seed(0)
-    for split, count in (("train", train_per_class), ("val", val_per_class)):
-        for c in range(classes):
-            folder = root / split / f"n0144076{c}"
-            folder.mkdir(parents=True)
-            for i in range(count):
-                h, w = size or (60 + 10 * i, 80 - 5 * i)
-                pixels = torch.randint(0, 256, (h, w, 3), generator=gen, dtype=torch.uint8).numpy()
-                Image.fromarray(pixels).save(folder / f"n0144076{c}_{i}.JPEG")
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +99,7 @@ def test_sigint_mid_run_leaves_aborted_log(tmp_path):
 
 
 def test_full_path_on_tiny_imagenet_folder(tmp_path):
-    data = _imagenet_folder(tmp_path / "imagenet")
+    data = imagenet_folder(tmp_path / "imagenet")
     out = tmp_path / "full"
     code = main(["run", "resnet", "--scale", "full", "--data", str(data), "--seed", "0", "--out", str(out),
                  "--quiet", "--division", "open", "--set", "global_batch_size=4", "--set", "max_epochs=1",
@@ -167,7 +150,7 @@ def test_prepare_mini_writes_imagenet_layout(tmp_path, capsys):
 
 
 def test_prepare_full_reports_what_is_missing(tmp_path, capsys):
-    data = _imagenet_folder(tmp_path / "imagenet")
+    data = imagenet_folder(tmp_path / "imagenet")
     assert main(["prepare", "resnet", "--scale", "full", "--data", str(data)]) == 0
     out = capsys.readouterr().out
     assert "8 train images in 2 classes, 4 val images" in out and "ILSVRC-2012 has 1281167" in out

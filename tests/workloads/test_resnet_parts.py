@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainperf.runtime.context import RuntimeContext
+from tests.conftest import build_parts
+from trainperf.spec import RuntimeContext
 from trainperf.workloads.resnet import FULL_RECIPES, MINI_RECIPE, ResNetWorkload, _param_groups
 from trainperf.workloads.resnet import data as D
 from trainperf.workloads.resnet.model import MiniResNet, build_resnet50
@@ -47,7 +48,7 @@ def test_random_resized_crop_is_batched_and_seeded():
 def test_build_uses_the_recipe_optimizer():
     w = ResNetWorkload()
     ctx = RuntimeContext.create("cpu")
-    assert isinstance(w.build(MINI_RECIPE, ctx).optimizer, torch.optim.SGD)
-    lars = w.build(MINI_RECIPE.with_overrides(["optimizer=lars"]), ctx).optimizer
+    assert isinstance(build_parts(w, MINI_RECIPE, ctx).optimizer, torch.optim.SGD)
+    lars = build_parts(w, MINI_RECIPE.with_overrides(["optimizer=lars"]), ctx).optimizer
     assert type(lars).__name__ == "LARS"
     assert FULL_RECIPES["lars-3264"].train_epochs == 39

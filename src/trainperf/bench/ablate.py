@@ -11,18 +11,15 @@ from typing import Any
 
 import torch
 
+from trainperf import plots
 from trainperf.bench import throughput
+from trainperf.files import write_bytes_atomic, write_csv_atomic, write_json_atomic
 from trainperf.harness import RunConfig, run
-from trainperf.report import plots
-from trainperf.results.files import write_bytes_atomic, write_csv_atomic, write_json_atomic
-from trainperf.runtime.context import RuntimeContext
-from trainperf.spec import Recipe, Workload
+from trainperf.runtime import speedups
+from trainperf.spec import Recipe, RuntimeContext, Workload
 
-OFF = ["precision=fp32", "channels_last=false", "compile=false", "cuda_graphs=false", "fused_optimizer=false"]
-# Order of the cumulative ladder: cheap, always-safe switches first, compilation last.
-LADDER = [("channels_last", "channels_last=true"), ("bf16", "precision=bf16"),
-          ("fused_optimizer", "fused_optimizer=true"), ("compile", "compile=true"),
-          ("cuda_graphs", "cuda_graphs=true")]
+# Every switch off (asynchronous evaluation included: throughput is measured without evaluations).
+OFF = speedups.all_off()
 
 
 @dataclass
@@ -39,16 +36,17 @@ class AblationRow:
 
 
 def applicable(workload: Workload, recipe: Recipe, device: torch.device) -> list[tuple[str, str]]:
+    """(label, assignment) of each switch of the ladder that this workload, recipe and device can use,
+    in the ladder's order (see speedups.SWITCHES)."""
     keep = []
-    for name, setting in LADDER:
-        switch = "precision" if name == "bf16" else name
-        if switch not in workload.speedups:
+    for switch in speedups.SWITCHES:
+        if not switch.ladder or switch.name not in workload.speedups:
             continue
-        if name == "cuda_graphs" and device.type != "cuda":
+        if switch.name == "cuda_graphs" and device.type != "cuda":
             continue
-        if name == "fused_optimizer" and getattr(recipe, "optimizer", None) == "lars":
+        if switch.name == "fused_optimizer" and getattr(recipe, "optimizer", None) == "lars":
             continue
-        keep.append((name, setting))
+        keep.append((switch.label, f"{switch.name}={str(switch.on).lower()}"))
     return keep
 
 

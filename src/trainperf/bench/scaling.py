@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainperf import plots
 from trainperf.errors import TrainperfError
-from trainperf.report import plots
+from trainperf.files import write_bytes_atomic, write_csv_atomic, write_json_atomic
 from trainperf.results import run_folder
-from trainperf.results.files import write_bytes_atomic, write_csv_atomic, write_json_atomic
 from trainperf.runtime import distributed
 
 

@@ -8,6 +8,7 @@ published dense peaks for GPUs; for CPUs an estimate from cores x clock x SIMD w
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import statistics
@@ -19,9 +20,9 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from trainperf.runtime import distributed, speedups
+from trainperf.runtime import distributed, environment, speedups
 from trainperf.runtime.step import TrainStep
-from trainperf.spec import Recipe, Workload
+from trainperf.spec import Assets, EpochView, ModelParts, Recipe, Workload, bare_model
 
 # Dense peak TFLOP/s (no sparsity) by GPU name fragment and precision; fp32 without TF32.
 GPU_PEAKS: dict[str, dict[str, float]] = {
@@ -67,17 +68,11 @@ class BenchResult:
 
 def cpu_peak_tflops(precision: str) -> tuple[float | None, str]:
     """cores x clock x FLOP/cycle of the widest SIMD FMA units (2 per core assumed): an estimate."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    info = environment.cpuinfo()
+    if not info:
         return None, "unknown CPU"
-    flags = set()
-    mhz = None
-    for line in text.splitlines():
-        if line.startswith("flags") and not flags:
-            flags = set(line.split(":", 1)[1].split())
-        elif line.startswith("cpu MHz") and mhz is None:
-            mhz = float(line.split(":", 1)[1])
+    flags = info.get("flags", set())
+    mhz = float(info["cpu MHz"]) if info.get("cpu MHz") else None
     if not mhz:
         return None, "CPU clock unknown"
     lanes = 16 if "avx512f" in flags else 8 if "avx2" in flags else 4
@@ -116,18 +111,24 @@ def _peak_memory(device: torch.device) -> tuple[float, str]:
 
 def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | None, synthetic: bool,
               steps: int, warmup: int, device: str | None = None) -> BenchResult:
-    ctx = distributed.init_from_env(device)
+    ctx = dataclasses.replace(distributed.init_from_env(device), seed=0)
     dev = ctx.device
     torch.manual_seed(0)
-    parts = speedups.apply(workload, recipe, workload.build(recipe, ctx, data_dir), dev)
-    parts = speedups.compile_model(recipe, distributed.wrap_data_parallel(parts, ctx))
-    step = TrainStep(parts, steps_per_epoch=max(steps, 1), grad_accum_steps=recipe.grad_accum_steps,
-                     recipe=recipe, device=dev)
+    assets = Assets(workload.assets(recipe, data_dir))
+    parts = speedups.assemble(workload, recipe, ctx, assets)
+
+    def make_step(model_parts: ModelParts, spe: int) -> TrainStep:
+        return TrainStep(model_parts, spe, recipe, dev, ctx=ctx, split=workload.split_batch,
+                         count=workload.batch_samples)
+
+    step = make_step(parts, max(steps, 1))
     batch = workload.synthetic_batch(recipe, ctx, parts.model)
-    batch_size = int(batch[0].shape[0])
+    batch_size = workload.batch_samples(batch)
     # FLOPs from an eager copy of the step's model: the counter does not see inside compiled graphs.
-    eager = speedups.apply(workload, recipe, workload.build(recipe, ctx, data_dir), dev)
-    flops = count_flops(TrainStep(eager, 1, recipe.grad_accum_steps, recipe, dev), batch) / batch_size
+    eager = workload.build(recipe, ctx, assets)
+    if recipe.channels_last:
+        eager.model = eager.model.to(memory_format=torch.channels_last)
+    flops = count_flops(make_step(eager, 1), batch) / batch_size
 
     if synthetic:
         def batches() -> Any:
@@ -139,7 +140,8 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         def batches() -> Any:
             epoch = 1
             while True:
-                yield from data.train_batches(epoch)
+                yield from data.train_batches(EpochView(epoch=epoch, model=bare_model(parts.model),
+                                                        log=lambda *args, **kwargs: None))
                 epoch += 1
     feed = batches()
     parts.model.train()
@@ -159,7 +161,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         t2 = time.perf_counter()
         waits += t1 - t0
         times.append(t2 - t0)
-        samples += int(current[0].shape[0])
+        samples += workload.batch_samples(current)
     total = time.perf_counter() - start
     distributed.shutdown()
     rate = samples / total

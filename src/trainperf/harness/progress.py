@@ -20,9 +20,11 @@ class PlainProgress:
     def _print(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
 
-    def start(self, workload: str, max_epochs: int, steps_per_epoch: int) -> None:
-        self.max_epochs = max_epochs
-        self._print(f"{workload}: up to {max_epochs} epochs of {steps_per_epoch} steps")
+    def start(self, workload: str, max_epochs: int | None, steps_per_epoch: int | None) -> None:
+        self.max_epochs = max_epochs or "?"
+        steps = f"{steps_per_epoch} steps" if steps_per_epoch else "steps as the data comes"
+        budget = f"up to {max_epochs} epochs" if max_epochs else "epochs"
+        self._print(f"{workload}: {budget} of {steps}")
 
     def epoch_start(self, epoch: int) -> None:
         self._epoch_t0 = time.perf_counter()
@@ -39,8 +41,9 @@ class PlainProgress:
         self._print(f"epoch {epoch}/{self.max_epochs}  {seconds:6.2f} s  {samples_per_s:9.1f} samples/s"
                     f"  loss {loss:.4f}")
 
-    def evaluation(self, epoch: float, name: str, value: float, target: float) -> None:
-        self._print(f"eval  epoch {epoch}  {name} {value:.4f}  (target {target})")
+    def evaluation(self, at: str, quality: str, target: str) -> None:
+        """`at`: where it was taken ("epoch 3", "samples 150000"); `quality` and `target` as text."""
+        self._print(f"eval  {at}  {quality}  (target {target})")
 
     def close(self) -> None:
         pass
@@ -71,10 +74,10 @@ class RichProgress(PlainProgress):
     def _print(self, text: str) -> None:
         self._bar.console.print(text, highlight=False)
 
-    def start(self, workload: str, max_epochs: int, steps_per_epoch: int) -> None:
-        self.max_epochs = max_epochs
+    def start(self, workload: str, max_epochs: int | None, steps_per_epoch: int | None) -> None:
+        self.max_epochs = max_epochs or "?"
         self._bar.start()
-        self._task = self._bar.add_task(workload, total=steps_per_epoch, epoch=f"1/{max_epochs}", rate=0.0,
+        self._task = self._bar.add_task(workload, total=steps_per_epoch, epoch=f"1/{self.max_epochs}", rate=0.0,
                                         loss="-", eval=self._last_eval)
 
     def epoch_start(self, epoch: int) -> None:
@@ -92,10 +95,10 @@ class RichProgress(PlainProgress):
             self._last_refresh = time.perf_counter()
         self._bar.update(self._task, completed=step, **fields)
 
-    def evaluation(self, epoch: float, name: str, value: float, target: float) -> None:
-        self._last_eval = f"{name} {value:.4f} @ epoch {epoch}"
+    def evaluation(self, at: str, quality: str, target: str) -> None:
+        self._last_eval = f"{quality} @ {at}"
         self._bar.update(self._task, eval=self._last_eval)
-        super().evaluation(epoch, name, value, target)
+        super().evaluation(at, quality, target)
 
     def close(self) -> None:
         self._bar.stop()

@@ -1,23 +1,30 @@
-"""THE time-to-train loop: MLPerf clock, event sequence, evaluation schedule and stop rules.
+"""THE time-to-train loop: MLPerf clock, event sequence, evaluation cadence and stop rules.
 
 Sequence (MLPerf Training rules): cache_clear, submission_*, init_start, seed and hyperparameters,
-init_stop, run_start (before any data is touched), then blocks of epochs between evaluations
+init_stop, run_start (before any data is touched), then blocks of training between evaluations
 (block_start / epoch_start / epoch_stop / eval_start / eval_stop / eval_accuracy / block_stop), and
-run_stop with status `success` when the target is met or `aborted` otherwise (epoch budget spent,
-SIGINT/SIGTERM, a non-finite loss, or an error while reading data).
+run_stop with status `success` when the target is met or `aborted` otherwise (budget spent,
+SIGINT/SIGTERM, a non-finite loss or quality, or an error while reading data).
+
+One step loop serves every cadence (see `spec.Cadence`): it tracks epoch, step and samples, and
+evaluates at the end of due epochs, at evenly spaced steps inside epochs, or every N samples. With a
+sample cadence (BERT) blocks are counted in samples and no epochs are logged.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
+import dataclasses
+import importlib
 import math
+import multiprocessing
 import os
+import pickle
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,9 +36,25 @@ from trainperf.errors import RunAborted, TrainperfError
 from trainperf.harness.mlperf_log import MLPerfLog
 from trainperf.harness.progress import NoProgress, PlainProgress
 from trainperf.runtime import distributed, environment, speedups
-from trainperf.runtime.context import RuntimeContext
 from trainperf.runtime.step import TrainStep
-from trainperf.spec import Evaluation, Recipe, RunResult, Workload, bare_model
+from trainperf.spec import (
+    Assets,
+    Cadence,
+    DataParts,
+    EpochView,
+    Evaluation,
+    ModelParts,
+    Quality,
+    Recipe,
+    RunResult,
+    RuntimeContext,
+    Workload,
+    bare_model,
+)
+
+# With several processes, asynchronous results are looked at every this many steps (a broadcast
+# from rank 0, so that every process takes the same stop decision at the same step).
+ASYNC_POLL_STEPS = 20
 
 
 @dataclass
@@ -117,6 +140,7 @@ def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None =
     is let through.
     """
     workload, recipe = config.workload, config.recipe
+    ctx = dataclasses.replace(ctx, seed=config.seed)
     progress = progress if (progress is not None and ctx.is_main) else NoProgress()
     log = MLPerfLog(config.log_path if ctx.is_main else None)
     clock = Clock(ctx)
@@ -129,8 +153,8 @@ def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None =
                 if reached:
                     status = "success"
                 else:
-                    reason = (f"target {workload.metric.name} {recipe.target} not reached within "
-                              f"{recipe.max_epochs} epochs")
+                    reason = (f"target {workload.metric.name} {workload.metric.describe_target(recipe.target)} "
+                              f"not reached within {loop.cadence.describe_budget()}")
             except RunAborted as exc:
                 reason = exc.reason
             except KeyboardInterrupt:
@@ -147,8 +171,9 @@ def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None =
         finally:
             hold_signals()
             try:
-                loop.stop(status, reason)
+                reason = loop.stop(status, reason)
             finally:
+                loop.shutdown()
                 progress.close()
                 log.close()
         if bug is not None:
@@ -165,7 +190,7 @@ def _tidy(epochs: float) -> float | int:
 
 
 class _TargetReached(Exception):
-    """An asynchronous evaluation met the target in the middle of an epoch."""
+    """The target was met in the middle of an epoch."""
 
 
 _COLLECTIVE_MARKERS = ("gloo", "nccl", "connection closed by peer", "connection reset", "processgroup", "c10d",
@@ -180,33 +205,127 @@ def _collective_failure(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(marker in text for marker in _COLLECTIVE_MARKERS)
 
 
+@dataclass(frozen=True)
+class _Point:
+    """Where an evaluation is taken."""
+
+    epoch: float  # epochs of training before it
+    samples: int  # training samples seen
+    epoch_num: float | int  # as the log says it
+
+
+# -- scoring on rank 0: inline, or in the background ---------------------------------------------
+def _import(module: str) -> None:
+    importlib.import_module(module)
+
+
+def _score(metric: Callable[[dict[str, Any]], Quality], combined: dict[str, Any]) -> Quality:
+    return metric(combined)
+
+
+class _Done:
+    """A finished result, shaped like a future."""
+
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self.value, self.error = value, error
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class _PoolResult:
+    """multiprocessing's AsyncResult, shaped like a future."""
+
+    def __init__(self, result: Any) -> None:
+        self._result = result
+
+    def done(self) -> bool:
+        return self._result.ready()
+
+    def result(self) -> Any:
+        return self._result.get()
+
+
+class _Scorer:
+    """Runs an evaluation's metric on rank 0, in the background: in a thread, or, for Python-heavy
+    host scoring (COCO AP, BLEU, WER), in a worker process started and warmed up (torch and the
+    workload's module imported) before run_start, and terminated with the run."""
+
+    def __init__(self, mode: str, warm_module: str) -> None:
+        self.mode, self.warm_module = mode, warm_module
+        self._threads: ThreadPoolExecutor | None = None
+        self._pool: Any = None
+
+    def start(self) -> None:
+        if self.mode == "process":
+            self._pool = multiprocessing.get_context("spawn").Pool(1)
+            self._pool.apply(_import, (self.warm_module,))
+        else:
+            self._threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainperf-score")
+
+    def submit(self, metric: Callable[[dict[str, Any]], Quality], combined: dict[str, Any]) -> Any:
+        if self._pool is not None:
+            # The worker gets host copies; device tensors would travel through CUDA IPC.
+            host = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in combined.items()}
+            try:
+                pickle.dumps(metric)
+            except Exception as exc:  # noqa: BLE001 - what cannot be pickled varies
+                raise TrainperfError(f"host_scoring='process' needs a module-level metric function, got "
+                                     f"{metric!r} ({type(exc).__name__})") from None
+            return _PoolResult(self._pool.apply_async(_score, (metric, host)))
+        assert self._threads is not None
+        return self._threads.submit(_score, metric, combined)
+
+    def shutdown(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+
+
 class _TimedLoop:
-    """One run's event sequence: initialisation, the timed blocks, and the closing run_stop."""
+    """One run's event sequence: initialisation, the timed training, and the closing run_stop."""
 
     def __init__(self, config: RunConfig, ctx: RuntimeContext, log: MLPerfLog, clock: Clock,
                  progress: PlainProgress) -> None:
         self.config, self.ctx, self.log, self.clock, self.progress = config, ctx, log, clock, progress
+        self.recipe, self.workload = config.recipe, config.workload
+        self.cadence: Cadence = config.recipe.cadence
         self.init_start_ms: int | None = None
         self.init_stop_ms: int | None = None
         self.run_start_ms: int | None = None
         self.run_stop_ms: int | None = None
         self.evaluations: list[Evaluation] = []
         self.epochs_done = 0
-        self.samples = 0
+        self.steps = 0
+        self.samples = 0  # training samples, reconciled across processes at each epoch's end
+        self.nominal = 0  # global_batch_size per step: what a sample cadence and budget count
         self.train_time_s = 0.0
         self.epoch_times_s: list[float] = []
         self.train_samples: int | None = None
         self.eval_samples: int | None = None
-        self._executor: ThreadPoolExecutor | None = None
-        self._pending: list[tuple[float, int, Future]] = []
-        self._model: torch.nn.Module | None = None  # set when training starts
-        self._data: Any = None
+        self.train_samples_logged = False
+        self._block: float | int | None = None  # first_epoch_num of the open block
+        self._last_eval_at: int | None = None  # `nominal` at the last evaluation
+        self._next_sample_eval: int | None = None
+        self._sample_evals: Iterator[int] = iter(())
+        self._pending: list[tuple[_Point, Any]] = []  # launched asynchronous evaluations, in order
+        self._scorer: _Scorer | None = None
+        self._parts: ModelParts | None = None
+        self._data: DataParts | None = None
+        self._forward: Callable[[Any], Any] | None = None
 
     # -- the sequence ---------------------------------------------------------------------------
     def execute(self) -> bool:
         """Log the untimed header and initialisation, then train; True when the target is met."""
         config, log, clock, ctx = self.config, self.log, self.clock, self.ctx
-        workload, recipe = config.workload, config.recipe
+        workload, recipe = self.workload, self.recipe
         cleared = clear_page_cache() if config.clear_caches else False
         log.event(C.CACHE_CLEAR, cleared, time_ms=clock.now_ms())
         now = clock.now_ms()
@@ -219,15 +338,17 @@ class _TimedLoop:
         log.start(C.INIT_START, time_ms=self.init_start_ms)
 
         log.event(C.SEED, config.seed, time_ms=clock.now_ms())
+        # Weight initialisation draws from torch's global generator; everything else from ctx.
         torch.manual_seed(config.seed)
-        parts = speedups.apply(workload, recipe, workload.build(recipe, ctx, config.data_dir), ctx.device,
-                                 ctx.world_size)
-        parts = speedups.compile_model(recipe, distributed.wrap_data_parallel(parts, ctx))
+        assets = Assets(workload.assets(recipe, config.data_dir))
+        parts = speedups.assemble(workload, recipe, ctx, assets)
         if recipe.compile or recipe.cuda_graphs:
-            # Compilation (and graph capture) happen here, on synthetic batches, before run_start as
-            # the rules allow; the model and optimizer state are restored afterwards.
-            speedups.warm_up(parts, lambda: TrainStep(parts, 1, recipe.grad_accum_steps, recipe, ctx.device),
-                             workload.synthetic_batch(recipe, ctx, parts.model), steps=3)
+            # Compilation (and graph capture) of the training step and the evaluation forward happen
+            # here, on synthetic batches, before run_start as the rules allow.
+            speedups.warm_up(workload, recipe, ctx, parts, lambda: self._make_step(parts, 1))
+        if recipe.async_eval and ctx.is_main:
+            self._scorer = _Scorer(workload.host_scoring, type(workload).__module__)
+            self._scorer.start()
         now = clock.now_ms()
         log.event(C.GLOBAL_BATCH_SIZE, recipe.global_batch_size, time_ms=now)
         log.event(C.GRADIENT_ACCUMULATION_STEPS, recipe.grad_accum_steps, time_ms=now)
@@ -243,15 +364,20 @@ class _TimedLoop:
         log.start(C.RUN_START, time_ms=self.run_start_ms)
         return self._train(parts)
 
+    def _make_step(self, parts: ModelParts, steps_per_epoch: int | None) -> TrainStep:
+        return TrainStep(parts, steps_per_epoch, self.recipe, self.ctx.device, ctx=self.ctx,
+                         split=self.workload.split_batch, count=self.workload.batch_samples)
+
     def _end_init(self) -> None:
         self.ctx.barrier()
         self.init_stop_ms = self.clock.now_ms()
         self.log.end(C.INIT_STOP, time_ms=self.init_stop_ms)
 
-    def stop(self, status: str, reason: str | None) -> None:
-        """Close the log with run_stop; an abort during initialisation still yields a valid log."""
+    def stop(self, status: str, reason: str | None) -> str | None:
+        """Close the log with run_stop; an abort during initialisation still yields a valid log.
+        Returns the reason as logged."""
         if self.init_start_ms is None:
-            return  # nothing was logged beyond the header: there is no run to stop
+            return reason  # nothing was logged beyond the header: there is no run to stop
         if self.run_start_ms is None:
             if self.init_stop_ms is None:
                 self._end_init()
@@ -262,18 +388,28 @@ class _TimedLoop:
             # The time is the slowest rank's. An aborted run skips this: a peer may be gone.
             self.ctx.barrier()
         self.run_stop_ms = self.clock.now_ms()
+        if not self.train_samples_logged and self._data is not None:
+            # Data of unknown size (produced during the run): the samples trained, as NVIDIA's BERT logs.
+            self.log.event(C.TRAIN_SAMPLES, self.samples, time_ms=self.run_stop_ms)
+            self.train_samples_logged = True
         metadata = {"status": status}
         if reason:
             metadata["reason"] = reason
         self.log.end(C.RUN_STOP, metadata=metadata, time_ms=self.run_stop_ms)
+        return reason
+
+    def shutdown(self) -> None:
+        if self._scorer is not None:
+            self._scorer.shutdown()
 
     def result(self, status: str, reason: str | None) -> RunResult:
         config, ctx = self.config, self.ctx
-        workload, recipe = config.workload, config.recipe
+        workload, recipe = self.workload, self.recipe
         evals = self.evaluations
         success = status == "success"
         timed = self.run_start_ms is not None and self.run_stop_ms is not None
         initialised = self.init_start_ms is not None and self.init_stop_ms is not None
+        targets = workload.metric.targets(recipe.target)
         return RunResult(
             workload=workload.name,
             benchmark=workload.benchmark,
@@ -283,7 +419,7 @@ class _TimedLoop:
             status=status,
             abort_reason=reason,
             metric=workload.metric.name,
-            target=recipe.target,
+            target=targets if workload.metric.composite else targets[workload.metric.name],
             time_to_train_s=(self.run_stop_ms - self.run_start_ms) / 1000.0 if timed else None,
             init_time_s=(self.init_stop_ms - self.init_start_ms) / 1000.0 if initialised else 0.0,
             epochs=self.epochs_done,
@@ -300,165 +436,254 @@ class _TimedLoop:
             recipe=recipe.to_dict(),
             environment={**environment.describe(ctx.device, ctx.world_size), **config.extra_env},
             log_file=str(config.log_path) if config.log_path else None,
+            steps=self.steps,
+            cadence=dataclasses.asdict(self.cadence),
         )
 
     # -- the timed part -------------------------------------------------------------------------
-    def _train(self, parts: Any) -> bool:
-        config, log, clock = self.config, self.log, self.clock
-        recipe, workload = config.recipe, config.workload
-        if recipe.global_batch_size % self.ctx.world_size:
+    def _train(self, parts: ModelParts) -> bool:
+        config, log, clock, ctx = self.config, self.log, self.clock, self.ctx
+        recipe, workload = self.recipe, self.workload
+        if recipe.global_batch_size % ctx.world_size:
             # Every workload deals each global batch out across the processes.
             raise TrainperfError(f"global_batch_size {recipe.global_batch_size} is not divisible by "
-                                 f"{self.ctx.world_size} processes")
-        data = workload.load_data(recipe, config.data_dir, self.ctx)
+                                 f"{ctx.world_size} processes")
+        data = workload.load_data(recipe, config.data_dir, ctx)
+        self._data, self._parts = data, parts
+        self.cadence = cadence = recipe.cadence.resolve(data.train_samples)
         now = clock.now_ms()
         self.train_samples, self.eval_samples = data.train_samples, data.eval_samples
-        log.event(C.TRAIN_SAMPLES, data.train_samples, time_ms=now)
+        if data.train_samples is not None:
+            log.event(C.TRAIN_SAMPLES, data.train_samples, time_ms=now)
+            self.train_samples_logged = True
         log.event(C.EVAL_SAMPLES, data.eval_samples, time_ms=now)
-        step = TrainStep(parts, data.steps_per_epoch, recipe.grad_accum_steps, recipe, self.ctx.device)
-        self.progress.start(workload.name, recipe.max_epochs, data.steps_per_epoch)
-        self._data = data
-        self._model = parts.model
-        block_first = 1
+        if cadence.per_epoch > 1 and not data.steps_per_epoch:
+            raise TrainperfError(f"evals_per_epoch={cadence.per_epoch}: needs data that knows its steps per epoch")
+        step = self._make_step(parts, data.steps_per_epoch)
+        self._forward = speedups.evaluate_with(parts, recipe, ctx.device)
+        self._sample_evals = cadence.sample_evals()
+        self._next_sample_eval = next(self._sample_evals, None)
+        self.progress.start(workload.name, cadence.max_epochs or None, data.steps_per_epoch)
         try:
-            for first, count in recipe.eval_schedule.blocks(recipe.max_epochs):
-                block_first = first
-                log.start(C.BLOCK_START, metadata={"first_epoch_num": first, "epoch_count": count},
-                          time_ms=clock.now_ms())
-                for epoch in range(first, first + count):
-                    self._train_epoch(epoch, step, data)
-                last = first + count - 1
-                reached = False
-                if recipe.eval_schedule.due(last):
-                    reached = self._eval_now(float(last))
-                log.end(C.BLOCK_STOP, metadata={"first_epoch_num": first}, time_ms=clock.now_ms())
-                if reached or self._collect(wait=False):
-                    return True
-            # The epoch budget is spent: results still being scored can meet the target.
-            return self._collect(wait=True)
+            return self._epochs(step)
         except _TargetReached:
-            # Met in the middle of a block (MLPerf lets the run end there): close the open block.
-            log.end(C.BLOCK_STOP, metadata={"first_epoch_num": block_first}, time_ms=clock.now_ms())
+            # Met in the middle of an epoch (MLPerf lets the run end there): close the open block.
+            self._close_block()
             return True
-        finally:
-            if self._executor is not None:
-                self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def _eval_now(self, epochs: float, samples: int | None = None) -> bool:
-        """Evaluate after `epochs` epochs (synchronously, or launched in the background)."""
-        samples = self.samples if samples is None else samples
-        if self.config.recipe.async_eval:
-            self._launch_eval(epochs, samples)
-            return False
-        return self._evaluate(epochs, samples)
-
-    # -- asynchronous evaluation ------------------------------------------------------------------
-    def _launch_eval(self, epoch: float, samples: int) -> None:
-        """Score a snapshot of the weights in a background thread while training goes on. The
-        result is logged (with this epoch_num) when it is known, and the clock runs until then."""
-        data = self._data
-        snapshot = copy.deepcopy(bare_model(self._model)).eval()
-        self.log.start(C.EVAL_START, metadata={"epoch_num": self._epoch_num(epoch)}, time_ms=self.clock.now_ms())
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainperf-eval")
-
-        def score() -> float:
-            with torch.no_grad():
-                partial = data.evaluate(snapshot)
-                return float(partial.metric(self.ctx.combine(partial)))
-
-        self._pending.append((epoch, samples, self._executor.submit(score)))
-
-    def _collect(self, wait: bool) -> bool:
-        """Log every finished asynchronous evaluation, in order; True once one meets the target."""
-        while self._pending and (wait or self._pending[0][2].done()):
-            epoch, samples, future = self._pending.pop(0)
-            value = future.result()
-            if self._record_eval(epoch, value, samples):
+    def _epochs(self, step: TrainStep) -> bool:
+        cadence = self.cadence
+        epoch = 0
+        while not (cadence.max_epochs and epoch >= cadence.max_epochs):
+            epoch += 1
+            if not cadence.by_samples and self._block is None:
+                self._open_block(epoch, cadence.block_epochs(epoch))
+            samples_spent = self._train_epoch(epoch, step)
+            spent = samples_spent or bool(cadence.max_epochs and epoch >= cadence.max_epochs)
+            if cadence.due_after_epoch(epoch) or (spent and self._last_eval_at != self.nominal):
+                reached = self._evaluate(self._point(float(epoch), self.samples))
+                self._close_block()
+                if reached:
+                    return True
+            elif spent:
+                self._close_block()
+            if self._poll(wait=False):
+                self._close_block()
                 return True
-        return False
+            if spent:
+                break
+        self._close_block()
+        # The budget is spent: results still being scored can meet the target.
+        return self._poll(wait=True)
 
-    def _epoch_num(self, epochs: float) -> float | int:
-        """The logged epoch_num, as the workload's rules define it."""
-        return _tidy(self.config.workload.eval_epoch_num(epochs))
+    def _point(self, epochs: float, samples: int) -> _Point:
+        """An evaluation point, with the epoch_num the workload's rules log for it."""
+        style = self.recipe.log_epoch_num
+        if style == "samples":
+            return _Point(epochs, self.nominal, self.nominal)
+        return _Point(epochs, samples, _tidy(1.0 + epochs if style == "1+epochs" else epochs))
 
-    def _record_eval(self, epoch: float, value: float, samples: int) -> bool:
-        log, clock = self.log, self.clock
-        recipe, metric = self.config.recipe, self.config.workload.metric
-        now = clock.now_ms()
-        epoch_num = self._epoch_num(epoch)
-        log.end(C.EVAL_STOP, metadata={"epoch_num": epoch_num}, time_ms=now)
-        log.event(C.EVAL_ACCURACY, value, metadata={"epoch_num": epoch_num}, time_ms=now)
-        epoch = _tidy(epoch)
-        elapsed = (now - self.run_start_ms) / 1000.0 if self.run_start_ms is not None else 0.0
-        self.evaluations.append(Evaluation(epoch=epoch, value=value, samples=samples, time_s=elapsed))
-        self.progress.evaluation(epoch, metric.name, value, recipe.target)
-        if not math.isfinite(value):
-            raise RunAborted(f"non-finite {metric.name} at epoch {epoch}")
-        return metric.reached(value, recipe.target)
+    def _open_block(self, first: float | int, count: int) -> None:
+        self._block = first
+        self.log.start(C.BLOCK_START, metadata={"first_epoch_num": first, "epoch_count": count},
+                       time_ms=self.clock.now_ms())
 
-    def _train_epoch(self, epoch: int, step: TrainStep, data: Any) -> None:
-        log, clock, progress = self.log, self.clock, self.progress
-        recipe = self.config.recipe
+    def _close_block(self) -> None:
+        if self._block is not None:
+            self.log.end(C.BLOCK_STOP, metadata={"first_epoch_num": self._block}, time_ms=self.clock.now_ms())
+            self._block = None
+
+    def _log_event(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None) -> None:
+        """An MLPerf event from inside the timed region, on the harness's clock (EpochView.log)."""
+        self.log.event(key, value, metadata=metadata, time_ms=self.clock.now_ms())
+
+    def _train_epoch(self, epoch: int, step: TrainStep) -> bool:
+        """Train one epoch, evaluating where the cadence says; True when the sample budget is spent."""
+        log, clock, progress, ctx = self.log, self.clock, self.progress, self.ctx
+        cadence, recipe, data = self.cadence, self.recipe, self._data
+        assert data is not None
+        log_epochs = recipe.log_epoch_num != "samples"
+        spe = data.steps_per_epoch
         t0 = clock.now_ms()
-        log.start(C.EPOCH_START, metadata={"epoch_num": epoch}, time_ms=t0)
+        if log_epochs:
+            log.start(C.EPOCH_START, metadata={"epoch_num": epoch}, time_ms=t0)
         progress.epoch_start(epoch)
         step.model.train()
-        # Evaluations inside the epoch (evals_per_epoch > 1): after these step counts, evenly spaced.
-        n = recipe.evals_per_epoch
-        # (Never at step 0 nor at the epoch's end, which the schedule covers; short epochs get fewer.)
-        marks = {s for k in range(1, n) if 0 < (s := round(k * data.steps_per_epoch / n)) < data.steps_per_epoch}
+        marks = cadence.marks(spe)
         # Losses stay on the device; the host reads them once per epoch (or when the display asks).
-        loss_sum = torch.zeros((), device=self.ctx.device)
+        loss_sum = torch.zeros((), device=ctx.device)
         steps = samples = 0
         eval_s = 0.0
+        spent = False
         wall0 = time.perf_counter()
-        for batch in data.train_batches(epoch):
+        view = EpochView(epoch=epoch, model=bare_model(step.model), log=self._log_event)
+        for batch in data.train_batches(view):
+            if cadence.by_samples and self._block is None:
+                self._open_sample_block()
             loss = step(batch)
             loss_sum += loss
             steps += 1
-            samples += data.batch_samples(batch)
+            samples += self.workload.batch_samples(batch)
+            self.steps += 1
+            self.nominal += recipe.global_batch_size
             rate = samples / max(time.perf_counter() - wall0 - eval_s, 1e-9)
-            progress.step(epoch, steps, rate * self.ctx.world_size, float(loss) if progress.wants_loss() else None)
-            reached = False
+            progress.step(epoch, steps, rate * ctx.world_size, float(loss) if progress.wants_loss() else None)
+            # Every rank has taken the same number of steps of equal shares of each global batch.
+            seen = self.samples + samples * ctx.world_size
+            point = None
             if steps in marks:
+                point = self._point(epoch - 1 + steps / spe, seen)
+            elif self._next_sample_eval is not None and self.nominal >= self._next_sample_eval:
+                while self._next_sample_eval is not None and self._next_sample_eval <= self.nominal:
+                    self._next_sample_eval = next(self._sample_evals, None)
+                point = self._point(epoch - 1 + steps / spe if spe else float(epoch - 1), seen)
+            spent = bool(cadence.max_samples and self.nominal >= cadence.max_samples)
+            if spent and point is None and self._last_eval_at != self.nominal:
+                point = self._point(epoch - 1 + steps / spe if spe else float(epoch - 1), seen)
+            reached = False
+            if point is not None:
                 e0 = time.perf_counter()
-                # Every rank has taken the same number of steps of equal shares of each global batch.
-                reached = self._eval_now(epoch - 1 + steps / data.steps_per_epoch,
-                                         self.samples + samples * self.ctx.world_size)
+                reached = self._evaluate(point)
                 eval_s += time.perf_counter() - e0
                 step.model.train()
-            if reached or (self._pending and self._pending[0][2].done() and self._collect(wait=False)):
+                if cadence.by_samples:
+                    self._close_block()
+            if not reached and self._pending and (not ctx.distributed or self.steps % ASYNC_POLL_STEPS == 0):
+                reached = self._poll(wait=False)
+            if reached:
                 # The target is known met: stop now (MLPerf lets the run end mid-epoch).
-                self.samples += samples * self.ctx.world_size
+                self.samples += samples * ctx.world_size
                 self.epochs_done = epoch - 1
-                log.end(C.EPOCH_STOP, metadata={"epoch_num": epoch}, time_ms=clock.now_ms())
+                if log_epochs:
+                    log.end(C.EPOCH_STOP, metadata={"epoch_num": epoch}, time_ms=clock.now_ms())
                 self.train_time_s += (clock.now_ms() - t0) / 1000.0 - eval_s
                 raise _TargetReached()
+            if spent:
+                break
         # One reduction per epoch: every rank sees the same loss and sample count, so all ranks take
         # the same stop decision.
-        counts = torch.tensor([float(steps), float(samples)], device=self.ctx.device)
-        totals = self.ctx.all_reduce_sum(torch.cat([loss_sum.float().reshape(1), counts]))
+        counts = torch.tensor([float(steps), float(samples)], device=ctx.device)
+        totals = ctx.all_reduce_sum(torch.cat([loss_sum.float().reshape(1), counts]))
         mean_loss = float(totals[0]) / max(float(totals[1]), 1.0)
         samples = int(totals[2])
         if not math.isfinite(mean_loss):
             raise RunAborted(f"non-finite training loss in epoch {epoch}")
         t1 = clock.now_ms()
-        log.end(C.EPOCH_STOP, metadata={"epoch_num": epoch}, time_ms=t1)
+        if log_epochs:
+            log.end(C.EPOCH_STOP, metadata={"epoch_num": epoch}, time_ms=t1)
         seconds = (t1 - t0) / 1000.0 - eval_s
         self.epochs_done = epoch
         self.samples += samples
         self.train_time_s += seconds
         self.epoch_times_s.append(seconds)
         progress.epoch_end(epoch, samples / max(seconds, 1e-9), mean_loss)
+        return spent
 
-    def _evaluate(self, epoch: float, samples: int) -> bool:
-        self.log.start(C.EVAL_START, metadata={"epoch_num": self._epoch_num(epoch)}, time_ms=self.clock.now_ms())
-        # Evaluate without DDP's wrapper: it would sync buffers on every forward, and shards differ in
-        # size (a compiled model stays compiled).
-        model = getattr(self._model, "module", self._model)
+    def _open_sample_block(self) -> None:
+        """A block of a sample cadence: from the samples trained to the next evaluation (or budget)."""
+        stop = self._next_sample_eval
+        if self.cadence.max_samples:
+            stop = self.cadence.max_samples if stop is None else min(stop, self.cadence.max_samples)
+        count = (stop - self.nominal) if stop is not None else self.recipe.global_batch_size
+        self._open_block(self.nominal, max(count, 1))
+
+    # -- evaluation -----------------------------------------------------------------------------
+    def _evaluate(self, point: _Point) -> bool:
+        """Evaluate at `point`. Inference runs here, on the device; the processes' shares are combined
+        here (collectives stay on the main thread); rank 0 scores, inline or in the background.
+        True when the target is known met (always False when scored in the background)."""
+        assert self._parts is not None and self._data is not None and self._forward is not None
+        self._last_eval_at = self.nominal
+        self.log.start(C.EVAL_START, metadata={"epoch_num": point.epoch_num}, time_ms=self.clock.now_ms())
+        model = speedups.evaluation_model(self._parts)
         model.eval()
-        with torch.no_grad():
-            partial = self._data.evaluate(model)
-            value = float(partial.metric(self.ctx.combine(partial)))
-        return self._record_eval(epoch, value, samples)
+        partial = self._data.evaluate(self._forward)
+        combined = self.ctx.combine(partial)
+        if self.recipe.async_eval:
+            future = self._scorer.submit(partial.metric, combined) if self._scorer is not None else None
+            self._pending.append((point, future))
+            return False
+        # Scored now: the pending queue holds only this evaluation (nothing is in the background).
+        self._pending.append((point, None))
+        outcomes = []
+        if self.ctx.is_main:
+            try:
+                outcomes.append(_Done(_score(partial.metric, combined)))
+            except Exception as exc:  # noqa: BLE001 - every rank must learn that scoring failed
+                outcomes.append(_Done(error=exc))
+        return self._record_outcomes(outcomes)
+
+    def _poll(self, wait: bool) -> bool:
+        """Log the asynchronous evaluations whose scores are known, in order (all of them with
+        `wait`); True once one meets the target. Rank 0 decides what is known, and tells the others."""
+        if not self._pending:
+            return False
+        outcomes: list[_Done] = []
+        if self.ctx.is_main:
+            for _point, future in self._pending:
+                if not (wait or future.done()):
+                    break
+                try:
+                    outcomes.append(_Done(future.result()))
+                except Exception as exc:  # noqa: BLE001 - handed to every rank below
+                    outcomes.append(_Done(error=exc))
+        return self._record_outcomes(outcomes)
+
+    def _record_outcomes(self, outcomes: list[_Done]) -> bool:
+        """Record rank 0's scores of the oldest pending evaluations on every rank, in order (one
+        broadcast); a scoring error stops every rank alike."""
+        shared: list[tuple[str, Any]] = []
+        for outcome in outcomes:
+            if outcome.error is None:
+                shared.append(("ok", outcome.value))
+            elif isinstance(outcome.error, TrainperfError):
+                shared.append(("error", str(outcome.error)))
+            else:
+                shared.append(("bug", f"{type(outcome.error).__name__}: {outcome.error}"))
+        shared = self.ctx.broadcast_object(shared)
+        for (kind, value), outcome in zip(shared, outcomes or [None] * len(shared), strict=True):
+            point, _future = self._pending.pop(0)
+            if kind == "bug" and outcome is not None:
+                raise outcome.error  # rank 0 keeps the original exception (and its traceback)
+            if kind != "ok":
+                raise TrainperfError(value if kind == "error" else f"evaluation failed on rank 0: {value}")
+            if self._record_eval(point, value):
+                return True
+        return False
+
+    def _record_eval(self, point: _Point, value: Quality) -> bool:
+        log, clock = self.log, self.clock
+        recipe, metric = self.recipe, self.workload.metric
+        value = metric.logged(value)
+        now = clock.now_ms()
+        log.end(C.EVAL_STOP, metadata={"epoch_num": point.epoch_num}, time_ms=now)
+        log.event(C.EVAL_ACCURACY, value, metadata={"epoch_num": point.epoch_num}, time_ms=now)
+        elapsed = (now - self.run_start_ms) / 1000.0 if self.run_start_ms is not None else 0.0
+        epoch = _tidy(point.epoch)
+        self.evaluations.append(Evaluation(epoch=epoch, value=value, samples=point.samples, time_s=elapsed,
+                                           epoch_num=point.epoch_num))
+        at = f"samples {point.epoch_num}" if recipe.log_epoch_num == "samples" else f"epoch {epoch}"
+        self.progress.evaluation(at, f"{metric.name} {metric.describe(value)}", metric.describe_target(recipe.target))
+        if not metric.finite(value):
+            raise RunAborted(f"non-finite {metric.name} at {at}")
+        return metric.reached(value, recipe.target)

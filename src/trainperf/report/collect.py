@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlperf_logging.compliance_checker.mlp_parser import parse_file
-
 from trainperf import registry
 from trainperf.errors import TrainperfError
 from trainperf.results import scoring
+from trainperf.results.logs import read_records
+from trainperf.spec import Quality, Workload
 
 
 @dataclass
@@ -25,13 +25,15 @@ class RunView:
     label: str
     status: str
     minutes: float | None
-    evals: list[tuple[float, float]]  # (epoch or samples, metric value)
+    evals: list[tuple[float, Quality]]  # (epoch or samples, quality: a number or named numbers)
     epochs_to_target: float | None = None
     samples_per_s: float | None = None
     seed: int | None = None
     recipe: dict[str, Any] | None = None
     command: str | None = None
     scale: str | None = None
+    x_label: str = "epoch"  # what the evaluations' first coordinate counts
+    target: Quality | None = None
 
 
 @dataclass
@@ -44,7 +46,7 @@ class GroupView:
     runs: list[RunView] = field(default_factory=list)
     score: float | None = None
     score_note: str = ""
-    target: float | None = None
+    target: Quality | None = None  # a number, or {name: target} for a composite metric
     metric: str = "quality"
     higher_is_better: bool = True
 
@@ -80,26 +82,45 @@ class ReportData:
 
 
 def _from_result_json(result: dict[str, Any], system: str, label: str) -> RunView:
+    # A sample cadence (BERT) is plotted against the samples its log counts; others against epochs.
+    by_samples = (result.get("recipe") or {}).get("log_epoch_num") == "samples"
     return RunView(
         system=system, benchmark=result["benchmark"], label=label, status=result["status"],
         minutes=result["time_to_train_s"] / 60 if result.get("time_to_train_s") is not None else None,
-        evals=[(e["epoch"], e["value"]) for e in result.get("evaluations", [])],
+        evals=[(e.get("epoch_num", e["epoch"]) if by_samples else e["epoch"], e["value"])
+               for e in result.get("evaluations", [])],
+        x_label="samples" if by_samples else "epoch", target=result.get("target"),
         epochs_to_target=result.get("epochs_to_target"), samples_per_s=result.get("train_samples_per_s"),
         seed=result.get("seed"), recipe=result.get("recipe"), command=result.get("environment", {}).get("command"),
         scale=result.get("scale"),
     )
 
 
-def _evals_from_log(path: Path, ruleset: str) -> list[tuple[float, float]]:
-    lines, _ = parse_file(str(path), ruleset=ruleset)
-    points = []
-    for line in lines:
-        if line.key == "eval_accuracy" and isinstance(line.value.get("value"), (int, float)):
-            meta = line.value.get("metadata", {})
-            x = meta.get("samples_count", meta.get("epoch_num"))
-            if x is not None:
-                points.append((float(x), float(line.value["value"])))
+def _evals_from_log(path: Path) -> list[tuple[float, Quality]]:
+    """(epoch_num or samples_count, quality) of every evaluation; a quality is a number or, for a
+    composite metric (Mask R-CNN), a dict of named numbers."""
+    points: list[tuple[float, Quality]] = []
+    for record in read_records(path):
+        value = record.get("value")
+        if record["key"] != "eval_accuracy":
+            continue
+        if isinstance(value, dict):
+            value = {k: float(v) for k, v in value.items() if isinstance(v, (int, float))}
+        elif isinstance(value, (int, float)):
+            value = float(value)
+        else:
+            continue
+        meta = record.get("metadata") or {}
+        x = meta.get("samples_count", meta.get("epoch_num"))
+        if x is not None and value != {}:
+            points.append((float(x), value))
     return points
+
+
+def _full_target(workload: Workload) -> Quality:
+    """The MLPerf target of a workload, as results hold it (a number, or {name: target})."""
+    targets = workload.metric.targets(workload.recipe("full").target)
+    return targets if workload.metric.composite else targets[workload.metric.name]
 
 
 def _add_run_folder(data: ReportData, folder: Path) -> None:
@@ -130,16 +151,18 @@ def _add_results_tree(data: ReportData, root: Path) -> None:
             detail = details / f"run_{index}" / "result.json"
             if detail.is_file():
                 view = _from_result_json(json.loads(detail.read_text()), scored.system, name)
-                group.target = view.recipe.get("target") if view.recipe else group.target
+                group.target = view.target if view.target is not None else group.target
                 view.status = "success" if run.converged else "aborted"
             else:
                 view = RunView(system=scored.system, benchmark=scored.benchmark, label=name,
                                status="success" if run.converged else "aborted", minutes=run.minutes,
-                               evals=_evals_from_log(Path(run.file), scored.ruleset),
+                               evals=_evals_from_log(Path(run.file)),
                                epochs_to_target=run.converge_point if run.converged else None)
                 # A closed-division log is a full-scale run: the benchmark's MLPerf target applies.
                 if group.target is None and known is not None and run.division == "closed":
-                    group.target = known.recipe("full").target
+                    group.target = _full_target(known)
+                if known is not None and known.recipe("full").log_epoch_num == "samples":
+                    view.x_label = "samples"
             group.runs.append(view)
         system_json = folder.parents[2] / "systems" / f"{scored.system}.json"
         if system_json.is_file():

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from trainperf import __version__
-from trainperf.report import plots
+from trainperf import __version__, plots
+from trainperf.files import write_text_atomic
 from trainperf.report.collect import GroupView, ReportData
-from trainperf.results.files import write_text_atomic
 
 SYSTEM_FIELDS = ("submitter", "division", "status", "number_of_nodes", "host_processor_model_name",
                  "host_processor_core_count", "host_processor_vcpu_count", "host_memory_capacity",
@@ -95,21 +94,39 @@ def ablation_rows(study: dict) -> tuple[list[str], list[list[str]]]:
 # figures
 # ---------------------------------------------------------------------------------------------
 def convergence_figure(bench: str, groups: Sequence[GroupView], index: int) -> Figure | None:
+    """Every run's evaluations against its target. A composite metric (Mask R-CNN's BBOX and SEGM)
+    gets one line style per named value, each with its own target line."""
     runs = [(g, r) for g in groups for r in g.runs if r.evals]
     if not runs:
         return None
     plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["o-", "s--", "^:", "d-."]
+    parts = sorted({k for _, r in runs for _, v in r.evals if isinstance(v, dict) for k in v})
     for gi, g in enumerate(groups):
         for ri, r in enumerate(rr for gg, rr in runs if gg is g):
-            xs, ys = zip(*r.evals, strict=True)
-            ax.plot(xs, ys, "o-", ms=3, lw=1.2, alpha=0.85, color=colors[gi % len(colors)],
-                    label=g.system if ri == 0 else None)
-    targets = {g.target for g in groups if g.target is not None}
-    for t in targets:
-        ax.axhline(t, color="crimson", ls="--", lw=1, label=f"target {t:g}")
-    ax.set(xlabel="epoch", ylabel=groups[0].metric, title=f"{bench}: convergence of every run")
+            for pi, part in enumerate(parts or [None]):
+                points = [(x, v[part] if part is not None else v) for x, v in r.evals
+                          if (part is None and not isinstance(v, dict)) or (isinstance(v, dict) and part in v)]
+                if not points:
+                    continue
+                xs, ys = zip(*points, strict=True)
+                label = None
+                if ri == 0:
+                    label = g.system if part is None else f"{g.system} {part}"
+                ax.plot(xs, ys, styles[pi % len(styles)], ms=3, lw=1.2, alpha=0.85, color=colors[gi % len(colors)],
+                        label=label)
+    targets: dict[str, float] = {}
+    for g in groups:
+        if isinstance(g.target, dict):
+            targets.update({f"{k} target": float(v) for k, v in g.target.items()})
+        elif isinstance(g.target, (int, float)):
+            targets["target"] = float(g.target)
+    for ti, (name, value) in enumerate(sorted(targets.items())):
+        ax.axhline(value, color="crimson", ls=["--", ":", "-."][ti % 3], lw=1, label=f"{name} {value:g}")
+    x_label = "samples" if all(r.x_label == "samples" for _, r in runs) else "epoch"
+    ax.set(xlabel=x_label, ylabel=groups[0].metric, title=f"{bench}: convergence of every run")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return Figure(f"{bench} convergence", plots.png(fig), f"convergence_{index}.png")

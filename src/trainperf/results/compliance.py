@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
@@ -10,13 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainperf.errors import TrainperfError
-
-# For logs of benchmarks trainperf has no workload for (yet): the oldest ruleset of the `:::MLLOG`
-# format whose checker knows the key. A trainperf workload's own `ruleset` takes precedence.
-OTHER_RULESETS = {
-    "resnet": "1.0.0", "ssd": "1.0.0", "maskrcnn": "1.0.0", "bert": "1.0.0", "rnnt": "1.0.0",
-    "unet3d": "1.0.0", "minigo": "1.0.0", "dlrm": "1.0.0", "gnmt": "0.7.0", "transformer": "0.7.0",
-}
+from trainperf.results.logs import read_records
+from trainperf.rulesets import OWN_RULES, ruleset_for
 
 
 @dataclass
@@ -38,33 +32,11 @@ class CheckResult:
                 if line.startswith(("ERROR", "WARNING")) and "FAILED" not in line]
 
 
-# Benchmarks no official :::MLLOG ruleset knows: trainperf's own rules file, run by the official checker.
-OWN_RULES = {"ncf": Path(__file__).with_name("rules") / "ncf.yaml"}
-
-
-def ruleset_for(benchmark: str) -> str | None:
-    from trainperf import registry
-
-    workload = registry.by_benchmark(benchmark)
-    return workload.ruleset if workload else OTHER_RULESETS.get(benchmark)
-
-
 def read_header(log: Path) -> dict[str, str]:
     """submission_benchmark and submission_division from a log (noise lines between records ignored)."""
     found: dict[str, str] = {}
-    try:
-        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError as exc:
-        raise TrainperfError(f"{log}: cannot read ({exc.strerror})") from None
-    for line in lines:
-        marker = line.find(":::MLLOG ")
-        if marker < 0:
-            continue
-        try:
-            record = json.loads(line[marker + len(":::MLLOG "):])
-        except ValueError:
-            continue
-        if record.get("key") in ("submission_benchmark", "submission_division"):
+    for record in read_records(log):
+        if record["key"] in ("submission_benchmark", "submission_division"):
             found.setdefault(record["key"], str(record.get("value")))
     if "submission_benchmark" not in found:
         raise TrainperfError(f"{log}: no ':::MLLOG' submission_benchmark record (is this an MLPerf log?)")

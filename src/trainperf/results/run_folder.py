@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from trainperf.errors import TrainperfError
-from trainperf.results.files import write_json_atomic
+from trainperf.files import write_json_atomic
 from trainperf.spec import RunResult
 
 LOG_NAME = "mlperf_log.txt"

@@ -17,13 +17,14 @@ import logging
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mlperf_logging.benchmark_meta import get_result_file_counts
 from mlperf_logging.compliance_checker import mlp_compliance
-from mlperf_logging.compliance_checker.mlp_parser import parse_file
 
 from trainperf.errors import TrainperfError
-from trainperf.results.compliance import ruleset_for
+from trainperf.results.logs import read_records
+from trainperf.rulesets import ruleset_for
 
 
 @dataclass
@@ -34,6 +35,7 @@ class RunScore:
     reason: str | None  # why the run does not count as converged
     converge_point: float | None  # epoch_num (or samples_count) of the last evaluation
     division: str | None = None
+    quality: Any = None  # the last eval_accuracy value: a number, or named numbers
 
 
 @dataclass
@@ -95,31 +97,39 @@ def _quiet() -> None:
         root.setLevel(level)
 
 
-def _read(path: Path, ruleset: str) -> dict:
-    lines, _failed = parse_file(str(path), ruleset=ruleset)
+def _read(path: Path) -> dict:
     info: dict = {"benchmark": None, "division": None, "start": None, "stop": None, "status": None, "point": None,
-                  "eval_samples": None}
-    for line in lines:
-        key, value = line.key, line.value
+                  "eval_samples": None, "quality": None}
+    for record in read_records(path):
+        key, value, meta = record["key"], record.get("value"), record.get("metadata") or {}
         if key == "submission_benchmark" and info["benchmark"] is None:
-            info["benchmark"] = value["value"]
+            info["benchmark"] = value
         elif key == "submission_division" and info["division"] is None:
-            info["division"] = value["value"]
+            info["division"] = value
         elif key == "eval_samples" and info["eval_samples"] is None:
-            info["eval_samples"] = value["value"]
+            info["eval_samples"] = value
         elif key == "run_start" and info["start"] is None:
-            info["start"] = line.timestamp
+            info["start"] = record.get("time_ms")
         elif key == "run_stop" and info["stop"] is None:
-            info["stop"] = line.timestamp
-            info["status"] = value["metadata"].get("status")
+            info["stop"] = record.get("time_ms")
+            info["status"] = meta.get("status")
         elif key == "eval_accuracy":
-            meta = value.get("metadata", {})
             info["point"] = meta.get("samples_count", meta.get("epoch_num", info["point"]))
+            info["quality"] = value
     return info
 
 
+def quality_text(value: Any) -> str:
+    """An eval_accuracy value as read from a log: a number, or named numbers (Mask R-CNN's BBOX/SEGM)."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v:.4f}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in value.items())
+    if isinstance(value, (int, float)):
+        return f"{value:.4f}"
+    return "-"
+
+
 def score_run(path: Path, ruleset: str) -> tuple[RunScore, str | None]:
-    info = _read(path, ruleset)
+    info = _read(path)
     minutes = None
     if info["start"] is not None and info["stop"] is not None:
         minutes = (info["stop"] - info["start"]) / 60_000.0
@@ -134,7 +144,7 @@ def score_run(path: Path, ruleset: str) -> tuple[RunScore, str | None]:
     elif info["status"] != "success":
         reason = f"run_stop status {info['status']}"
     run = RunScore(file=str(path), minutes=minutes, converged=reason is None, reason=reason,
-                   converge_point=info["point"], division=info["division"])
+                   converge_point=info["point"], division=info["division"], quality=info["quality"])
     return run, info["benchmark"]
 
 
@@ -142,7 +152,7 @@ def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True) -> 
     files = sorted(folder.glob("result_*.txt"), key=lambda p: (len(p.name), p.name))
     if not files:
         raise TrainperfError(f"{folder}: no result_*.txt logs")
-    first = _read(files[0], ruleset or "1.0.0")
+    first = _read(files[0])
     benchmark = first["benchmark"]
     if benchmark is None:
         raise TrainperfError(f"{files[0]}: no submission_benchmark record")
@@ -190,3 +200,38 @@ def rcp_verdict(folder: Path, ruleset: str, division: str | None) -> str:
     except Exception as exc:  # noqa: BLE001 - the checker fails in many ways when it has no RCPs
         return f"n/a (the rcp_checker could not run: {type(exc).__name__} {exc})"
     return f"{'pass' if ok else 'fail'}: {message}"
+
+
+@dataclass
+class Comparison:
+    """Two result roots, benchmark by benchmark: each time-to-train (olympic score, or the mean of
+    converged runs when there are too few) and the ratio A / B (above 1: B trains faster)."""
+
+    system_a: str
+    system_b: str
+    rows: list[tuple[str, float | None, float | None, float | None]]  # benchmark, A, B, A / B
+    warnings: list[str]
+
+
+def compare(root_a: Path, root_b: Path, ruleset: str | None = None) -> Comparison:
+    def scores(root: Path) -> dict[str, BenchmarkScore]:
+        found: dict[str, BenchmarkScore] = {}
+        for folder in find_benchmark_folders(root):
+            result = score_folder(folder, ruleset, rcp=False)
+            found.setdefault(result.benchmark, result)
+        return found
+
+    a, b = scores(root_a), scores(root_b)
+    common = [k for k in a if k in b]
+    if not common:
+        raise TrainperfError(f"{root_a} and {root_b} have no benchmark in common "
+                             f"({', '.join(a) or 'none'} vs {', '.join(b) or 'none'})")
+    rows, warnings = [], []
+    for key in common:
+        sa, sb = a[key].score or a[key].mean, b[key].score or b[key].mean
+        rows.append((key, sa, sb, sa / sb if sa and sb else None))
+        # A mini result and a full one are different datasets: their times say nothing of each other.
+        if a[key].eval_samples != b[key].eval_samples:
+            warnings.append(f"{key}: the two were evaluated on different datasets (eval_samples "
+                            f"{a[key].eval_samples} vs {b[key].eval_samples}, e.g. full vs mini): not comparable")
+    return Comparison(a[common[0]].system, b[common[0]].system, rows, warnings)

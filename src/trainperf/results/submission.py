@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from trainperf.results.files import write_json_atomic
+from trainperf.files import write_json_atomic
 from trainperf.runtime import environment
 
 # Every field the official system_desc_checker requires for training.
@@ -32,24 +32,6 @@ FIELDS = (
 # submission_status in the log -> the system description's status wording.
 STATUS = {"onprem": "Available on-premise", "cloud": "Available cloud", "preview": "Preview",
           "research": "Research, Development, or Internal (RDI)"}
-
-
-def _cpuinfo() -> dict[str, str]:
-    info: dict[str, str] = {}
-    sockets: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key, value = key.strip(), value.strip()
-            if key == "physical id":
-                sockets.add(value)
-            elif key in ("cpu cores", "cpu MHz", "cache size") and key not in info:
-                info[key] = value
-    except OSError:
-        pass
-    if sockets:
-        info["sockets"] = str(len(sockets))
-    return info
 
 
 def _memory() -> str:
@@ -82,7 +64,7 @@ def default_system_name(device: torch.device, world_size: int) -> str:
 
 def system_description(system_name: str, org: str, division: str, status: str, device: torch.device,
                        world_size: int) -> dict[str, Any]:
-    cpu = _cpuinfo()
+    cpu = environment.cpuinfo()
     gpus = environment.gpu_names()
     versions = environment.describe(device, world_size)["versions"]
     desc = {field: "" for field in FIELDS}

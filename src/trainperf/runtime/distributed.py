@@ -18,8 +18,7 @@ import torch
 import torch.distributed as dist
 
 from trainperf.errors import TrainperfError
-from trainperf.runtime.context import RuntimeContext
-from trainperf.spec import ModelParts
+from trainperf.spec import ModelParts, RuntimeContext
 
 # A rank that stops answering makes the others fail their next collective after this long.
 DEFAULT_TIMEOUT_S = 120

@@ -12,14 +12,31 @@ from typing import Any
 import torch
 
 
-def cpu_model() -> str:
+def cpuinfo(path: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
+    """The first processor's fields of /proc/cpuinfo (model name, cpu MHz, cpu cores, cache size,
+    flags as a set) and the number of sockets; empty where the file cannot be read."""
+    info: dict[str, Any] = {}
+    sockets: set[str] = set()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        text = path.read_text()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return info
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "physical id":
+            sockets.add(value)
+        elif key == "flags" and "flags" not in info:
+            info["flags"] = set(value.split())
+        elif key in ("model name", "cpu MHz", "cpu cores", "cache size") and key not in info:
+            info[key] = value
+    if sockets:
+        info["sockets"] = str(len(sockets))
+    return info
+
+
+def cpu_model() -> str:
+    return cpuinfo().get("model name") or platform.processor() or platform.machine()
 
 
 def gpu_names() -> list[str]:

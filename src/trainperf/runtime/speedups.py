@@ -1,9 +1,9 @@
-"""Speedups, applied in one place. The harness (and `bench`) call these on what a workload built.
+"""Speedups, applied in one place. The harness (and `bench`) get their model through `assemble`.
 
 Switches live in the recipe (so `--set`, the CLI flags, `bench`, `scale` and `ablate` all reach them
-and every result records them): precision, channels_last, compile, cuda_graphs, fused_optimizer.
-A workload declares which apply to it; asking for one it does not support, or one the device
-cannot run, is a clear error, never a silent no-op.
+and every result records them): precision, channels_last, compile, cuda_graphs, fused_optimizer,
+async_eval. `SWITCHES` is the one list of them. A workload declares which apply to it; asking for one
+it does not support, or one the device cannot run, is a clear error, never a silent no-op.
 """
 
 from __future__ import annotations
@@ -11,54 +11,105 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from trainperf.errors import TrainperfError
-from trainperf.spec import ModelParts, Recipe, Workload
+from trainperf.spec import Assets, ModelParts, Recipe, RuntimeContext, Workload, bare_model
 
-SWITCHES = ("precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer", "async_eval")
+
+@dataclass(frozen=True)
+class Switch:
+    """One speedup: its recipe field, its command-line flag, and what the ablation turns on."""
+
+    name: str  # the recipe field
+    flag: str
+    help: str
+    off: Any  # the value that means "off"
+    on: Any  # the value the ablation ladder turns on
+    label: str  # the ablation's name for it
+    choices: tuple[str, ...] = ()  # a multi-valued switch (precision); else a boolean flag
+    ladder: bool = True  # part of the throughput ablation
+
+
+# The ablation ladder adds them in this order: cheap, always-safe switches first, compilation last.
+SWITCHES: tuple[Switch, ...] = (
+    Switch("channels_last", "--channels-last", "NHWC memory layout for convolutions", False, True,
+           "channels_last"),
+    Switch("precision", "--precision", "autocast precision (fp16 adds loss scaling)", "fp32", "bf16", "bf16",
+           choices=("fp32", "bf16", "fp16")),
+    Switch("fused_optimizer", "--fused-optimizer", "torch's fused optimizer kernels where they exist", False, True,
+           "fused_optimizer"),
+    Switch("compile", "--compile", "torch.compile the model and the evaluation forward (warmed up before "
+           "run_start)", False, True, "compile"),
+    Switch("cuda_graphs", "--cuda-graphs", "capture the model's forward/backward as CUDA Graphs and replay them "
+           "(GPU only)", False, True, "cuda_graphs"),
+    Switch("async_eval", "--async-eval", "score evaluations in the background while training continues", False,
+           True, "async_eval", ladder=False),
+)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def enabled(recipe: Recipe) -> dict[str, Any]:
     """The switches as recorded in results and logs."""
-    return {name: getattr(recipe, name) for name in SWITCHES}
+    return {s.name: getattr(recipe, s.name) for s in SWITCHES}
 
 
-def check_supported(workload: Workload, recipe: Recipe, device: torch.device, world_size: int = 1) -> None:
-    for name in SWITCHES:
-        value = getattr(recipe, name)
-        on = value != "fp32" if name == "precision" else bool(value)
-        if on and name not in workload.speedups:
-            raise TrainperfError(f"{name}={value}: not supported by {workload.name}")
+def all_off() -> list[str]:
+    """`--set` assignments that turn every switch off."""
+    return [f"{s.name}={str(s.off).lower()}" for s in SWITCHES]
+
+
+def check_supported(workload: Workload, recipe: Recipe, device: torch.device) -> None:
+    for switch in SWITCHES:
+        value = getattr(recipe, switch.name)
+        if value != switch.off and switch.name not in workload.speedups:
+            raise TrainperfError(f"{switch.name}={value}: not supported by {workload.name}")
     if recipe.cuda_graphs and device.type != "cuda":
         raise TrainperfError("cuda_graphs=true (--cuda-graphs): CUDA Graphs need a CUDA GPU; this run is on "
                              f"{device.type}")
-    if recipe.async_eval and world_size > 1:
-        # Its reductions would run on a second thread beside DDP's: not supported (yet).
-        raise TrainperfError("async_eval=true (--async-eval): supported on a single process only")
+    if workload.host_scoring not in ("thread", "process"):
+        raise TrainperfError(f"{workload.name}: host_scoring must be 'thread' or 'process'")
 
 
-def apply(workload: Workload, recipe: Recipe, parts: ModelParts, device: torch.device,
-          world_size: int = 1) -> ModelParts:
-    """Memory layout now; compilation is applied by `compile_model` after data parallelism wraps."""
-    check_supported(workload, recipe, device, world_size)
+def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
+    """What a workload builds, made ready to train: built, memory layout applied, wrapped in DDP with
+    several processes, compiled (the training model and the evaluation forward) when asked."""
+    from trainperf.runtime import distributed
+
+    check_supported(workload, recipe, ctx.device)
+    workload.check_recipe(recipe)
+    assets.check()
+    parts = workload.build(recipe, ctx, assets)
+    if parts.eval_forward is None:
+        parts.eval_forward = _call_model
     if recipe.channels_last:
         # Converting the weights is enough: convolutions then run NHWC, and their outputs stay NHWC.
         parts.model = parts.model.to(memory_format=torch.channels_last)
-    return parts
-
-
-def compile_model(recipe: Recipe, parts: ModelParts) -> ModelParts:
-    """torch.compile; with cuda_graphs, in the mode that captures CUDA Graphs and replays them
-    ("reduce-overhead": PyTorch's supported capture, static shapes handled by re-capture)."""
+        if parts.eval_model is not None:
+            parts.eval_model = parts.eval_model.to(memory_format=torch.channels_last)
+    parts = distributed.wrap_data_parallel(parts, ctx)
     if recipe.cuda_graphs:
+        # PyTorch's supported capture-and-replay ("reduce-overhead": static shapes, re-capture on change).
         parts.model = torch.compile(parts.model, mode="reduce-overhead")
     elif recipe.compile:
         parts.model = torch.compile(parts.model)
+    if recipe.compile or recipe.cuda_graphs:
+        # The evaluation forward is compiled on its own (it runs the unwrapped module, without DDP).
+        parts.eval_forward = torch.compile(parts.eval_forward)
     return parts
+
+
+def _call_model(model: torch.nn.Module, batch: Any) -> Any:
+    return model(batch)
+
+
+def evaluation_model(parts: ModelParts) -> torch.nn.Module:
+    """The module evaluations score: the workload's eval_model (EMA weights) or the trained module,
+    unwrapped from DDP (its forward would sync buffers, and shards differ in size)."""
+    return parts.eval_model if parts.eval_model is not None else bare_model(parts.model)
 
 
 def autocast(recipe: Recipe, device: torch.device) -> contextlib.AbstractContextManager:
@@ -74,28 +125,45 @@ def grad_scaler(recipe: Recipe, device: torch.device) -> torch.amp.GradScaler | 
     return None
 
 
-def warm_up(parts: ModelParts, make_step: Callable[[], Callable[[Any], torch.Tensor]], batch: Any,
-            steps: int) -> None:
-    """Run `steps` training steps on a synthetic batch (compilation, autotuning, graph capture) and
-    restore the model and optimizer state afterwards, so no synthetic data influences training."""
-    model_state = copy.deepcopy(parts.model.state_dict())
+def evaluate_with(parts: ModelParts, recipe: Recipe, device: torch.device) -> Callable[[Any], Any]:
+    """forward(batch) for a workload's evaluate: its eval_forward on the evaluation model, without
+    gradients, under the recipe's precision (the caller puts the model in eval mode)."""
+    model = evaluation_model(parts)
+    forward = parts.eval_forward or _call_model
+
+    def run(batch: Any) -> Any:
+        with torch.no_grad(), autocast(recipe, device):
+            return forward(model, batch)
+
+    return run
+
+
+def warm_up(workload: Workload, recipe: Recipe, ctx: RuntimeContext, parts: ModelParts,
+            make_step: Callable[[], Callable[[Any], torch.Tensor]], steps: int = 3) -> None:
+    """Compile (and capture) before run_start, on synthetic batches, as the rules allow: `steps`
+    training steps, then the evaluation forward in eval mode at three batch sizes (full, half and one,
+    so that no later evaluation batch, however small, compiles anything in the timed region).
+    The model, evaluation model and optimizer states are restored afterwards: no synthetic data
+    influences training."""
+    eval_model = evaluation_model(parts)
+    saved = [(m, copy.deepcopy(m.state_dict())) for m in {id(m): m for m in (parts.model, eval_model)}.values()]
     optim_state = copy.deepcopy(parts.optimizer.state_dict())
+    batch = workload.synthetic_batch(recipe, ctx, parts.model)
     step = make_step()
     for _ in range(steps):
         step(batch)
-    inner = getattr(parts.model, "_orig_mod", parts.model)
-    if not isinstance(inner, torch.nn.parallel.DistributedDataParallel):
-        # The harness evaluates this model in eval mode, without gradients or autocast, at other
-        # batch sizes: that graph is compiled here too (at two sizes, so that its batch dimension is
-        # dynamic) and no compilation lands in the timed region. (Under DDP the harness evaluates
-        # the bare module, uncompiled.)
-        from trainperf.runtime.step import split_batch
-
-        parts.model.eval()
-        with torch.no_grad():
-            for sub in (batch, split_batch(batch, 2)[0]):
-                parts.loss_fn(parts.model, sub)
-        parts.model.train()
-    parts.model.load_state_dict(model_state)
+    eval_batch = workload.synthetic_eval_batch(recipe, ctx, parts.model)
+    forward = evaluate_with(parts, recipe, ctx.device)
+    was_training = eval_model.training
+    eval_model.eval()
+    # Three sizes: the whole batch and half of it make the batch dimension dynamic; a batch of one
+    # (the last batch of many evaluation sets) is a graph of its own, as the compiler specialises
+    # sizes 0 and 1.
+    size = workload.batch_samples(eval_batch)
+    for parts_count in (1, 2, size):
+        forward(workload.split_batch(eval_batch, parts_count)[0])
+    eval_model.train(was_training)
+    for module, state in saved:
+        module.load_state_dict(state)
     parts.optimizer.load_state_dict(optim_state)
     parts.optimizer.zero_grad(set_to_none=True)

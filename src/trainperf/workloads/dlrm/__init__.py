@@ -19,14 +19,25 @@ from torch import nn
 from torchmetrics.functional.classification import binary_auroc
 
 from trainperf.errors import TrainperfError
-from trainperf.spec import DataParts, EvalPartial, Metric, ModelParts, Recipe, Workload, bare_model
+from trainperf.rulesets import RULESETS
+from trainperf.spec import (
+    Assets,
+    DataParts,
+    EpochView,
+    EvalPartial,
+    Metric,
+    ModelParts,
+    Recipe,
+    RuntimeContext,
+    Workload,
+    bare_model,
+)
 from trainperf.workloads.dlrm import data as D
 
 FULL_DAYS = 24
 # The mini dataset (generated once by `prepare`, so not a recipe field: a recipe cannot change it).
 MINI_DAYS, MINI_ROWS_PER_DAY = 4, 100_000
 MIN_LR = 1e-7  # the reference's floor during the polynomial decay
-ASYNC_EVAL_MAX_BYTES = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -58,10 +69,10 @@ class DLRMRecipe(Recipe):
 
 
 def _full(name: str, batch: int, lr: float, warmup: int, start: int, steps: int) -> DLRMRecipe:
-    # One pass over the data at most, evaluated every 0.05 epoch (MLPerf DLRM).
+    # One pass over the data at most, evaluated every 0.05 epoch (MLPerf DLRM), logged as 1.05, 1.10, …
     return DLRMRecipe(name=name, global_batch_size=batch, max_epochs=1, target=0.8025, eval_every=1, eval_first=1,
-                      evals_per_epoch=20, base_lr=lr, warmup_steps=warmup, decay_start_step=start,
-                      decay_steps=steps)
+                      evals_per_epoch=20, log_epoch_num="1+epochs", base_lr=lr, warmup_steps=warmup,
+                      decay_start_step=start, decay_steps=steps)
 
 
 # The reference run_and_time.sh, then the reference convergence points (RCP) of the v2.0 round.
@@ -72,7 +83,8 @@ FULL_RECIPES = {r.name: r for r in (
     _full("rcp-71680", 71680, 26.0, 2500, 46821, 15406),
 )}
 MINI = DLRMRecipe(name="mini", global_batch_size=512, max_epochs=2, target=0.79, eval_every=1, eval_first=1,
-                  evals_per_epoch=20, base_lr=1.0, warmup_steps=50, decay_start_step=600, decay_steps=600,
+                  evals_per_epoch=20, log_epoch_num="1+epochs", base_lr=1.0, warmup_steps=50, decay_start_step=600,
+                  decay_steps=600,
                   embedding_dim=16, bottom_mlp=(64, 16), top_mlp=(64, 32, 1), eval_batch_size=8192)
 
 
@@ -135,6 +147,12 @@ class DLRM(nn.Module):
         return self.top(torch.cat([x, z[:, self.pair_rows, self.pair_cols]], dim=1)).squeeze(-1)
 
 
+def _click_probability(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The evaluation forward: the predicted click probability of every sample."""
+    dense, sparse = batch[0], batch[1]
+    return torch.sigmoid(model(dense, sparse).float())
+
+
 def auc(labels: torch.Tensor, scores: torch.Tensor) -> float:
     """ROC AUC of probabilities `scores` in [0, 1] (torchmetrics would take other values for logits),
     computed where the tensors are: no copy of the whole evaluation set to the host, and one sort
@@ -174,22 +192,18 @@ def _prefetched(batches: Iterator[Any], depth: int = 4) -> Iterator[Any]:
         yield item
 
 
-class DLRMWorkload(Workload):
+class DLRMWorkload(Workload[DLRMRecipe]):
     name = "dlrm"
     benchmark = "dlrm"
-    ruleset = "1.0.0"
+    ruleset = RULESETS[benchmark]
     metric = Metric("auc", higher_is_better=True)
     summary = "DLRM on Criteo Terabyte, ROC AUC (mini: planted-teacher day files in the raw TSV format)"
     mlperf_runs = 5
     speedups = frozenset({"precision", "compile", "async_eval"})
-    needs_data_to_build = True
+    assets_in_data = True
 
-    def recipes(self, scale: str) -> dict[str, Recipe]:
+    def recipes(self, scale: str) -> dict[str, DLRMRecipe]:
         return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
-
-    def eval_epoch_num(self, epochs: float) -> float:
-        # The DLRM rules log 1 + the fraction of the epoch: 1.05, 1.10, … (as the published logs do).
-        return 1.0 + epochs
 
     def data_problems(self, scale: str, data_dir: Path) -> list[str]:
         if D.preprocessed(data_dir):
@@ -212,8 +226,7 @@ class DLRMWorkload(Workload):
                 f"teacher AUC on the eval half {stats['teacher_auc']:.4f}")
         D.preprocess(data_dir, days, say)
 
-    def mlperf_hyperparameters(self, recipe: Recipe, ctx: Any) -> dict[str, Any]:
-        assert isinstance(recipe, DLRMRecipe)
+    def mlperf_hyperparameters(self, recipe: DLRMRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         return {
             "opt_base_learning_rate": recipe.base_lr, "sgd_opt_base_learning_rate": recipe.base_lr,
             "opt_learning_rate_warmup_steps": recipe.warmup_steps, "lr_decay_start_steps": recipe.decay_start_step,
@@ -221,12 +234,14 @@ class DLRMWorkload(Workload):
             "sgd_opt_learning_rate_decay_poly_power": recipe.poly_power,
         }
 
-    def build(self, recipe: Recipe, ctx: Any, data_dir: Path | None = None) -> ModelParts:
-        assert isinstance(recipe, DLRMRecipe)
-        manifest = D.preprocessed(data_dir) if data_dir else None
-        if manifest is None:
-            raise TrainperfError(f"dlrm: the embedding tables are sized by the preprocessed dataset; none in "
-                                 f"{data_dir} (trainperf prepare dlrm)")
+    def assets(self, recipe: DLRMRecipe, data_dir: Path | None) -> dict[str, Path]:
+        if data_dir is None:
+            raise TrainperfError("dlrm: the embedding tables are sized by the preprocessed dataset "
+                                 "(trainperf prepare dlrm)")
+        return {"dataset manifest": data_dir / D.MANIFEST}
+
+    def build(self, recipe: DLRMRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
+        table_sizes = D.manifest_table_sizes(assets.json("dataset manifest"), assets["dataset manifest"])
         # Sparse embedding gradients (only the rows a batch touched) on one process. Data parallelism
         # all-reduces dense ones instead: DDP's sparse all-reduce is unsupported on NCCL and was slow
         # (and once crashed) on gloo. The full tables (24e9 parameters) do not fit one GPU anyway:
@@ -235,13 +250,7 @@ class DLRMWorkload(Workload):
         if recipe.embedding_device == "cpu" and ctx.world_size > 1:
             raise TrainperfError("embedding_device=cpu: supported on a single process only (data parallelism "
                                  "would all-reduce the host tables)")
-        table_bytes = sum(manifest["table_sizes"]) * recipe.embedding_dim * 4
-        if recipe.async_eval and table_bytes > ASYNC_EVAL_MAX_BYTES:
-            # Asynchronous evaluation scores a copy of the weights, 20 times an epoch.
-            raise TrainperfError(f"async_eval=true (--async-eval): the embedding tables hold "
-                                 f"{table_bytes / 2**30:.0f} GiB; copying them for every evaluation is not "
-                                 f"supported above {ASYNC_EVAL_MAX_BYTES / 2**30:.0f} GiB")
-        model = DLRM(manifest["table_sizes"], recipe.embedding_dim, recipe.bottom_mlp, recipe.top_mlp, sparse=sparse)
+        model = DLRM(table_sizes, recipe.embedding_dim, recipe.bottom_mlp, recipe.top_mlp, sparse=sparse)
         model = model.to(ctx.device)
         if recipe.embedding_device == "cpu":
             model.embeddings.to("cpu")
@@ -254,11 +263,9 @@ class DLRMWorkload(Workload):
             return F.binary_cross_entropy_with_logits(model(dense, sparse).float(), labels)
 
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn,
-                          lr_schedule=lambda steps: lr_factor(recipe))
+                          lr_schedule=lambda steps: lr_factor(recipe), eval_forward=_click_probability)
 
-    def synthetic_batch(self, recipe: Recipe, ctx: Any, model: nn.Module | None = None) -> Any:
-        if model is None:
-            raise TrainperfError("dlrm: synthetic batches are sized by the model's tables")
+    def synthetic_batch(self, recipe: DLRMRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         bare = bare_model(model)
         n = recipe.global_batch_size // ctx.world_size
         gen = torch.Generator(device=ctx.device).manual_seed(0)
@@ -268,8 +275,7 @@ class DLRMWorkload(Workload):
                               for t in bare.embeddings], dim=1).to(tables)
         return dense, sparse, torch.randint(0, 2, (n,), device=ctx.device, generator=gen).float()
 
-    def load_data(self, recipe: Recipe, data_dir: Path, ctx: Any) -> DataParts:
-        assert isinstance(recipe, DLRMRecipe)
+    def load_data(self, recipe: DLRMRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
         if D.preprocessed(data_dir) is None:
             raise TrainperfError(f"{data_dir}: no preprocessed Criteo data (trainperf prepare dlrm)")
         train, test = D.open_split(data_dir, "train"), D.open_split(data_dir, "test")
@@ -280,13 +286,13 @@ class DLRMWorkload(Workload):
                                  f"global batch of {batch}")
         mine = ctx.shard(batch)
         tables = torch.device("cpu") if recipe.embedding_device == "cpu" else device
-        seed = int(torch.initial_seed())
+        seed = ctx.stream_seed("batch order")
         shard = ctx.shard(test.shape[0])
 
-        def train_batches(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
             # Whole global batches in a new order every epoch (the reference's --mlperf-bin-shuffle),
             # the same order on every rank; each rank reads its contiguous share of each batch.
-            order = np.random.default_rng([seed, epoch]).permutation(steps)
+            order = np.random.default_rng([seed, view.epoch]).permutation(steps)
 
             def read() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
                 for b in order:
@@ -295,12 +301,12 @@ class DLRMWorkload(Workload):
 
             return _prefetched(read()) if device.type == "cuda" else read()
 
-        def evaluate(model: nn.Module) -> EvalPartial:
+        def evaluate(forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
             scores, labels = [], []
             for start in range(shard.start, shard.stop, recipe.eval_batch_size):
                 rows = test[start:min(start + recipe.eval_batch_size, shard.stop)]
                 dense, sparse, label = to_batch(rows, device, tables)
-                scores.append(torch.sigmoid(model(dense, sparse).float()))
+                scores.append(forward((dense, sparse, label)))
                 labels.append(label)
             empty = torch.zeros(0, device=device)
             return EvalPartial(
@@ -309,5 +315,4 @@ class DLRMWorkload(Workload):
                          "labels": torch.cat(labels) if labels else empty})
 
         return DataParts(train_batches=train_batches, steps_per_epoch=steps, train_samples=steps * batch,
-                         eval_samples=int(test.shape[0]), evaluate=evaluate,
-                         batch_samples=lambda b: int(b[0].shape[0]))
+                         eval_samples=int(test.shape[0]), evaluate=evaluate)

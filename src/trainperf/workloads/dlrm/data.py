@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from trainperf.errors import TrainperfError
-from trainperf.results.files import AtomicOutput, write_json_atomic
+from trainperf.files import AtomicOutput, write_json_atomic
 
 N_DENSE, N_SPARSE = 13, 26
 N_FIELDS = 1 + N_DENSE + N_SPARSE
@@ -361,6 +361,17 @@ def _remapped_blocks(data_dir: Path, day: int, remaps: list[_Remap]) -> Iterator
             col = 1 + N_DENSE + j
             block[:, col] = remap(block[:, col])
         yield block
+
+
+def manifest_table_sizes(manifest: Any, path: Path) -> list[int]:
+    """The embedding table sizes of a preprocessing manifest, or a one-line error naming the file."""
+    try:
+        if manifest["format_version"] != FORMAT_VERSION:
+            raise ValueError(f"format_version {manifest['format_version']}, expected {FORMAT_VERSION}")
+        return [int(n) for n in manifest["table_sizes"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TrainperfError(f"{path}: not a trainperf DLRM manifest ({exc}); run trainperf prepare dlrm again") \
+            from None
 
 
 def preprocessed(data_dir: Path) -> dict | None:

@@ -14,7 +14,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainperf.errors import TrainperfError
-from trainperf.spec import DataParts, EvalPartial, Metric, ModelParts, Recipe, Workload, bare_model
+from trainperf.rulesets import RULESETS
+from trainperf.spec import (
+    Assets,
+    DataParts,
+    EpochView,
+    EvalPartial,
+    Metric,
+    ModelParts,
+    Recipe,
+    RuntimeContext,
+    Workload,
+    bare_model,
+)
 from trainperf.workloads.ncf import data as D
 
 TOP_K = 10
@@ -80,6 +92,12 @@ def hit_rate_hits(scores_pos: torch.Tensor, scores_neg: torch.Tensor, k: int = T
     return (rank < k).long()
 
 
+def _scores(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The evaluation forward: the score of every (user, candidate item) pair."""
+    users, items = batch
+    return model(users, items).float()
+
+
 def popularity_hr(train_pairs: np.ndarray, test_pos: np.ndarray, test_neg: np.ndarray, n_items: int) -> float:
     """HR@10 of ranking by training popularity: the baseline a learned model must clearly beat."""
     counts = torch.from_numpy(np.bincount(train_pairs[:, 1], minlength=n_items)).float()
@@ -87,17 +105,17 @@ def popularity_hr(train_pairs: np.ndarray, test_pos: np.ndarray, test_neg: np.nd
     return hits.float().mean().item()
 
 
-class NCFWorkload(Workload):
+class NCFWorkload(Workload[NCFRecipe]):
     name = "ncf"
     benchmark = "ncf"
-    ruleset = "0.7.0"  # the common rules of 0.7.0 plus trainperf's own ncf rules (see results/rules)
+    ruleset = RULESETS[benchmark]  # the common rules of 0.7.0 plus trainperf's own ncf rules (rulesets.py)
     metric = Metric("hr@10", higher_is_better=True)
     summary = "NeuMF on MovieLens-20m, HR@10 (mini: planted-preference ratings in ml-20m format)"
     mlperf_runs = 10
     speedups = frozenset({"precision", "compile", "fused_optimizer", "async_eval"})
-    needs_data_to_build = True
+    assets_in_data = True
 
-    def recipes(self, scale: str) -> dict[str, Recipe]:
+    def recipes(self, scale: str) -> dict[str, NCFRecipe]:
         return {"mini": MINI} if scale == "mini" else {"reference": FULL}
 
     @staticmethod
@@ -128,8 +146,7 @@ class NCFWorkload(Workload):
             say(f"wrote {rows:,} synthetic ratings to {root / 'ratings.csv'} (ml-20m format)")
         D.convert(root / "ratings.csv", root, say)
 
-    def mlperf_hyperparameters(self, recipe: Recipe, ctx: Any) -> dict[str, Any]:
-        assert isinstance(recipe, NCFRecipe)
+    def mlperf_hyperparameters(self, recipe: NCFRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         return {
             "opt_name": "adam", "opt_base_learning_rate": recipe.base_lr, "opt_adam_beta_1": recipe.beta1,
             "opt_adam_beta_2": recipe.beta2, "opt_adam_epsilon": recipe.eps,
@@ -137,13 +154,15 @@ class NCFWorkload(Workload):
             "input_hp_num_neg": recipe.train_negatives, "eval_hp_num_neg": D.NUM_EVAL_NEGATIVES,
         }
 
-    def build(self, recipe: Recipe, ctx: Any, data_dir: Path | None = None) -> ModelParts:
-        assert isinstance(recipe, NCFRecipe)
-        manifest = D.converted(self._converted_dir(data_dir)) if data_dir else None
-        if manifest is None:
-            raise TrainperfError(f"ncf: the model is sized by the converted dataset; none in {data_dir} "
-                                 "(trainperf prepare ncf)")
-        model = NeuMF(manifest["users"], manifest["items"], recipe.factors, recipe.mlp_layers).to(ctx.device)
+    def assets(self, recipe: NCFRecipe, data_dir: Path | None) -> dict[str, Path]:
+        if data_dir is None:
+            raise TrainperfError("ncf: the model is sized by the converted dataset (trainperf prepare ncf)")
+        # The embeddings are sized by the converted dataset's user and item counts.
+        return {"dataset manifest": self._converted_dir(data_dir) / D.MANIFEST}
+
+    def build(self, recipe: NCFRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
+        users, items = D.manifest_sizes(assets.json("dataset manifest"), assets["dataset manifest"])
+        model = NeuMF(users, items, recipe.factors, recipe.mlp_layers).to(ctx.device)
         impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
         optimizer = torch.optim.Adam(model.parameters(), lr=recipe.base_lr, betas=(recipe.beta1, recipe.beta2),
                                      eps=recipe.eps, **impl)
@@ -154,11 +173,9 @@ class NCFWorkload(Workload):
 
         # The reference trains at a constant Adam learning rate.
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn,
-                          lr_schedule=lambda steps: (lambda step: 1.0))
+                          lr_schedule=lambda steps: (lambda step: 1.0), eval_forward=_scores)
 
-    def synthetic_batch(self, recipe: Recipe, ctx: Any, model: nn.Module | None = None) -> Any:
-        if model is None:
-            raise TrainperfError("ncf: synthetic batches are sized by the model")
+    def synthetic_batch(self, recipe: NCFRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         bare = bare_model(model)
         n = recipe.global_batch_size // ctx.world_size
         gen = torch.Generator(device=ctx.device).manual_seed(0)
@@ -166,8 +183,14 @@ class NCFWorkload(Workload):
         items = torch.randint(0, bare.gmf_item.num_embeddings, (n,), device=ctx.device, generator=gen)
         return users, items, torch.randint(0, 2, (n,), device=ctx.device, generator=gen).float()
 
-    def load_data(self, recipe: Recipe, data_dir: Path, ctx: Any) -> DataParts:
-        assert isinstance(recipe, NCFRecipe)
+    def synthetic_eval_batch(self, recipe: NCFRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
+        bare = bare_model(model)
+        gen = torch.Generator(device=ctx.device).manual_seed(1)
+        shape = (recipe.eval_batch_users, 1 + D.NUM_EVAL_NEGATIVES)
+        users = torch.randint(0, bare.gmf_user.num_embeddings, shape, device=ctx.device, generator=gen)
+        return users, torch.randint(0, bare.gmf_item.num_embeddings, shape, device=ctx.device, generator=gen)
+
+    def load_data(self, recipe: NCFRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
         root = self._converted_dir(data_dir)
         manifest = D.converted(root)
         train, test_users, test_pos, test_neg = D.load(root)
@@ -179,14 +202,13 @@ class NCFWorkload(Workload):
         batch = recipe.global_batch_size
         usable = per_epoch if per_epoch % batch >= ctx.world_size or per_epoch % batch == 0 else \
             per_epoch - per_epoch % batch
-        gen = torch.Generator(device=device)
-        gen.manual_seed(int(torch.initial_seed()))
+        gen = ctx.generator("negatives")
         shard = ctx.shard(test_users.shape[0])
         eval_users = torch.tensor(test_users[shard.start:shard.stop]).to(device)
         eval_pos = torch.tensor(test_pos[shard.start:shard.stop]).to(device)
         eval_neg = torch.tensor(test_neg[shard.start:shard.stop]).to(device)
 
-        def train_batches(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
             # Fresh training negatives every epoch (uniform over all items), the same on every rank.
             k = recipe.train_negatives
             users = torch.cat([pos_users, pos_users.repeat(k)])
@@ -201,18 +223,17 @@ class NCFWorkload(Workload):
                 idx = idx[mine.start:mine.stop]
                 yield users[idx], items[idx], labels[idx]
 
-        def evaluate(model: nn.Module) -> EvalPartial:
+        def evaluate(forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
             hits = torch.zeros((), dtype=torch.long, device=device)
             for start in range(0, eval_users.numel(), recipe.eval_batch_users):
                 u = eval_users[start:start + recipe.eval_batch_users]
                 candidates = torch.cat([eval_pos[start:start + recipe.eval_batch_users].unsqueeze(1),
                                         eval_neg[start:start + recipe.eval_batch_users]], dim=1)
-                scores = model(u.unsqueeze(1).expand_as(candidates), candidates).float()
+                scores = forward((u.unsqueeze(1).expand_as(candidates), candidates))
                 hits += hit_rate_hits(scores[:, 0], scores[:, 1:]).sum()
             count = torch.tensor(eval_users.numel(), device=device)
             return EvalPartial(metric=lambda t: t["hits"].item() / max(t["count"].item(), 1),
                                sums={"hits": hits, "count": count})
 
         return DataParts(train_batches=train_batches, steps_per_epoch=-(-usable // batch), train_samples=usable,
-                         eval_samples=int(test_users.shape[0]), evaluate=evaluate,
-                         batch_samples=lambda b: int(b[0].shape[0]))
+                         eval_samples=int(test_users.shape[0]), evaluate=evaluate)

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import tempfile
 from array import array
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from trainperf.errors import TrainperfError
+from trainperf.files import AtomicOutput, write_text_atomic
 
 HEADER = ["userId", "movieId", "rating", "timestamp"]
 OUTPUTS = ("train-ratings.csv", "test-ratings.csv", "test-negative.csv")
@@ -112,28 +112,15 @@ def convert(ratings_csv: Path, out_dir: Path, say: Callable[[str], None] = print
     _write_tsv(out_dir / OUTPUTS[2], negatives)
     manifest = {"format_version": FORMAT_VERSION, "source": str(ratings_csv), "users": n_users, "items": n_items,
                 "train_ratings": int(train_users.size), "test_ratings": int(test_users.size)}
-    _atomic_write(out_dir / MANIFEST, json.dumps(manifest, indent=2))
+    write_text_atomic(out_dir / MANIFEST, json.dumps(manifest, indent=2))
     say(f"converted {users_orig.size:,} ratings: {n_users:,} users, {n_items:,} items, "
         f"{train_users.size:,} train positives, {n_users:,} test users x {NUM_EVAL_NEGATIVES} negatives")
     return manifest
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 def _write_tsv(path: Path, table: np.ndarray) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
+    with AtomicOutput(path) as tmp:
         np.savetxt(tmp, table, fmt="%d", delimiter="\t")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def converted(out_dir: Path) -> dict | None:
@@ -144,6 +131,16 @@ def converted(out_dir: Path) -> dict | None:
     if manifest.get("format_version") != FORMAT_VERSION or not all((out_dir / f).is_file() for f in OUTPUTS):
         return None
     return manifest
+
+
+def manifest_sizes(manifest: Any, path: Path) -> tuple[int, int]:
+    """(users, items) of a conversion manifest, or a one-line error naming the file."""
+    try:
+        if manifest["format_version"] != FORMAT_VERSION:
+            raise ValueError(f"format_version {manifest['format_version']}, expected {FORMAT_VERSION}")
+        return int(manifest["users"]), int(manifest["items"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TrainperfError(f"{path}: not a trainperf NCF manifest ({exc}); run trainperf prepare ncf again") from None
 
 
 def load(out_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -174,8 +171,7 @@ def generate_ratings(path: Path, n_users: int = 3000, n_items: int = 1000, dim: 
     counts = np.minimum(20 + rng.lognormal(mean=2.5, sigma=0.9, size=n_users).astype(int), n_items // 2)
     movie_ids = np.sort(rng.choice(np.arange(1, 20 * n_items), size=n_items, replace=False))
     rows = 0
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", newline="") as fh:
+    with AtomicOutput(path) as tmp, tmp.open("w", newline="") as fh:
         writer = csv.writer(fh, lineterminator="\n")
         writer.writerow(HEADER)
         for u in range(n_users):
@@ -188,5 +184,4 @@ def generate_ratings(path: Path, n_users: int = 3000, n_items: int = 1000, dim: 
             for item, stamp, star in zip(chosen, stamps.astype(np.int64), stars, strict=True):
                 writer.writerow([u + 1, int(movie_ids[item]), f"{star:.1f}", int(stamp)])
             rows += int(counts[u])
-    os.replace(tmp, path)
     return rows

@@ -14,7 +14,18 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from trainperf.errors import TrainperfError
 from trainperf.optim import LARS, warmup_poly
-from trainperf.spec import DataParts, EvalPartial, Metric, ModelParts, Recipe, Workload
+from trainperf.rulesets import RULESETS
+from trainperf.spec import (
+    Assets,
+    DataParts,
+    EpochView,
+    EvalPartial,
+    Metric,
+    ModelParts,
+    Recipe,
+    RuntimeContext,
+    Workload,
+)
 from trainperf.workloads.resnet import data as D
 from trainperf.workloads.resnet.model import MiniResNet, build_resnet50
 
@@ -93,6 +104,11 @@ MINI_RECIPE = ResNetRecipe(
 )
 
 
+def _predict(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The evaluation forward: the predicted class of each image."""
+    return model(batch[0]).argmax(1)
+
+
 def _top1(totals: dict[str, torch.Tensor]) -> float:
     return totals["correct"].item() / max(totals["count"].item(), 1)
 
@@ -112,17 +128,17 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
     ]
 
 
-class ResNetWorkload(Workload):
+class ResNetWorkload(Workload[ResNetRecipe]):
     name = "resnet"
     benchmark = "resnet"
-    ruleset = "1.0.0"
+    ruleset = RULESETS[benchmark]
     metric = Metric("top1", higher_is_better=True)
     summary = "ResNet-50 v1.5 on ImageNet (mini: a small ResNet on real handwritten digits)"
     mlperf_runs = 5
     speedups = frozenset({"precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer", "async_eval"})
 
     # -- declaration ----------------------------------------------------------------------------
-    def recipes(self, scale: str) -> dict[str, Recipe]:
+    def recipes(self, scale: str) -> dict[str, ResNetRecipe]:
         return {"mini": MINI_RECIPE} if scale == "mini" else dict(FULL_RECIPES)
 
     def data_problems(self, scale: str, data_dir: Path) -> list[str]:
@@ -152,8 +168,7 @@ class ResNetWorkload(Workload):
             say(f"note: ILSVRC-2012 has {IMAGENET_TRAIN} train / {IMAGENET_VAL} val images in "
                 f"{IMAGENET_CLASSES} classes; results on this copy are not comparable to MLPerf's")
 
-    def mlperf_hyperparameters(self, recipe: Recipe, ctx: Any) -> dict[str, Any]:
-        assert isinstance(recipe, ResNetRecipe)
+    def mlperf_hyperparameters(self, recipe: ResNetRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         decay_epochs = recipe.train_epochs - recipe.warmup_epochs
         # BN statistics are per process (not synchronised): the span is the per-process micro-batch.
         bn_span = recipe.global_batch_size // (ctx.world_size * recipe.grad_accum_steps)
@@ -183,8 +198,7 @@ class ResNetWorkload(Workload):
         }
 
     # -- parts ----------------------------------------------------------------------------------
-    def build(self, recipe: Recipe, ctx: Any, data_dir: Path | None = None) -> ModelParts:
-        assert isinstance(recipe, ResNetRecipe)
+    def build(self, recipe: ResNetRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         if recipe.model == "mini":
             model: nn.Module = MiniResNet(recipe.num_classes, recipe.stem_width, recipe.widths, recipe.blocks)
         else:
@@ -209,17 +223,19 @@ class ResNetWorkload(Workload):
             images, labels = batch
             return F.cross_entropy(model(images), labels, label_smoothing=smoothing)
 
-        def lr_schedule(steps_per_epoch: int) -> Callable[[int], float]:
+        def lr_schedule(steps_per_epoch: int | None) -> Callable[[int], float]:
+            if not steps_per_epoch:
+                raise TrainperfError("resnet: the LR schedule is in epochs and needs the steps per epoch")
             return warmup_poly(
                 recipe.base_lr, recipe.end_lr, round(recipe.warmup_epochs * steps_per_epoch),
                 round(recipe.train_epochs * steps_per_epoch), recipe.poly_power,
             )
 
-        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, lr_schedule=lr_schedule)
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, lr_schedule=lr_schedule,
+                          eval_forward=_predict)
 
-    def synthetic_batch(self, recipe: Recipe, ctx: Any,
-                        model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        assert isinstance(recipe, ResNetRecipe)
+    def synthetic_batch(self, recipe: ResNetRecipe, ctx: RuntimeContext,
+                        model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         n = recipe.global_batch_size // ctx.world_size
         gen = torch.Generator(device=ctx.device).manual_seed(0)
         images = torch.randint(0, 256, (n, 3, recipe.image_size, recipe.image_size), device=ctx.device,
@@ -227,8 +243,7 @@ class ResNetWorkload(Workload):
         labels = torch.randint(0, recipe.num_classes, (n,), device=ctx.device, generator=gen)
         return D.normalize(images), labels
 
-    def load_data(self, recipe: Recipe, data_dir: Path, ctx: Any) -> DataParts:
-        assert isinstance(recipe, ResNetRecipe)
+    def load_data(self, recipe: ResNetRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
         train_index = D.scan_split(data_dir, "train")
         val_index = D.scan_split(data_dir, "val", train_index.classes)
         if len(train_index.classes) > recipe.num_classes:
@@ -239,16 +254,14 @@ class ResNetWorkload(Workload):
         return self._streamed_data(recipe, train_index, val_index, ctx)
 
     def _resident_data(self, recipe: ResNetRecipe, train_index: D.ImageIndex, val_index: D.ImageIndex,
-                       ctx: Any) -> DataParts:
+                       ctx: RuntimeContext) -> DataParts:
         device = ctx.device
         train_x, train_y = D.load_resident(train_index, device)
         val_x, val_y = D.load_resident(val_index, device)
         # Every process draws the same global order (same seed); each takes its share of every
         # global batch, so the global batches do not depend on the number of processes.
-        order_gen = torch.Generator(device=device)
-        order_gen.manual_seed(int(torch.initial_seed()))
-        aug_gen = torch.Generator(device=device)
-        aug_gen.manual_seed(int(torch.initial_seed()) + 1 + ctx.rank)
+        order_gen = ctx.generator("order")
+        aug_gen = ctx.generator("augment", per_rank=True)
         n, batch = train_x.shape[0], recipe.global_batch_size
         # A last global batch smaller than the number of processes would leave a process empty-handed.
         usable = n if n % batch >= ctx.world_size or n % batch == 0 else n - n % batch
@@ -256,7 +269,7 @@ class ResNetWorkload(Workload):
         eval_shard = ctx.shard(val_x.shape[0])
         val_x, val_y = val_x[eval_shard.start:eval_shard.stop], val_y[eval_shard.start:eval_shard.stop]
 
-        def train_batches(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
             order = torch.randperm(n, device=device, generator=order_gen)[:usable]
             for start in range(0, usable, batch):
                 global_idx = order[start:start + batch]
@@ -265,11 +278,12 @@ class ResNetWorkload(Workload):
                 images = D.random_resized_crop(train_x[idx].float(), recipe.min_crop_area, recipe.hflip, aug_gen)
                 yield D.normalize(images), train_y[idx]
 
-        def evaluate(model: nn.Module) -> EvalPartial:
+        def evaluate(forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
             correct = torch.zeros((), dtype=torch.long, device=device)
             for start in range(0, val_x.shape[0], recipe.eval_batch_size):
-                logits = model(D.normalize(val_x[start:start + recipe.eval_batch_size]))
-                correct += (logits.argmax(1) == val_y[start:start + recipe.eval_batch_size]).sum()
+                labels = val_y[start:start + recipe.eval_batch_size]
+                images = D.normalize(val_x[start:start + recipe.eval_batch_size])
+                correct += (forward((images, labels)) == labels).sum()
             count = torch.tensor(val_x.shape[0], device=device)
             return EvalPartial(metric=_top1, sums={"correct": correct, "count": count})
 
@@ -277,7 +291,7 @@ class ResNetWorkload(Workload):
                          eval_samples=len(val_index.paths), evaluate=evaluate)
 
     def _streamed_data(self, recipe: ResNetRecipe, train_index: D.ImageIndex, val_index: D.ImageIndex,
-                       ctx: Any) -> DataParts:
+                       ctx: RuntimeContext) -> DataParts:
         device = ctx.device
         pin = device.type == "cuda"
         workers = recipe.num_workers
@@ -287,7 +301,7 @@ class ResNetWorkload(Workload):
         # The same seed gives the same global order on any number of processes; the sampler deals
         # each global batch out across processes.
         sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
-                                     seed=int(torch.initial_seed()) % 2**31, drop_last=True)
+                                     seed=ctx.stream_seed("order") % 2**31, drop_last=True)
         train_loader = DataLoader(
             train_set, batch_size=per_process, sampler=sampler, num_workers=workers, pin_memory=pin,
             drop_last=len(sampler) >= per_process, **extra,
@@ -300,17 +314,17 @@ class ResNetWorkload(Workload):
         train_feed = D.DevicePrefetcher(train_loader, device)
         val_feed = D.DevicePrefetcher(val_loader, device)
 
-        def train_batches(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-            sampler.set_epoch(epoch)
+        def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            sampler.set_epoch(view.epoch)
             for images, labels in train_feed:
                 yield D.normalize(images.to(device)), labels.to(device)
 
-        def evaluate(model: nn.Module) -> EvalPartial:
+        def evaluate(forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
             correct = torch.zeros((), dtype=torch.long, device=device)
             count = torch.zeros((), dtype=torch.long, device=device)
             for images, labels in val_feed:
-                logits = model(D.normalize(images.to(device)))
-                correct += (logits.argmax(1) == labels.to(device)).sum()
+                labels = labels.to(device)
+                correct += (forward((D.normalize(images.to(device)), labels)) == labels).sum()
                 count += labels.shape[0]
             return EvalPartial(metric=_top1, sums={"correct": correct, "count": count})
 

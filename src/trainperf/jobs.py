@@ -1,0 +1,255 @@
+"""What the `trainperf` commands do, as a library: a run into a folder (in this process, on N local
+processes through torch's launcher, or as one process of a group that torchrun/srun started), a
+series of runs in the MLPerf submission layout, and the command line that re-creates a run in the
+processes it launches. The CLI parses into a `RunRequest` and prints; everything else is here."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainperf import registry
+from trainperf.errors import TrainperfError
+from trainperf.spec import Assets, Recipe, RuntimeContext, Workload
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class RunRequest:
+    """Everything a user says about a run (the options of `trainperf run`)."""
+
+    workload: str
+    scale: str = "mini"
+    data: str | None = None
+    recipe: str | None = None
+    sets: list[str] = field(default_factory=list)  # --set assignments, speedup switches included
+    device: str | None = None
+    seed: int | None = None
+    out: str | None = None
+    nproc: int = 1
+    division: str | None = None
+    org: str = "trainperf"
+    status: str = "onprem"
+    runs: int | None = None  # a series of N runs (0: the benchmark's MLPerf run count)
+    system: str | None = None
+    clear_caches: bool = False
+    quiet: bool = False
+    command: str = ""  # the command line, recorded with the result
+
+    @property
+    def division_or_default(self) -> str:
+        return self.division or ("closed" if self.scale == "full" else "open")
+
+    def common_argv(self) -> list[str]:
+        """The options that select what runs (shared by `run` and the runs of a scaling study)."""
+        argv = ["--scale", self.scale]
+        for flag, value in (("--data", self.data), ("--recipe", self.recipe), ("--device", self.device)):
+            if value is not None:
+                argv += [flag, str(value)]
+        for item in self.sets:
+            argv += ["--set", item]
+        return argv
+
+    def process_argv(self, out_dir: Path, seed: int) -> list[str]:
+        """`trainperf run …` for each launched process: the same run folder and seed everywhere."""
+        argv = ["run", self.workload, *self.common_argv(), "--out", str(out_dir), "--seed", str(seed),
+                "--org", self.org, "--status", self.status]
+        if self.division is not None:
+            argv += ["--division", self.division]
+        argv += [flag for flag, on in (("--clear-caches", self.clear_caches), ("--quiet", self.quiet)) if on]
+        return argv
+
+
+@dataclass
+class RunOutcome:
+    """What `start` did: rank 0's result (None on other ranks), where it lives, and the exit code."""
+
+    code: int
+    result: dict[str, Any] | None = None
+    out_dir: Path | None = None
+    in_group: bool = False  # this process was started by a launcher (torchrun/srun)
+    series: bool = False
+
+
+def data_dir(workload: Workload, scale: str, data: str | None) -> Path:
+    if data:
+        return Path(data).expanduser()
+    default = workload.default_data_dir(scale)
+    if default is None:
+        raise TrainperfError(f"{workload.name} --scale {scale} needs --data DIR (the dataset's root folder)")
+    return default
+
+
+def prepared_data(workload: Workload, scale: str, data: str | None, say: Say = print) -> Path:
+    """The data folder, ready: a mini dataset is generated on first use, a full one must be complete."""
+    folder = data_dir(workload, scale, data)
+    problems = workload.data_problems(scale, folder)
+    if problems and scale == "full":
+        raise TrainperfError(problems[0])
+    if problems:
+        workload.prepare(scale, folder, say)
+    return folder
+
+
+def needs_data(workload: Workload, synthetic: bool) -> bool:
+    """Whether a benchmark must open the dataset (real batches, or assets that live in it)."""
+    return not synthetic or workload.assets_in_data
+
+
+def resolve_recipe(workload: Workload, scale: str, name: str | None, sets: list[str]) -> Recipe:
+    recipe = workload.recipe(scale, name).with_overrides(sets)
+    workload.check_recipe(recipe)
+    return recipe
+
+
+def check_switches(workload: Workload, recipe: Recipe, device: str | None) -> None:
+    """An unsupported speedup is a one-line error before any run folder is written (the harness
+    checks again, on the device each process really gets)."""
+    from trainperf.runtime import speedups
+
+    speedups.check_supported(workload, recipe, torch.device(device or ("cuda" if torch.cuda.is_available()
+                                                                        else "cpu")))
+
+
+def start(request: RunRequest, say: Say = print, warn: Say = print) -> RunOutcome:
+    """`trainperf run`: checks everything the user typed before anything is written, then one run
+    (or a series) into the run folder."""
+    from trainperf.paths import default_run_dir
+    from trainperf.results import run_folder
+    from trainperf.runtime import distributed
+
+    workload = registry.get(request.workload)
+    recipe = resolve_recipe(workload, request.scale, request.recipe, request.sets)
+    folder = data_dir(workload, request.scale, request.data)
+    problems = workload.data_problems(request.scale, folder)
+    if problems and request.scale == "full":
+        raise TrainperfError(problems[0])
+    placement = distributed.env_placement()
+    in_group = placement is not None and placement[2] > 1
+    if request.nproc < 1:
+        raise TrainperfError(f"--nproc {request.nproc}: expected a number of processes >= 1")
+    if in_group and (request.nproc > 1 or request.runs is not None):
+        raise TrainperfError("--nproc/--runs: this process was already started by a launcher (torchrun/srun)")
+    if request.nproc > 1 and recipe.global_batch_size % request.nproc:
+        raise TrainperfError(f"--nproc {request.nproc}: global_batch_size {recipe.global_batch_size} "
+                             "is not divisible by the number of processes")
+    check_switches(workload, recipe, request.device)
+    out_dir = Path(request.out) if request.out else default_run_dir(workload.name)
+    is_main = placement is None or placement[0] == 0
+    if is_main and request.runs is None:
+        run_folder.check_free(out_dir)
+    if problems and not in_group:
+        workload.prepare(request.scale, folder, say)
+    if not in_group:
+        # Files build() reads (metadata, weights): a missing one is named before any folder is written.
+        Assets(workload.assets(recipe, folder)).check()
+    seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "little") % (2**31)
+    if request.runs is not None:
+        code = run_series(request, workload, recipe, folder, out_dir, seed, say, warn)
+        return RunOutcome(code=code, out_dir=out_dir, series=True)
+    result = run_once(request, workload, recipe, folder, out_dir, seed)
+    if result is None:
+        return RunOutcome(code=0, out_dir=out_dir, in_group=in_group)  # a rank other than 0: rank 0 reports
+    return RunOutcome(code=0 if result["status"] == "success" else 1, result=result, out_dir=out_dir,
+                      in_group=in_group)
+
+
+def run_once(request: RunRequest, workload: Workload, recipe: Recipe, folder: Path, out_dir: Path,
+             seed: int) -> dict[str, Any] | None:
+    """One run into `out_dir`, in this process or on --nproc processes; rank 0's result (else None).
+    A non-zero rank whose run did not succeed exits 1 (its launcher reports it)."""
+    from trainperf.harness import RunConfig, run
+    from trainperf.harness.progress import make_progress
+    from trainperf.results import run_folder
+    from trainperf.runtime import distributed
+
+    if request.nproc > 1:
+        code = distributed.launch_local(request.nproc, request.process_argv(out_dir, seed))
+        return run_folder.load_launched(out_dir, code)
+    ctx = distributed.init_from_env(request.device)
+    seed = distributed.agree_seed(ctx, seed)
+    try:
+        log_path = run_folder.claim(out_dir) if ctx.is_main else None
+        config = RunConfig(workload=workload, recipe=recipe, scale=request.scale, data_dir=folder, seed=seed,
+                           log_path=log_path, division=request.division_or_default, org=request.org,
+                           status=request.status, clear_caches=request.clear_caches,
+                           extra_env={"command": request.command})
+        # Saved inside the harness's signal guard: a SIGTERM from the launcher cannot come between
+        # run_stop and the result file.
+        save = (lambda res: run_folder.save(out_dir, res)) if ctx.is_main else None
+        result = run(config, ctx, make_progress(request.quiet), on_result=save)
+    finally:
+        distributed.shutdown()
+    if not ctx.is_main:
+        if result.status != "success":
+            raise SystemExit(1)
+        return None
+    return result.to_dict()
+
+
+def run_series(request: RunRequest, workload: Workload, recipe: Recipe, folder: Path, out_dir: Path, seed: int,
+               say: Say = print, warn: Say = print) -> int:
+    """N runs with distinct recorded seeds, in the MLPerf submission layout. Exit code 0 when all ran,
+    130 when interrupted (the finished runs are kept), 1 otherwise."""
+    from trainperf.results import submission
+
+    count = request.runs if request.runs else workload.mlperf_runs
+    device = RuntimeContext.create(request.device).device
+    world = request.nproc if device.type == "cuda" else 1
+    system = request.system or submission.default_system_name(device, world)
+    logs_dir, system_json, details_dir = submission.layout_paths(out_dir, system, workload.benchmark)
+    if logs_dir.exists() and any(logs_dir.glob("result_*.txt")):
+        raise TrainperfError(f"--out {out_dir}: {logs_dir} already holds results; choose another folder")
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    submission.write_system(system_json, submission.system_description(
+        system, request.org, request.division_or_default, request.status, device, world))
+    say(f"{count} runs of {workload.name} {request.scale} into {out_dir} (system {system})")
+    finished = 0
+    for i in range(count):
+        run_dir = details_dir / f"run_{i}"
+        try:
+            result = run_once(request, workload, recipe, folder, run_dir, seed + i)
+        except TrainperfError as exc:
+            result, why = None, str(exc)
+        else:
+            why = "no result (see the messages above)"
+        if result is None:
+            warn(f"run {i}: {why}; the series stops")
+            break
+        reason = result.get("abort_reason") or ""
+        if reason.startswith(("received SIG", "interrupted")):
+            warn(f"run {i}: interrupted; the {finished} finished run(s) are kept")
+            return 130
+        shutil.copyfile(run_dir / "mlperf_log.txt", logs_dir / f".result_{i}.txt.tmp")
+        os.replace(logs_dir / f".result_{i}.txt.tmp", logs_dir / f"result_{i}.txt")
+        finished += 1
+        ttt = f"{result['time_to_train_s']:.2f} s" if result["time_to_train_s"] is not None else "-"
+        say(f"run {i} (seed {seed + i}): {result['status']} in {ttt}")
+    say(f"results: {logs_dir}\nsystem description: {system_json}\nscore it: trainperf score {out_dir}")
+    return 0 if finished == count else 1
+
+
+def summary(workload: Workload, scale: str, result: dict[str, Any], out_dir: Path) -> str:
+    """The lines `trainperf run` prints after a run."""
+    ttt = f"{result['time_to_train_s']:.2f} s" if result["time_to_train_s"] is not None else "-"
+    if result["status"] == "success":
+        detail = (f"{result['epochs_to_target']} epochs, {workload.metric.name} "
+                  f"{workload.metric.describe(result['final_metric'])}")
+    else:
+        detail = result["abort_reason"]
+    procs = result["environment"].get("world_size", 1)
+    return (f"{workload.name} {scale}: {result['status']} in {ttt} ({detail})"
+            + (f" on {procs} processes" if procs > 1 else "")
+            + f"\nlog: {out_dir / 'mlperf_log.txt'}\nresult: {out_dir / 'result.json'}")
+
+
+def command_line(argv: list[str]) -> str:
+    return shlex.join(["trainperf", *argv])

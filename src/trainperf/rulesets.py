@@ -1,0 +1,23 @@
+"""Which official compliance ruleset knows each MLPerf benchmark key (a leaf module: the results
+layer reads it without importing any workload)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# The ruleset of the `:::MLLOG` format whose checker knows the key (the oldest one that trainperf's
+# workloads are written against). A workload's `ruleset` is taken from here.
+RULESETS: dict[str, str] = {
+    "resnet": "1.0.0", "ssd": "1.0.0", "maskrcnn": "1.0.0", "bert": "1.0.0", "rnnt": "1.0.0",
+    "unet3d": "1.0.0", "minigo": "1.0.0", "dlrm": "1.0.0", "gnmt": "0.7.0", "transformer": "0.7.0",
+    # No official ruleset of the :::MLLOG format knows ncf (retired after v0.5): the 0.7.0 common
+    # rules plus trainperf's own rules file (OWN_RULES), run by the official checker.
+    "ncf": "0.7.0",
+}
+
+# Benchmarks no official :::MLLOG ruleset knows: trainperf's own rules file for the official checker.
+OWN_RULES: dict[str, Path] = {"ncf": Path(__file__).parent / "results" / "rules" / "ncf.yaml"}
+
+
+def ruleset_for(benchmark: str) -> str | None:
+    return RULESETS.get(benchmark)
