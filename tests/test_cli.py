@@ -113,6 +113,7 @@ def test_check_non_mlperf_file(tmp_path, cli):
     assert "no ':::MLLOG' submission_benchmark record" in line
 
 
+@pytest.mark.slow
 def test_corrupt_jpeg_ends_run_aborted_naming_the_file(tmp_path, capsys):
     from tests.conftest import imagenet_folder
 
@@ -164,3 +165,12 @@ def test_failed_launch_is_an_error_even_without_a_result(tmp_path, cli, monkeypa
     monkeypatch.setattr(distributed, "launch_local", launch)
     line = _one_line_error(cli("run", "resnet", "--nproc", "2", "--out", str(out), cwd=tmp_path))
     assert message in line
+
+
+def test_main_module_runs_the_cli_only_as_main():
+    """A process spawned by `python -m trainperf …` imports this module as __mp_main__."""
+    import runpy
+
+    runpy.run_module("trainperf", run_name="__mp_main__")  # must not parse sys.argv and exit
+    with pytest.raises(SystemExit):
+        runpy.run_module("trainperf", run_name="__main__")

@@ -1,3 +1,6 @@
 from trainperf.cli import main
 
-raise SystemExit(main())
+# Guarded: worker processes started with "spawn" (asynchronous scoring, DLRM preprocessing) import
+# the parent's main module under another name, and must not run the command line again.
+if __name__ == "__main__":
+    raise SystemExit(main())

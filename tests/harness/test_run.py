@@ -222,6 +222,7 @@ def test_schedule_is_recorded_in_the_result(tmp_path):
     assert env["cpu_count"] == os.cpu_count() and env["platform"]
 
 
+@pytest.mark.slow
 def test_async_eval_overlaps_training_and_stops_when_target_known(tmp_path):
     import threading
     import time as _time

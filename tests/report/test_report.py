@@ -37,6 +37,7 @@ def _render(paths: list[Path], tmp_path: Path, markdown: bool = False) -> Page:
     return Page(out.read_text())
 
 
+@pytest.mark.slow
 def test_report_of_one_run(tmp_path):
     run = tmp_path / "one"
     assert main(["run", "resnet", "--seed", "4", "--out", str(run), "--quiet"]) == 0
@@ -48,6 +49,7 @@ def test_report_of_one_run(tmp_path):
     assert page.scripts == 0
 
 
+@pytest.mark.slow
 def test_report_of_many_runs_escapes_hostile_names(series, tmp_path):
     page = _render([series], tmp_path, markdown=True)
     summary = page.tables[0]
@@ -66,6 +68,7 @@ def test_report_of_many_runs_escapes_hostile_names(series, tmp_path):
 
 
 @pytest.mark.skipif(not FIXTURES.is_dir(), reason="../shared/fixtures not present")
+@pytest.mark.slow
 def test_report_of_two_systems_and_a_scaling_study(series, tmp_path):
     study = tmp_path / "study"
     study.mkdir()

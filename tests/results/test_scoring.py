@@ -86,6 +86,7 @@ def test_olympic_mean_matches_official_rule():
     assert scoring.olympic_mean([1.0, 2.0, 3.0], 2, "resnet") is None
 
 
+@pytest.mark.slow
 def test_score_command_on_a_trainperf_run(tmp_path, capsys):
     out = tmp_path / "r"
     assert main(["run", "resnet", "--seed", "2", "--out", str(out / "a"), "--quiet"]) == 0
@@ -104,6 +105,7 @@ def test_score_rejects_a_folder_without_logs(tmp_path):
         scoring.find_benchmark_folders(tmp_path)
 
 
+@pytest.mark.slow
 def test_runs_series_in_submission_layout_passes_official_checkers(tmp_path, caplog, capsys):
     import json
     import logging

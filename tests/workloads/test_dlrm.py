@@ -182,6 +182,7 @@ def test_lr_schedule_warmup_hold_and_quadratic_decay():
     assert lr_factor(DLRMWorkload().recipe("full", "reference-2048"))(123456) == 1.0
 
 
+@pytest.mark.slow
 def test_sharded_evaluation_agrees_with_scikit_learn():
     workload, root = DLRMWorkload(), mini_data("dlrm")
     torch.manual_seed(0)
@@ -228,6 +229,7 @@ def dlrm_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_mini_reaches_target_between_dense_baseline_and_teacher(dlrm_run):
     result = json.loads((dlrm_run / "result.json").read_text())
     assert result["status"] == "success" and result["final_metric"] >= MINI.target
@@ -239,6 +241,7 @@ def test_mini_reaches_target_between_dense_baseline_and_teacher(dlrm_run):
     assert baseline + 0.1 < MINI.target < teacher - 0.05
 
 
+@pytest.mark.slow
 def test_mini_log_passes_official_checker_with_fractional_epochs(dlrm_run, tmp_path):
     log = dlrm_run / "mlperf_log.txt"
     verdict = check(log)
@@ -270,6 +273,7 @@ def test_full_recipes_hyperparameters_pass_closed_rules(tmp_path, name):
     assert verdict.valid and verdict.division == "closed", verdict.output
 
 
+@pytest.mark.slow
 def test_two_processes_reach_the_target_with_dense_embedding_gradients(dlrm_run, tmp_path):
     """Data parallel over 2 gloo processes (dense embedding gradients all-reduced by DDP): same
     target, and the log passes the checker."""
@@ -283,6 +287,7 @@ def test_two_processes_reach_the_target_with_dense_embedding_gradients(dlrm_run,
     assert check(out / "mlperf_log.txt").valid
 
 
+@pytest.mark.slow
 def test_full_path_on_tiny_criteo_days(tmp_path):
     """The full scale end to end on 24 small day files: prepare (all 24 days), the reference model
     and recipe, evaluations inside the epoch, a valid log."""

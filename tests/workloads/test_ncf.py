@@ -104,6 +104,7 @@ def ncf_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_mini_reaches_target_above_popularity(ncf_run):
     result = json.loads((ncf_run / "result.json").read_text())
     assert result["status"] == "success" and result["final_metric"] >= MINI.target
@@ -113,6 +114,7 @@ def test_mini_reaches_target_above_popularity(ncf_run):
     assert baseline < MINI.target / 3  # the target is far above ranking by popularity
 
 
+@pytest.mark.slow
 def test_mini_log_passes_checker_with_ncf_rules(ncf_run, tmp_path):
     verdict = check(ncf_run / "mlperf_log.txt")
     assert verdict.valid, verdict.output

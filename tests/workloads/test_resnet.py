@@ -28,6 +28,7 @@ def mini_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_mini_reaches_target(mini_run):
     result = json.loads((mini_run / "result.json").read_text())
     assert result["status"] == "success"
@@ -41,6 +42,7 @@ def test_mini_reaches_target(mini_run):
     assert result["environment"]["versions"]["mlperf-logging"]
 
 
+@pytest.mark.slow
 def test_mini_log_passes_official_checker(mini_run):
     verdict = check(mini_run / "mlperf_log.txt")
     assert verdict.valid, verdict.output
@@ -53,11 +55,13 @@ def test_mini_log_passes_official_checker(mini_run):
     assert records[-1]["metadata"]["status"] == "success"
 
 
+@pytest.mark.slow
 def test_check_command_prints_the_verdict(mini_run, capsys):
     assert main(["check", str(mini_run / "mlperf_log.txt")]) == 0
     assert "SUCCESS" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_check_rejects_a_broken_log(mini_run, tmp_path, capsys):
     lines = (mini_run / "mlperf_log.txt").read_text().splitlines()
     broken = tmp_path / "broken.txt"
@@ -66,6 +70,7 @@ def test_check_rejects_a_broken_log(mini_run, tmp_path, capsys):
     assert "FAILED" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_aborted_run_log_is_well_formed(tmp_path, capsys):
     out = tmp_path / "aborted"
     code = main(["run", "resnet", "--seed", "0", "--out", str(out), "--quiet", "--set", "max_epochs=1"])
@@ -78,6 +83,7 @@ def test_aborted_run_log_is_well_formed(tmp_path, capsys):
     assert verdict.valid, verdict.output
 
 
+@pytest.mark.slow
 def test_sigint_mid_run_leaves_aborted_log(tmp_path):
     out = tmp_path / "interrupted"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -98,6 +104,7 @@ def test_sigint_mid_run_leaves_aborted_log(tmp_path):
     assert json.loads((out / "result.json").read_text())["status"] == "aborted"
 
 
+@pytest.mark.slow
 def test_full_path_on_tiny_imagenet_folder(tmp_path):
     data = imagenet_folder(tmp_path / "imagenet")
     out = tmp_path / "full"
