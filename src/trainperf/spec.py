@@ -486,9 +486,14 @@ class RuntimeContext:
         return cls(device=dev, seed=seed)
 
 
+def uncompiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The module under torch.compile's wrapper (the DDP wrapper, with several processes)."""
+    return getattr(model, "_orig_mod", model)
+
+
 def bare_model(model: torch.nn.Module) -> torch.nn.Module:
     """The module a workload built, under the runtime's wrappers (torch.compile's, then DDP's)."""
-    model = getattr(model, "_orig_mod", model)
+    model = uncompiled(model)
     return getattr(model, "module", model)
 
 

@@ -83,6 +83,21 @@ def test_score_and_report_carry_both_metrics(tmp_path, capsys):
     assert main(["report", str(tmp_path / "results"), "-o", str(html)]) == 0
     page = Page(html.read_text())
     assert len(page.images) == 1  # the convergence figure, one line per named value
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "results"), str(tmp_path / "results")]) == 0
+    assert "maskrcnn" in capsys.readouterr().out
+    # A run folder (result.json) carries the targets too: one target line per named value.
+    from trainperf.report import collect, render
+    from trainperf.results import run_folder
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    result, _ = _run(folder, fakes.TwoMetrics(list(scores)), name="mlperf_log.txt")
+    run_folder.save(folder, result)
+    group = collect.collect([folder]).groups[0]
+    assert group.target == {"BBOX": 0.377, "SEGM": 0.339} and group.runs[0].evals[-1][1] == scores[-1]
+    figure = render.convergence_figure("maskrcnn", [group], 0)
+    assert figure is not None and figure.png[:4] == b"\x89PNG"
 
 
 # -- 2. Python objects gathered to rank 0 ----------------------------------------------------------

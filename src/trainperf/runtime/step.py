@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from trainperf.runtime import speedups
-from trainperf.spec import ModelParts, Recipe, RuntimeContext, count_samples, split_batch
+from trainperf.spec import ModelParts, Recipe, RuntimeContext, count_samples, split_batch, uncompiled
 
 
 class TrainStep:
@@ -46,7 +46,7 @@ class TrainStep:
         self.device = device
         self.autocast = (lambda: speedups.autocast(recipe, device)) if recipe else contextlib.nullcontext
         self.scaler = speedups.grad_scaler(recipe, device) if recipe else None
-        inner = getattr(self.model, "_orig_mod", self.model)
+        inner = uncompiled(self.model)
         # Under DDP, gradients are all-reduced once per step, on the last micro-batch only.
         self._no_sync = inner.no_sync if isinstance(inner, torch.nn.parallel.DistributedDataParallel) else None
         self._params = [p for group in self.optimizer.param_groups for p in group["params"]]

@@ -1,0 +1,66 @@
+"""Lower layers never import higher ones (imports inside functions included): the contract and the
+runtime know nothing of results, reports or the command line, and workloads import only the
+contract and the leaf helpers."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import trainperf
+
+PACKAGE = Path(trainperf.__file__).parent
+LEAVES = {"__init__", "errors", "rulesets", "files", "plots", "paths"}
+# What each part may import, besides itself and the leaves.
+ALLOWED: dict[str, set[str]] = {
+    "spec": set(),
+    "optim": set(),
+    "runtime": {"spec"},
+    "workloads": {"spec", "optim"},
+    "harness": {"spec", "runtime"},
+    "results": {"spec", "runtime"},
+    "registry": {"spec"},  # workloads are imported by name, lazily
+    "bench": {"spec", "runtime", "harness", "results"},
+    "report": {"spec", "results", "registry"},
+    "jobs": {"spec", "runtime", "harness", "results", "registry"},
+    "cli": {"spec", "runtime", "results", "registry", "jobs", "bench", "report"},
+    "__main__": {"cli"},
+}
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _from_root(name: str) -> str:
+    """`from trainperf import X`: a submodule, or an attribute of the package itself."""
+    is_module = (PACKAGE / f"{name}.py").is_file() or (PACKAGE / name).is_dir()
+    return f"trainperf.{name}" if is_module else "trainperf"
+
+
+def _imports() -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        module = ".".join(("trainperf", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module if node.module != "trainperf" else _from_root(a.name) for a in node.names]
+            for name in names:
+                if name.startswith("trainperf.") and _part(name) != _part(module):
+                    found.setdefault(_part(module), set()).add(_part(name))
+    return found
+
+
+def test_every_part_imports_only_what_is_below_it():
+    violations = {part: sorted(used - ALLOWED.get(part, set()) - LEAVES) for part, used in _imports().items()}
+    assert {part: bad for part, bad in violations.items() if bad} == {}
+
+
+def test_the_leaves_import_nothing_of_trainperf_but_errors():
+    imports = _imports()
+    assert {leaf: sorted(imports.get(leaf, set()) - {"errors", "__init__", "paths"}) for leaf in LEAVES} == \
+        {leaf: [] for leaf in LEAVES}
