@@ -114,21 +114,28 @@ def test_check_non_mlperf_file(tmp_path, cli):
 
 
 @pytest.mark.slow
-def test_corrupt_jpeg_ends_run_aborted_naming_the_file(tmp_path, capsys):
-    from tests.conftest import imagenet_folder
+@pytest.mark.parametrize("workers", [0, 2])
+def test_corrupt_jpeg_ends_run_aborted_with_one_line_naming_the_file(tmp_path, capsys, workers):
+    """With DataLoader workers too: the worker's traceback stays out of the terminal, the log and the result."""
+    import json
+
+    from tests.conftest import imagenet_folder, read_log
 
     data = imagenet_folder(tmp_path / "imagenet")
     bad = data / "val" / "n01440760" / "n01440760_0.JPEG"
     bad.write_bytes(b"\xff\xd8 truncated")
     out = tmp_path / "run"
     code = main(["run", "resnet", "--scale", "full", "--data", str(data), "--out", str(out), "--quiet",
-                 "--set", "num_workers=0", "--set", "global_batch_size=4", "--set", "max_epochs=1",
+                 "--set", f"num_workers={workers}", "--set", "global_batch_size=4", "--set", "max_epochs=1",
                  "--set", "eval_first=1", "--set", "image_size=32", "--set", "eval_resize=36"])
     assert code == 1
-    assert f"{bad}: cannot decode image" in capsys.readouterr().out
-    import json
+    printed = capsys.readouterr().out
+    assert f"{bad}: cannot decode image" in printed and "Traceback" not in printed
     result = json.loads((out / "result.json").read_text())
-    assert result["status"] == "aborted" and str(bad) in result["abort_reason"]
+    assert result["status"] == "aborted" and result["abort_reason"].startswith(f"{bad}: cannot decode image")
+    assert "\n" not in result["abort_reason"]
+    stop = read_log(out / "mlperf_log.txt")[-1]
+    assert stop["key"] == "run_stop" and stop["metadata"]["reason"] == result["abort_reason"]
 
 
 def test_list_shows_workloads(capsys):

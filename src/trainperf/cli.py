@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -34,10 +36,40 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_prepare(args: argparse.Namespace) -> int:
     workload = registry.get(args.workload)
     data_dir = jobs.data_dir(workload, args.scale, args.data)
+    if args.verify:
+        workers = args.workers or os.cpu_count() or 1
+        with _progress_bar(f"verifying {workload.name} {args.scale}") as progress:
+            bad = workload.verify(args.scale, data_dir, workers, progress)
+        for line in bad:
+            print(line)
+        print(f"{len(bad)} unreadable sample(s); the loaders skip them" if bad else "every sample reads")
     workload.prepare(args.scale, data_dir, print)
     if args.scale == "full":
         print(f"{data_dir}: ready for trainperf run {workload.name} --scale full --data {data_dir}")
     return 0
+
+
+@contextlib.contextmanager
+def _progress_bar(title: str) -> Iterator[Callable[[int, int, int], None]]:
+    """progress(done, total, bad): a live bar on a terminal, a line per tenth otherwise."""
+    if sys.stdout.isatty():
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        bar = Progress(TextColumn(title), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[bad]} bad"),
+                       TimeRemainingColumn())
+        task = bar.add_task(title, total=None, bad=0)
+        with bar:
+            yield lambda done, total, bad: bar.update(task, completed=done, total=total, bad=bad)
+        return
+    shown_tenth = [-1]
+
+    def plain(done: int, total: int, bad: int) -> None:
+        tenth = 10 * done // max(total, 1)
+        if tenth != shown_tenth[0]:
+            shown_tenth[0] = tenth
+            print(f"{title}: {done:,} / {total:,} ({bad} bad)", flush=True)
+
+    yield plain
 
 
 def _request(args: argparse.Namespace) -> jobs.RunRequest:
@@ -270,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("workload")
     p.add_argument("--scale", choices=SCALES, default="mini")
     p.add_argument("--data", metavar="DIR", help="dataset root (default for mini: the cache folder)")
+    p.add_argument("--verify", action="store_true",
+                   help="read every sample once in parallel processes; list the unreadable ones (then skipped)")
+    p.add_argument("--workers", type=int, help="processes for --verify (default: one per CPU)")
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("run", help="train a workload to its target under the MLPerf clock")

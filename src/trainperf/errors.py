@@ -13,3 +13,11 @@ class RunAborted(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """`text` for a one-line error: as it is when every character is visible, else as a Python
+    literal, so that a byte-order mark, a tab or a stray control character is shown, not hidden;
+    long text is cut."""
+    cut = text if len(text) <= limit else text[:limit] + "…"
+    return cut if cut.isprintable() else repr(cut)

@@ -1,4 +1,13 @@
-"""Atomic result files: written to a temporary sibling, flushed, then renamed into place."""
+"""Atomic outputs: every file or folder trainperf writes as a whole (results, converted datasets,
+generated data, reports) is written under a temporary sibling name and renamed into place when
+complete, so an interrupted writer leaves the old output or nothing, never half of one.
+
+One helper, `AtomicOutput`, does it for the whole project, so that every output gets the same
+treatment: a unique temporary name (two writers do not collide), the permissions the user's umask
+gives a new file or folder (a temporary file from `tempfile.mkstemp` would stay owner-only, which other
+users and containers sharing a dataset folder cannot read), and the data flushed to disk before the
+rename.
+"""
 
 from __future__ import annotations
 
@@ -6,34 +15,71 @@ import csv
 import io
 import json
 import os
-import tempfile
+import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        # mkstemp makes the file private; a result file gets the usual permissions.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+class AtomicOutput:
+    """A file (or, with `directory=True`, a folder) written under a temporary sibling name and
+    renamed into place only when the block completes:
+
+        with AtomicOutput(path) as tmp:
+            write_to(tmp)
+    """
+
+    def __init__(self, path: Path, directory: bool = False) -> None:
+        self.path = Path(path)
+        self.directory = directory
+        self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
+
+    def __enter__(self) -> Path:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.directory:
+            self.tmp.mkdir()  # mode 0o777 less the umask, as any new folder
+        return self.tmp
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            self._discard()
+            return
+        try:
+            if not self.directory:
+                if not self.tmp.exists():
+                    self.tmp.touch()  # an empty output is still an output
+                fd = os.open(self.tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            elif self.path.is_dir():
+                shutil.rmtree(self.path)
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self._discard()
+            raise
+
+    def _discard(self) -> None:
+        if self.tmp.is_dir():
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        else:
+            self.tmp.unlink(missing_ok=True)
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    with AtomicOutput(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    with AtomicOutput(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def copy_atomic(source: Path, path: Path) -> None:
+    with AtomicOutput(path) as tmp:
+        shutil.copyfile(source, tmp)
 
 
 def write_csv_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -47,27 +93,3 @@ def write_csv_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-
-
-class AtomicOutput:
-    """A file written under a temporary sibling name and renamed into place only when the block
-    completes: an interrupted writer leaves either the old file or nothing, never half a file.
-
-        with AtomicOutput(path) as tmp:
-            write_to(tmp)
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.tmp = path.with_name(f".{path.name}.partial")
-
-    def __enter__(self) -> Path:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp.unlink(missing_ok=True)
-        return self.tmp
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            os.replace(self.tmp, self.path)
-        else:
-            self.tmp.unlink(missing_ok=True)

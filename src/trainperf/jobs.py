@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 
 from trainperf import registry
 from trainperf.errors import TrainperfError
+from trainperf.files import copy_atomic
 from trainperf.spec import Assets, Recipe, RuntimeContext, Workload
 
 Say = Callable[[str], None]
@@ -228,8 +228,7 @@ def run_series(request: RunRequest, workload: Workload, recipe: Recipe, folder: 
         if reason.startswith(("received SIG", "interrupted")):
             warn(f"run {i}: interrupted; the {finished} finished run(s) are kept")
             return 130
-        shutil.copyfile(run_dir / "mlperf_log.txt", logs_dir / f".result_{i}.txt.tmp")
-        os.replace(logs_dir / f".result_{i}.txt.tmp", logs_dir / f"result_{i}.txt")
+        copy_atomic(run_dir / "mlperf_log.txt", logs_dir / f"result_{i}.txt")
         finished += 1
         ttt = f"{result['time_to_train_s']:.2f} s" if result["time_to_train_s"] is not None else "-"
         say(f"run {i} (seed {seed + i}): {result['status']} in {ttt}")

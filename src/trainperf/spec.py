@@ -695,6 +695,18 @@ class Workload(ABC, Generic[R]):
     def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
         """mini: generate the dataset in the real on-disk format; full: verify and raise on problems."""
 
+    def verify(self, scale: str, data_dir: Path, workers: int, progress: Callable[[int, int, int], None]
+               ) -> list[str]:
+        """Read every sample of the dataset once, outside any timed region (`prepare --verify`); return
+        one line per unreadable sample, which the loaders then skip. progress(done, total, bad)."""
+        raise TrainperfError(f"--verify: not available for {self.name}")
+
+    def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
+        """The files or folders `prepare` derives cached outputs from (ratings.csv, the day files), by
+        name. Each preparation records their fingerprints (trainperf.prepared): when one changes,
+        `data_problems` names it and `prepare` redoes the work. None for data read as it is."""
+        return {}
+
     @abstractmethod
     def mlperf_hyperparameters(self, recipe: R, ctx: RuntimeContext) -> dict[str, Any]:
         """The hyperparameter keys the closed ruleset requires, with this recipe's values."""

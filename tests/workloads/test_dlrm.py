@@ -124,13 +124,68 @@ def test_preprocessing_resumes_after_an_interruption(tmp_path, monkeypatch):
         D.preprocess(root, 3, say=lambda s: None, workers=1)
     assert D.preprocessed(root) is None and not D.output_file(root, "train").exists()
     assert (root / "day_0.hashed.bin").exists() and not (root / "day_2.hashed.bin").exists()
-    (root / "day_0").write_text("this file is not read again: day_0 was finished\n")
+    parsed = []
+    real_iter = D.iter_day
+    monkeypatch.setattr(D, "iter_day", lambda path, *args, **kwargs: parsed.append(path.name) or real_iter(path, *args,
+                                                                                                            **kwargs))
     manifest = D.preprocess(root, 3, say=lambda s: None, workers=1)
+    assert parsed == ["day_2"]  # days 0 and 1 were finished: not read again
     assert manifest["table_sizes"] == expected["table_sizes"]
     for split in D.SPLITS:
         a = np.fromfile(D.output_file(root, split), dtype=np.int32).reshape(-1, 40)
         b = np.fromfile(D.output_file(clean, split), dtype=np.int32).reshape(-1, 40)
         assert sorted(a.tolist()) == sorted(b.tolist())
+
+
+def test_a_day_changed_after_an_interruption_is_read_again(tmp_path, monkeypatch):
+    """Finished days are resumed only while their day file is the one they were read from."""
+    root = _days(tmp_path)
+    real = D._hash_day
+
+    def interrupted(data_dir, day, max_ind_range, progress=None):
+        if day == 2:
+            raise KeyboardInterrupt
+        return real(data_dir, day, max_ind_range, progress)
+
+    monkeypatch.setattr(D, "_hash_day", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        D.preprocess(root, 3, say=lambda s: None, workers=1)
+    monkeypatch.setattr(D, "_hash_day", real)
+    # day_0 replaced by other rows: its finished pass must not be reused.
+    dense = [str(i) for i in range(13)]
+    (root / "day_0").write_text(_line(1, dense, ["77"] + CATS[1:]) + _line(0, dense, ["78"] + CATS[1:]))
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    for day in range(3):
+        (clean / f"day_{day}").write_bytes((root / f"day_{day}").read_bytes())
+    resumed = D.preprocess(root, 3, say=lambda s: None, workers=1)
+    expected = D.preprocess(clean, 3, say=lambda s: None, workers=1)
+    assert resumed["table_sizes"] == expected["table_sizes"]
+    for split in D.SPLITS:
+        assert np.array_equal(np.fromfile(D.output_file(root, split), dtype=np.int32),
+                              np.fromfile(D.output_file(clean, split), dtype=np.int32))
+
+
+def test_gzip_day_files_are_read_as_downloaded(tmp_path):
+    """Criteo Terabyte is downloaded as day_N.gz: read compressed, the outputs equal the plain ones."""
+    import gzip
+
+    plain, packed = tmp_path / "plain", tmp_path / "gz"
+    plain.mkdir()
+    packed.mkdir()
+    _days(plain)
+    for day in range(3):
+        with gzip.open(packed / f"day_{day}.gz", "wb") as fh:
+            fh.write((plain / f"day_{day}").read_bytes())
+    assert D.day_file(packed, 1).name == "day_1.gz"
+    a, b = D.preprocess(plain, 3, lambda s: None, workers=1), D.preprocess(packed, 3, lambda s: None, workers=1)
+    assert a["table_sizes"] == b["table_sizes"]
+    for split in D.SPLITS:
+        assert np.array_equal(np.fromfile(D.output_file(plain, split), dtype=np.int32),
+                              np.fromfile(D.output_file(packed, split), dtype=np.int32))
+    (packed / "day_1.gz").unlink()
+    problems = DLRMWorkload().data_problems("full", tmp_path / "nothing")
+    assert "day_0: missing" in problems[0] and "day_N.gz" in problems[0]
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -62,18 +63,40 @@ def test_conversion_gives_the_reference_outputs(tmp_path):
     assert lines[0].count("\t") == 2 and lines[0].endswith("\t1")
 
 
-@pytest.mark.parametrize("text, message", [
-    ("userId,movieId,rating\n1,2,3\n", "ratings.csv:1: expected the header userId,movieId,rating,timestamp"),
-    ("userId,movieId,rating,timestamp\n1,2,3.5,100\n1,2,3.5\n", "ratings.csv:3: expected 4 fields"),
-    ("userId,movieId,rating,timestamp\n1,x,3.5,100\n", "ratings.csv:2: expected integers"),
-    ("userId,movieId,rating,timestamp\n1,2,9.5,100\n", "ratings.csv:2: rating 9.5 outside 0-5"),
+@pytest.mark.parametrize("data, message", [
+    (b"userId,movieId,rating\n1,2,3\n", "ratings.csv:1: expected the header userId,movieId,rating,timestamp"),
+    (b"userId,movieId,rating,timestamp\n1,2,3.5,100\n1,2,3.5\n", "ratings.csv:3: expected 4 fields"),
+    (b"userId,movieId,rating,timestamp\n1,x,3.5,100\n", "ratings.csv:2: expected integer ids"),
+    (b"userId,movieId,rating,timestamp\n1,2,9.5,100\n", "ratings.csv:2: rating 9.5 outside 0-5"),
+    (b"userId,movieId,rating,timestamp\n1,2,3.5,100\n1,2,\xff,100\n", "ratings.csv:3: not UTF-8 text (byte 0xff)"),
+    (b"userId,movieId,rating,timestamp\n1,2,3.5,100\n9" + b"9" * 30 + b",2,3.5,100\n",
+     "ratings.csv:3: expected integer"),
+    (b"userId,movieId,rating,timestamp\n1,2,3\x00.5,100\n", r"ratings.csv:2: expected integer ids .* got '1,2,3\\x00"),
+    # An invisible character in the header is shown, not printed as it is (it would look right).
+    (b"userId,movieId,rating,time\xe2\x80\x8bstamp\n1,2,3,4\n", r"got 'userId,movieId,rating,time\u200bstamp'"),
 ])
-def test_malformed_lines_are_rejected_with_file_and_line(tmp_path, text, message):
+def test_malformed_lines_are_rejected_with_file_and_line(tmp_path, data, message):
     path = tmp_path / "ratings.csv"
-    path.write_text(text)
-    with pytest.raises(TrainperfError, match=message.replace(".", r"\.")):
+    path.write_bytes(data)
+    pattern = message if message.startswith("ratings.csv:2: expected integer ids .*") else re.escape(message)
+    with pytest.raises(TrainperfError, match=pattern) as err:
         D.convert(path, tmp_path, lambda s: None)
+    assert "\n" not in str(err.value)
     assert not any((tmp_path / name).exists() for name in D.OUTPUTS)  # nothing half-written
+
+
+def test_a_byte_order_mark_and_windows_line_ends_are_accepted(tmp_path):
+    """Spreadsheet programs save "CSV UTF-8" with a byte-order mark; pandas reads it, so do we."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    D.generate_ratings(plain / "ratings.csv", 40, 30)
+    text = (plain / "ratings.csv").read_text()
+    bom = tmp_path / "bom"
+    bom.mkdir()
+    (bom / "ratings.csv").write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
+    a = D.read_ratings(plain / "ratings.csv", lambda s: None)
+    b = D.read_ratings(bom / "ratings.csv", lambda s: None)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True)) and a[0].size > 0
 
 
 def test_missing_ratings_file(tmp_path):

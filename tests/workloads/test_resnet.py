@@ -161,3 +161,31 @@ def test_prepare_full_reports_what_is_missing(tmp_path, capsys):
     assert main(["prepare", "resnet", "--scale", "full", "--data", str(data)]) == 0
     out = capsys.readouterr().out
     assert "8 train images in 2 classes, 4 val images" in out and "ILSVRC-2012 has 1281167" in out
+
+
+@pytest.mark.slow
+def test_verify_lists_bad_images_in_parallel_and_the_run_skips_them(tmp_path, capsys):
+    data = imagenet_folder(tmp_path / "imagenet", train_per_class=4, val_per_class=3)
+    corrupt = data / "train" / "n01440761" / "n01440761_2.JPEG"
+    corrupt.write_bytes(b"not an image at all")
+    truncated = data / "val" / "n01440760" / "n01440760_1.JPEG"
+    truncated.write_bytes(truncated.read_bytes()[:300])  # a valid header, the data cut short
+    assert main(["prepare", "resnet", "--scale", "full", "--data", str(data), "--verify", "--workers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"{corrupt}: cannot identify image file" in out and f"{truncated}: Truncated File Read" in out
+    assert "2 unreadable sample(s)" in out and "2 images that do not decode are skipped" in out
+    run_dir = tmp_path / "run"
+    assert main(["run", "resnet", "--scale", "full", "--data", str(data), "--out", str(run_dir), "--quiet",
+                 "--set", "num_workers=2", "--set", "global_batch_size=4", "--set", "max_epochs=1",
+                 "--set", "eval_first=1", "--set", "image_size=32", "--set", "eval_resize=36"]) == 1
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["abort_reason"].startswith("target top1")
+    assert result["train_samples"] == 7  # 8 train images, the corrupt one skipped
+    assert result["eval_samples"] == 5  # 6 val images, the truncated one skipped
+    # The folder changes: the list no longer describes it, and nothing trains on a stale list.
+    (data / "val" / "n01440761" / "extra.JPEG").write_bytes((data / "val" / "n01440761" / "n01440761_0.JPEG")
+                                                           .read_bytes())
+    capsys.readouterr()
+    assert main(["run", "resnet", "--scale", "full", "--data", str(data), "--out", str(tmp_path / "r2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "changed since it was verified" in err[0] and "--verify again" in err[0]

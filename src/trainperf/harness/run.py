@@ -166,7 +166,9 @@ def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None =
                     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                     reason = f"rank {ctx.rank}: a collective failed, another rank died or hung ({first_line})"
                 else:
-                    reason = f"internal error: {type(exc).__name__}: {exc}"
+                    # One line in the log and the result; the traceback goes to the terminal (re-raised).
+                    first_line = next((line for line in str(exc).splitlines() if line.strip()), "")
+                    reason = f"internal error: {type(exc).__name__}: {first_line}"
                     bug = exc
         finally:
             hold_signals()

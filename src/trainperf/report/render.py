@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from trainperf import __version__, plots
-from trainperf.files import write_text_atomic
+from trainperf.files import write_bytes_atomic, write_text_atomic
 from trainperf.report.collect import GroupView, ReportData
 
 SYSTEM_FIELDS = ("submitter", "division", "status", "number_of_nodes", "host_processor_model_name",
@@ -246,9 +246,7 @@ def write(data: ReportData, out: Path, markdown: bool) -> list[Path]:
         md_path = out.with_suffix(".md")
         for fig in figures:
             target = md_path.parent / fig.name
-            tmp = target.with_name(f".{fig.name}.tmp")
-            tmp.write_bytes(fig.png)
-            tmp.replace(target)
+            write_bytes_atomic(target, fig.png)
             written.append(target)
         write_text_atomic(md_path, md_text)
         written.append(md_path)

@@ -205,21 +205,36 @@ class DLRMWorkload(Workload[DLRMRecipe]):
     def recipes(self, scale: str) -> dict[str, DLRMRecipe]:
         return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
 
+    @staticmethod
+    def _days(scale: str) -> int:
+        return MINI_DAYS if scale == "mini" else FULL_DAYS
+
+    def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
+        return D.day_sources(data_dir, self._days(scale))
+
     def data_problems(self, scale: str, data_dir: Path) -> list[str]:
-        if D.preprocessed(data_dir):
-            return []
+        again = "trainperf prepare dlrm" + (f" --scale full --data {data_dir}" if scale == "full" else "")
+        manifest = D.preprocessed(data_dir)
+        if manifest:
+            why = D.staleness(manifest, data_dir, self._days(scale))
+            return [f"{why}; run {again}"] if why else []
         if scale == "mini":
             return [f"{data_dir}: mini dataset not generated yet (trainperf prepare dlrm)"]
         missing = [D.day_file(data_dir, d) for d in range(FULL_DAYS) if not D.day_file(data_dir, d).is_file()]
         if missing:
-            return [f"{missing[0]}: missing (Criteo Terabyte needs day_0 … day_{FULL_DAYS - 1} in {data_dir})"]
-        return [f"{data_dir}: day files not preprocessed yet (trainperf prepare dlrm --scale full --data {data_dir})"]
+            return [f"{missing[0]}: missing (Criteo Terabyte needs day_0 … day_{FULL_DAYS - 1} in {data_dir}, "
+                    "plain or gzip-compressed as day_N.gz)"]
+        return [f"{data_dir}: day files not preprocessed yet ({again})"]
 
     def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
-        if D.preprocessed(data_dir):
-            say(f"{data_dir}: already preprocessed")
-            return
-        days = MINI_DAYS if scale == "mini" else FULL_DAYS
+        days = self._days(scale)
+        manifest = D.preprocessed(data_dir)
+        if manifest:
+            why = D.staleness(manifest, data_dir, days)
+            if why is None:
+                say(f"{data_dir}: already preprocessed")
+                return
+            say(f"{why}: preprocessing again")
         if scale == "mini" and not all(D.day_file(data_dir, d).is_file() for d in range(days)):
             stats = D.generate_days(data_dir, days, MINI_ROWS_PER_DAY)
             say(f"wrote {days} day files of {MINI_ROWS_PER_DAY:,} rows to {data_dir} (Criteo raw TSV format); "

@@ -18,6 +18,7 @@ into the final files. Every output is written under a temporary name and renamed
 
 from __future__ import annotations
 
+import gzip
 import json
 import multiprocessing
 import os
@@ -30,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from trainperf import prepared
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput, write_json_atomic
 
@@ -53,7 +55,15 @@ _DEC[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10)
 
 
 def day_file(data_dir: Path, day: int) -> Path:
-    return data_dir / f"day_{day}"
+    """The raw day file: `day_N`, or `day_N.gz` as Criteo Terabyte is downloaded (read compressed,
+    streaming; decompressing costs little beside parsing, see benchmarks/dlrm_preprocess.py)."""
+    plain = data_dir / f"day_{day}"
+    gz = plain.with_name(f"day_{day}.gz")
+    return gz if not plain.is_file() and gz.is_file() else plain
+
+
+def day_sources(data_dir: Path, days: int) -> dict[str, Path]:
+    return {f"day_{day}": day_file(data_dir, day) for day in range(days)}
 
 
 def output_file(data_dir: Path, split: str) -> Path:
@@ -144,10 +154,12 @@ def iter_day(path: Path, max_ind_range: int = MAX_IND_RANGE,
              block_bytes: int = READ_BYTES) -> Iterator[np.ndarray]:
     """Yield parsed int32 [rows, 40] blocks of a raw day file, streaming (never the whole file)."""
     if not path.is_file():
-        raise TrainperfError(f"{path}: missing (expected a Criteo Terabyte raw day file, tab-separated)")
+        raise TrainperfError(f"{path}: missing (expected a Criteo Terabyte raw day file, tab-separated, "
+                             "or the same gzip-compressed as day_N.gz)")
     line = 1
     carry = b""
-    with path.open("rb") as fh:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:
         while True:
             chunk = fh.read(block_bytes)
             data = carry + chunk
@@ -178,6 +190,11 @@ def _hashed_file(data_dir: Path, day: int) -> Path:
 
 def _uniques_file(data_dir: Path, day: int) -> Path:
     return data_dir / f"day_{day}.uniques.npz"
+
+
+def _done_file(data_dir: Path, day: int) -> Path:
+    """The stamp of a day's finished pass 1: which source file it read (see trainperf.prepared)."""
+    return data_dir / f"day_{day}.hashed.json"
 
 
 class _ValueSet:
@@ -226,9 +243,14 @@ def _hash_day(data_dir: Path, day: int, max_ind_range: int, progress: Any = None
     """Pass 1 for one day: parse and hash into `day_N.hashed.bin` and note the values each
     categorical feature takes. Skipped when a previous run finished this day (resumable).
     `progress` (a queue) receives (day, rows parsed so far) after every block."""
-    hashed, uniques = _hashed_file(data_dir, day), _uniques_file(data_dir, day)
-    if hashed.is_file() and uniques.is_file():
+    hashed, uniques, done = _hashed_file(data_dir, day), _uniques_file(data_dir, day), _done_file(data_dir, day)
+    source = {f"day_{day}": day_file(data_dir, day)}
+    params = {"max_ind_range": max_ind_range}
+    if hashed.is_file() and uniques.is_file() and _read_json(done) is not None and \
+            prepared.stale(_read_json(done), source, FORMAT_VERSION, params) is None:
         return hashed.stat().st_size // (4 * N_FIELDS)
+    # Stamped before reading: a day file changed during the pass is seen as changed next time.
+    stamp = prepared.stamp(source, FORMAT_VERSION, params)
     seen = [_ValueSet(max_ind_range) for _ in range(N_SPARSE)]
     rows = 0
     with AtomicOutput(hashed) as tmp, tmp.open("wb") as fh:
@@ -242,6 +264,7 @@ def _hash_day(data_dir: Path, day: int, max_ind_range: int, progress: Any = None
     with AtomicOutput(uniques) as tmp:
         with tmp.open("wb") as fh:
             np.savez(fh, **{f"c{j}": s.values() for j, s in enumerate(seen)})
+    write_json_atomic(done, stamp)  # last: this day's intermediates are complete, from this source
     return rows
 
 
@@ -279,7 +302,9 @@ def preprocess(data_dir: Path, days: int, say: Callable[[str], None] = print,
         raise TrainperfError(f"dlrm preprocessing needs >= 2 day files (train days + one eval day), got {days}")
     missing = [str(day_file(data_dir, d)) for d in range(days) if not day_file(data_dir, d).is_file()]
     if missing:
-        raise TrainperfError(f"{missing[0]}: missing (expected day_0 … day_{days - 1} in {data_dir})")
+        raise TrainperfError(f"{missing[0]}: missing (expected day_0 … day_{days - 1} in {data_dir}, each "
+                             "plain or gzip-compressed as day_N.gz)")
+    source_stamp = prepared.stamp(day_sources(data_dir, days), FORMAT_VERSION, preparation(days, max_ind_range, seed))
     t0 = time.perf_counter()
     # Pass 1, one process per day file (they are independent): parse, hash, note the values seen.
     workers = max(1, min(days, workers or os.cpu_count() or 1))
@@ -327,11 +352,12 @@ def preprocess(data_dir: Path, days: int, say: Callable[[str], None] = print,
                 "rows_per_day": [int(r) for r in rows_per_day], "train_samples": int(sum(rows_per_day[:last])),
                 "test_samples": int(test_rows), "val_samples": int(rows_per_day[last] - test_rows),
                 "table_sizes": counts.tolist(), "seconds": round(seconds, 2),
-                "rows_per_s": round(total / max(seconds, 1e-9))}
+                "rows_per_s": round(total / max(seconds, 1e-9)), "prepared_from": source_stamp}
     write_json_atomic(data_dir / MANIFEST, manifest)
     for day in range(days):  # the intermediate files only served resuming
         _hashed_file(data_dir, day).unlink(missing_ok=True)
         _uniques_file(data_dir, day).unlink(missing_ok=True)
+        _done_file(data_dir, day).unlink(missing_ok=True)
     say(f"preprocessed {total:,} rows from {days} day files in {seconds:.1f} s ({total / seconds:,.0f} rows/s); "
         f"train {manifest['train_samples']:,}, test {manifest['test_samples']:,}, val {manifest['val_samples']:,}")
     return manifest
@@ -361,6 +387,24 @@ def _remapped_blocks(data_dir: Path, day: int, remaps: list[_Remap]) -> Iterator
             col = 1 + N_DENSE + j
             block[:, col] = remap(block[:, col])
         yield block
+
+
+def preparation(days: int, max_ind_range: int = MAX_IND_RANGE, seed: int = 0) -> dict[str, int]:
+    """The preprocessing's parameters, recorded with its outputs (a change makes them stale)."""
+    return {"days": days, "max_ind_range": max_ind_range, "shuffle_seed": seed}
+
+
+def staleness(manifest: dict, data_dir: Path, days: int) -> str | None:
+    """None while the preprocessed files still describe the day files (see trainperf.prepared)."""
+    return prepared.stale(manifest.get("prepared_from"), day_sources(data_dir, days), FORMAT_VERSION,
+                          preparation(days, manifest.get("max_ind_range", MAX_IND_RANGE)))
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def manifest_table_sizes(manifest: Any, path: Path) -> list[int]:

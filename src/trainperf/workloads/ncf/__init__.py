@@ -124,24 +124,34 @@ class NCFWorkload(Workload[NCFRecipe]):
         DIR itself, or DIR/ml-20m when the user points at the folder the zip was extracted into."""
         return data_dir / "ml-20m" if (data_dir / "ml-20m").is_dir() else data_dir
 
+    def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
+        return {"ratings.csv": self._converted_dir(data_dir) / "ratings.csv"}
+
     def data_problems(self, scale: str, data_dir: Path) -> list[str]:
         root = self._converted_dir(data_dir)
-        if D.converted(root):
-            return []
+        again = "trainperf prepare ncf" + (f" --scale full --data {data_dir}" if scale == "full" else "")
+        manifest = D.converted(root)
+        if manifest:
+            why = D.staleness(manifest, root / "ratings.csv")
+            return [f"{why}; run {again}"] if why else []
         if scale == "mini":
             return [f"{data_dir}: mini dataset not generated yet (trainperf prepare ncf)"]
         if not (root / "ratings.csv").is_file():
             return [f"{root / 'ratings.csv'}: missing (expected ml-20m/ratings.csv with header "
                     "userId,movieId,rating,timestamp)"]
-        return [f"{root}: ratings.csv not converted yet (trainperf prepare ncf --scale full --data {data_dir})"]
+        return [f"{root}: ratings.csv not converted yet ({again})"]
 
     def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
         root = self._converted_dir(data_dir)
-        if D.converted(root):
-            say(f"{root}: already converted")
-            return
+        manifest = D.converted(root)
+        if manifest:
+            why = D.staleness(manifest, root / "ratings.csv")
+            if why is None:
+                say(f"{root}: already converted")
+                return
+            say(f"{why}: converting again")
         root.mkdir(parents=True, exist_ok=True)
-        if scale == "mini":
+        if scale == "mini" and not (root / "ratings.csv").is_file():
             rows = D.generate_ratings(root / "ratings.csv", MINI_USERS, MINI_ITEMS)
             say(f"wrote {rows:,} synthetic ratings to {root / 'ratings.csv'} (ml-20m format)")
         D.convert(root / "ratings.csv", root, say)

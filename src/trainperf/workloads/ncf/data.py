@@ -23,7 +23,8 @@ import numpy as np
 # Imported with the workload rather than inside the timed load (a library import is not training).
 import pandas as pd
 
-from trainperf.errors import TrainperfError
+from trainperf import prepared
+from trainperf.errors import TrainperfError, shown
 from trainperf.files import AtomicOutput, write_text_atomic
 
 HEADER = ["userId", "movieId", "rating", "timestamp"]
@@ -32,38 +33,69 @@ MANIFEST = "trainperf_ncf.json"
 MIN_RATINGS = 20
 NUM_EVAL_NEGATIVES = 999
 FORMAT_VERSION = 1
+# The conversion's parameters, recorded with its outputs (a change makes them stale).
+PREPARATION = {"min_ratings": MIN_RATINGS, "eval_negatives": NUM_EVAL_NEGATIVES, "negatives_seed": 0}
 
 
 def read_ratings(path: Path, say: Callable[[str], None] = print) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Stream ratings.csv into compact arrays, rejecting malformed lines with their file and line."""
+    """Stream ratings.csv into compact arrays, rejecting malformed lines with their file and line.
+
+    Read as pandas reads a CSV: a UTF-8 byte-order mark (what spreadsheet programs write as
+    "CSV UTF-8") is accepted, and so are Windows line ends."""
     if not path.is_file():
         raise TrainperfError(f"{path}: missing (expected MovieLens ratings.csv: {','.join(HEADER)})")
     users, items, stamps = array("q"), array("q"), array("q")
-    with path.open(newline="", encoding="utf-8") as fh:
+    lineno = 1
+    with path.open(newline="", encoding="utf-8-sig") as fh:
         reader = csv.reader(fh)
-        header = next(reader, None)
-        if header != HEADER:
-            raise TrainperfError(f"{path}:1: expected the header {','.join(HEADER)}, got {','.join(header or [])}")
-        for lineno, row in enumerate(reader, start=2):
-            if len(row) != 4:
-                raise TrainperfError(f"{path}:{lineno}: expected 4 fields (userId,movieId,rating,timestamp), "
-                                     f"got {len(row)}")
-            try:
-                user, item, rating, stamp = int(row[0]), int(row[1]), float(row[2]), int(row[3])
-            except ValueError:
-                raise TrainperfError(f"{path}:{lineno}: expected integers userId, movieId, timestamp and a "
-                                     f"numeric rating, got {','.join(row)}") from None
-            if not 0 <= rating <= 5:
-                raise TrainperfError(f"{path}:{lineno}: rating {rating} outside 0-5")
-            users.append(user)
-            items.append(item)
-            stamps.append(stamp)
-            if lineno % 5_000_000 == 0:
-                say(f"  read {lineno - 1:,} ratings")
+        try:
+            header = next(reader, None)
+            if header != HEADER:
+                got = shown(",".join(header)) if header else "nothing"
+                raise TrainperfError(f"{path}:1: expected the header {','.join(HEADER)}, got {got}")
+            for row in reader:
+                lineno = reader.line_num
+                _parse_rating(row, path, lineno, users, items, stamps)
+                if len(users) % 5_000_000 == 0:
+                    say(f"  read {len(users):,} ratings")
+        except UnicodeDecodeError:
+            # Text is decoded in blocks, so the error's position says nothing of the line: find it.
+            line, byte = first_non_utf8_line(path)
+            raise TrainperfError(f"{path}:{line}: not UTF-8 text (byte {byte:#04x})") from None
+        except csv.Error as exc:
+            raise TrainperfError(f"{path}:{reader.line_num}: not a CSV line ({exc})") from None
     if not users:
         raise TrainperfError(f"{path}: no ratings after the header")
     return (np.frombuffer(users, dtype=np.int64), np.frombuffer(items, dtype=np.int64),
             np.frombuffer(stamps, dtype=np.int64))
+
+
+def first_non_utf8_line(path: Path) -> tuple[int, int]:
+    """(line number, offending byte) of the first line of `path` that is not UTF-8."""
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return lineno, raw[exc.start]
+    return 0, 0
+
+
+def _parse_rating(row: list[str], path: Path, lineno: int, users: array, items: array, stamps: array) -> None:
+    if len(row) != 4:
+        raise TrainperfError(f"{path}:{lineno}: expected 4 fields (userId,movieId,rating,timestamp), got {len(row)}")
+    try:
+        user, item, rating, stamp = int(row[0]), int(row[1]), float(row[2]), int(row[3])
+        if min(user, item) < 0:
+            raise ValueError("negative id")
+        users.append(user)
+        items.append(item)
+        stamps.append(stamp)
+    except (ValueError, OverflowError):  # not a number, or beyond 64-bit ids
+        raise TrainperfError(f"{path}:{lineno}: expected integer ids >= 0, a numeric rating and an integer "
+                             f"timestamp, got {shown(','.join(row))}") from None
+    if not 0 <= rating <= 5:
+        raise TrainperfError(f"{path}:{lineno}: rating {shown(row[2])} outside 0-5")
 
 
 def sample_negatives(rated_keys: np.ndarray, n_users: int, n_items: int, count: int,
@@ -87,7 +119,9 @@ def sample_negatives(rated_keys: np.ndarray, n_users: int, n_items: int, count: 
 
 
 def convert(ratings_csv: Path, out_dir: Path, say: Callable[[str], None] = print) -> dict:
-    """The reference conversion (see module doc). Returns the manifest it writes."""
+    """The reference conversion (see module doc). Returns the manifest it writes (with a stamp of
+    ratings.csv: a later change of it makes the conversion stale, see `staleness`)."""
+    source_stamp = prepared.stamp({"ratings.csv": ratings_csv}, FORMAT_VERSION, PREPARATION)
     users_orig, items_orig, stamps = read_ratings(ratings_csv, say)
     uniq_users, user_counts = np.unique(users_orig, return_counts=True)
     keep_users = uniq_users[user_counts >= MIN_RATINGS]
@@ -111,7 +145,8 @@ def convert(ratings_csv: Path, out_dir: Path, say: Callable[[str], None] = print
     _write_tsv(out_dir / OUTPUTS[1], np.stack([test_users, test_items, np.ones_like(test_users)], 1))
     _write_tsv(out_dir / OUTPUTS[2], negatives)
     manifest = {"format_version": FORMAT_VERSION, "source": str(ratings_csv), "users": n_users, "items": n_items,
-                "train_ratings": int(train_users.size), "test_ratings": int(test_users.size)}
+                "train_ratings": int(train_users.size), "test_ratings": int(test_users.size),
+                "prepared_from": source_stamp}
     write_text_atomic(out_dir / MANIFEST, json.dumps(manifest, indent=2))
     say(f"converted {users_orig.size:,} ratings: {n_users:,} users, {n_items:,} items, "
         f"{train_users.size:,} train positives, {n_users:,} test users x {NUM_EVAL_NEGATIVES} negatives")
@@ -121,6 +156,11 @@ def convert(ratings_csv: Path, out_dir: Path, say: Callable[[str], None] = print
 def _write_tsv(path: Path, table: np.ndarray) -> None:
     with AtomicOutput(path) as tmp:
         np.savetxt(tmp, table, fmt="%d", delimiter="\t")
+
+
+def staleness(manifest: dict, ratings_csv: Path) -> str | None:
+    """None while the conversion still describes `ratings_csv` (see trainperf.prepared)."""
+    return prepared.stale(manifest.get("prepared_from"), {"ratings.csv": ratings_csv}, FORMAT_VERSION, PREPARATION)
 
 
 def converted(out_dir: Path) -> dict | None:

@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from trainperf.errors import TrainperfError
+from trainperf.loaders import DevicePrefetcher
 from trainperf.optim import LARS, warmup_poly
 from trainperf.rulesets import RULESETS
 from trainperf.spec import (
@@ -146,7 +147,21 @@ class ResNetWorkload(Workload[ResNetRecipe]):
             if D.mini_ready(data_dir, MINI_RECIPE.image_size):
                 return []
             return [f"{data_dir}: mini dataset not generated yet (trainperf prepare resnet)"]
-        return D.layout_problems(data_dir)
+        problems = D.layout_problems(data_dir)
+        if not problems:
+            try:
+                self._indexes(data_dir)  # a list of bad images that no longer describes the folder
+            except TrainperfError as exc:
+                problems.append(str(exc))
+        return problems
+
+    @staticmethod
+    def _indexes(data_dir: Path) -> tuple[D.ImageIndex, D.ImageIndex, int]:
+        """Train and val, without the images `prepare --verify` found bad; and how many it skipped."""
+        train = D.scan_split(data_dir, "train")
+        val = D.scan_split(data_dir, "val", train.classes)
+        bad = D.bad_images(data_dir, [train, val])
+        return D.without(train, bad), D.without(val, bad), len(bad)
 
     def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
         if scale == "mini":
@@ -159,14 +174,22 @@ class ResNetWorkload(Workload[ResNetRecipe]):
         if problems:
             more = f" (+{len(problems) - 1} more problems)" if len(problems) > 1 else ""
             raise TrainperfError(problems[0] + more)
-        train = D.scan_split(data_dir, "train")
-        val = D.scan_split(data_dir, "val", train.classes)
+        train, val, skipped = self._indexes(data_dir)
         say(f"{data_dir}: {len(train.paths)} train images in {len(train.classes)} classes, "
             f"{len(val.paths)} val images")
+        if skipped:
+            say(f"{skipped} images that do not decode are skipped ({data_dir / D.BAD_IMAGES})")
         if (len(train.paths), len(val.paths), len(train.classes)) != (IMAGENET_TRAIN, IMAGENET_VAL,
                                                                       IMAGENET_CLASSES):
             say(f"note: ILSVRC-2012 has {IMAGENET_TRAIN} train / {IMAGENET_VAL} val images in "
                 f"{IMAGENET_CLASSES} classes; results on this copy are not comparable to MLPerf's")
+
+    def verify(self, scale: str, data_dir: Path, workers: int, progress: Callable[[int, int, int], None]) -> list[str]:
+        problems = D.layout_problems(data_dir)
+        if problems:
+            raise TrainperfError(problems[0])
+        record = D.verify_images(data_dir, workers, progress)
+        return [f"{data_dir / item['path']}: {item['reason']}" for item in record["bad"]]
 
     def mlperf_hyperparameters(self, recipe: ResNetRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         decay_epochs = recipe.train_epochs - recipe.warmup_epochs
@@ -244,8 +267,7 @@ class ResNetWorkload(Workload[ResNetRecipe]):
         return D.normalize(images), labels
 
     def load_data(self, recipe: ResNetRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        train_index = D.scan_split(data_dir, "train")
-        val_index = D.scan_split(data_dir, "val", train_index.classes)
+        train_index, val_index, _skipped = self._indexes(data_dir)
         if len(train_index.classes) > recipe.num_classes:
             raise TrainperfError(f"{data_dir / 'train'}: {len(train_index.classes)} classes, but the model has "
                                  f"{recipe.num_classes} outputs (--set num_classes=N)")
@@ -311,8 +333,8 @@ class ResNetWorkload(Workload[ResNetRecipe]):
                          list(shard))
         val_loader = DataLoader(val_set, batch_size=recipe.eval_batch_size, shuffle=False, num_workers=workers,
                                 pin_memory=pin, **extra)
-        train_feed = D.DevicePrefetcher(train_loader, device)
-        val_feed = D.DevicePrefetcher(val_loader, device)
+        train_feed = DevicePrefetcher(train_loader, device)
+        val_feed = DevicePrefetcher(val_loader, device)
 
         def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
             sampler.set_epoch(view.epoch)

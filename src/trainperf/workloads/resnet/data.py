@@ -8,11 +8,10 @@ ops (the MLPerf winners keep datasets resident on the device).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,11 +19,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from torchvision.transforms import v2
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from trainperf.errors import TrainperfError
+from trainperf.files import AtomicOutput, write_json_atomic
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
 SPLITS = ("train", "val")
@@ -69,6 +69,89 @@ def scan_split(root: Path, split: str, classes: list[str] | None = None) -> Imag
         paths.extend(split_dir / name / f for f in files)
         labels.extend([class_id[name]] * len(files))
     return ImageIndex(paths=paths, labels=labels, classes=classes)
+
+
+# ---------------------------------------------------------------------------------------------
+# verification: every image decoded once, outside any timed region; bad ones listed and skipped
+# ---------------------------------------------------------------------------------------------
+BAD_IMAGES = "trainperf_bad_images.json"
+BAD_FORMAT_VERSION = 1
+
+
+def listing_digest(root: Path, indexes: list[ImageIndex]) -> str:
+    """Which images a folder holds (their paths), as one hash: a changed folder, a changed list."""
+    digest = hashlib.sha256()
+    for index in indexes:
+        for path in index.paths:
+            digest.update(str(path.relative_to(root)).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def _check_images(paths: list[Path]) -> list[tuple[str, str]]:
+    """(path, reason) of each image in `paths` that does not decode (run in a worker process)."""
+    bad = []
+    for path in paths:
+        try:
+            decode(path)
+        except TrainperfError as exc:
+            bad.append((str(path), str(exc).split(": cannot decode image ", 1)[-1].strip("()")))
+    return bad
+
+
+def verify_images(root: Path, workers: int, progress: Callable[[int, int, int], None]) -> dict:
+    """Decode every train and val image with the loader's own decoder, in `workers` processes, and
+    record the ones that fail (with their reason) in `root/trainperf_bad_images.json`, which the
+    loaders honour (they skip those files). `progress(done, total, bad)` is called as chunks finish."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    train = scan_split(root, "train")
+    val = scan_split(root, "val", train.classes)
+    paths = train.paths + val.paths
+    chunks = [paths[i:i + 256] for i in range(0, len(paths), 256)]
+    bad: list[tuple[str, str]] = []
+    done = 0
+    progress(0, len(paths), 0)
+    context = multiprocessing.get_context("spawn")  # safe beside CUDA and threads
+    with ProcessPoolExecutor(max(1, workers), mp_context=context) as pool:
+        futures = {pool.submit(_check_images, chunk): len(chunk) for chunk in chunks}
+        for future in as_completed(futures):
+            bad.extend(future.result())
+            done += futures[future]
+            progress(done, len(paths), len(bad))
+    record = {"format_version": BAD_FORMAT_VERSION, "listing_sha256": listing_digest(root, [train, val]),
+              "images": len(paths),
+              "bad": [{"path": str(Path(p).relative_to(root)), "reason": r} for p, r in sorted(bad)]}
+    write_json_atomic(root / BAD_IMAGES, record)
+    return record
+
+
+def bad_images(root: Path, indexes: list[ImageIndex]) -> set[Path]:
+    """The images `verify_images` found bad (none when it never ran); an error naming the list when
+    the folder changed since (the list no longer describes it)."""
+    path = root / BAD_IMAGES
+    if not path.is_file():
+        return set()
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        current = record["format_version"] == BAD_FORMAT_VERSION and \
+            record["listing_sha256"] == listing_digest(root, indexes)
+        listed = {root / item["path"] for item in record["bad"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        raise TrainperfError(f"{path}: unreadable list of bad images; run trainperf prepare resnet --scale full "
+                             f"--data {root} --verify again") from None
+    if not current:
+        raise TrainperfError(f"{path}: the image folder changed since it was verified; run trainperf prepare "
+                             f"resnet --scale full --data {root} --verify again")
+    return listed
+
+
+def without(index: ImageIndex, skip: set[Path]) -> ImageIndex:
+    if not skip:
+        return index
+    keep = [i for i, p in enumerate(index.paths) if p not in skip]
+    return ImageIndex(paths=[index.paths[i] for i in keep], labels=[index.labels[i] for i in keep],
+                      classes=index.classes)
 
 
 def layout_problems(root: Path) -> list[str]:
@@ -129,35 +212,6 @@ def train_transform(image_size: int, min_area: float) -> Callable[[torch.Tensor]
 def eval_transform(image_size: int, resize: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """The reference evaluation crop: short side to `resize` (aspect kept), centre crop."""
     return v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(image_size)])
-
-
-class DevicePrefetcher:
-    """Copies the next batch to the device on a side stream while the current one trains."""
-
-    def __init__(self, loader: DataLoader, device: torch.device) -> None:
-        self.loader = loader
-        self.device = device
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if self.device.type != "cuda":
-            yield from self.loader
-            return
-        stream = torch.cuda.Stream(self.device)
-        pending = None
-        for images, labels in self.loader:
-            with torch.cuda.stream(stream):
-                nxt = (images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True))
-            if pending is not None:
-                yield pending
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            for t in nxt:
-                t.record_stream(torch.cuda.current_stream(self.device))
-            pending = nxt
-        if pending is not None:
-            yield pending
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
@@ -230,9 +284,7 @@ def generate_mini(root: Path, image_size: int = 32, val_fraction: float = 0.2, q
     images = (digits.images / 16.0 * 255.0).round().astype(np.uint8)
     idx = np.arange(len(images))
     train_idx, val_idx = train_test_split(idx, test_size=val_fraction, stratify=digits.target, random_state=0)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
-    try:
+    with AtomicOutput(root, directory=True) as tmp:
         for split, ids in (("train", train_idx), ("val", val_idx)):
             for i in ids:
                 label = int(digits.target[i])
@@ -249,12 +301,6 @@ def generate_mini(root: Path, image_size: int = 32, val_fraction: float = 0.2, q
             "classes": [mini_wnid(d) for d in range(10)],
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        if root.exists():
-            shutil.rmtree(root)
-        os.replace(tmp, root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     say(f"wrote {len(train_idx)} train and {len(val_idx)} val JPEGs ({image_size}x{image_size}) to {root}")
 
 

@@ -1,0 +1,78 @@
+"""Prepared data tied to its sources.
+
+A preparation (a converted MovieLens, a preprocessed Criteo, a list of unreadable images) records a
+stamp: the trainperf format version, the preparation's parameters and a fingerprint of every source
+file or folder. A prepared output whose stamp no longer matches is stale: `prepare` redoes it, and
+`run` refuses it with one line naming the source that changed — never silently training on old data.
+
+Fingerprints: a file's size, and a SHA-256 of its content when it is small (so a copy with a new
+modification time is still the same file), or of its first and last MiB plus its modification time
+when it is large (a Criteo day file holds ~50 GB: hashing it whole would take minutes); a folder's
+entry names and modification time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+HASH_WHOLE_BELOW = 64 << 20
+EDGE_BYTES = 1 << 20
+
+
+def fingerprint(path: Path) -> dict[str, Any]:
+    """What identifies a source's content (see the module doc); {"missing": True} when it is gone."""
+    try:
+        st = path.stat()
+    except OSError:
+        return {"missing": True}
+    if path.is_dir():
+        names = sorted(p.name for p in path.iterdir())
+        return {"entries": len(names), "names_sha256": hashlib.sha256("\n".join(names).encode()).hexdigest()}
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        if st.st_size <= HASH_WHOLE_BELOW:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+            return {"size": st.st_size, "sha256": digest.hexdigest()}
+        digest.update(fh.read(EDGE_BYTES))
+        fh.seek(st.st_size - EDGE_BYTES)
+        digest.update(fh.read(EDGE_BYTES))
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "edges_sha256": digest.hexdigest()}
+
+
+def stamp(sources: Mapping[str, Path], format_version: int, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The record a preparation keeps beside its outputs."""
+    return {"format_version": format_version, "params": dict(params),
+            "sources": {name: fingerprint(Path(path)) for name, path in sources.items()}}
+
+
+def _describe(was: dict[str, Any], now: dict[str, Any]) -> str:
+    if now.get("missing"):
+        return "gone"
+    if "entries" in was or "entries" in now:
+        return f"changed (entries: {was.get('entries')} -> {now.get('entries')})"
+    if was.get("size") != now.get("size"):
+        return f"changed (size {was.get('size'):,} -> {now.get('size'):,} bytes)"
+    return "changed (same size, other content)"
+
+
+def stale(recorded: Any, sources: Mapping[str, Path], format_version: int,
+          params: Mapping[str, Any]) -> str | None:
+    """None when `recorded` (a stamp) still describes `sources`; else why not, as one phrase."""
+    if not isinstance(recorded, dict):
+        return "no record of its sources (prepared by an older trainperf)"
+    if recorded.get("format_version") != format_version:
+        return f"prepared in format {recorded.get('format_version')}, this trainperf reads {format_version}"
+    if recorded.get("params") != dict(params):
+        return f"prepared with {recorded.get('params')}, now {dict(params)}"
+    before = recorded.get("sources") or {}
+    if set(before) != set(sources):
+        return f"prepared from {', '.join(sorted(before)) or 'nothing'}, now {', '.join(sorted(sources))}"
+    for name, path in sources.items():
+        now = fingerprint(Path(path))
+        if now != before[name]:
+            return f"{path}: {_describe(before[name], now)} since the data was prepared"
+    return None
