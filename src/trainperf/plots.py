@@ -17,6 +17,13 @@ def pyplot() -> Any:
     return plt
 
 
+def short(text: Any, limit: int = 60) -> str:
+    """A label from a file (a system, a configuration), cut to fit a chart: drawing a very long one
+    takes matplotlib minutes (40 s for 200,000 characters here)."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -38,7 +45,7 @@ def scaling_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes:
     for ax in (left, right):
         ax.set_xticks(devices)
         ax.grid(alpha=0.3)
-    fig.suptitle(title)
+    fig.suptitle(short(title, 100))
     return png(fig)
 
 
@@ -48,10 +55,11 @@ def ablation_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes:
     ordered = list(rows)[::-1]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(ordered) + 1.2))
     colors = {"baseline": "grey", "cumulative": "tab:blue", "alone": "tab:orange"}
-    ax.barh([r["config"] for r in ordered], [r["uplift"] for r in ordered],
-            color=[colors[r["mode"]] for r in ordered])
+    positions = list(range(len(ordered)))  # not the labels: two long ones may shorten alike
+    ax.barh(positions, [r["uplift"] for r in ordered], color=[colors[r["mode"]] for r in ordered])
+    ax.set_yticks(positions, labels=[short(r["config"]) for r in ordered])
     ax.axvline(1.0, color="black", lw=0.8)
-    ax.set(xlabel="throughput vs baseline (x)", title=title)
+    ax.set(xlabel="throughput vs baseline (x)", title=short(title, 100))
     for i, r in enumerate(ordered):
         ax.text(r["uplift"], i, f" {r['uplift']:.2f}x", va="center", fontsize=8)
     return png(fig)

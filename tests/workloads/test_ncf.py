@@ -148,3 +148,21 @@ def test_mini_log_passes_checker_with_ncf_rules(ncf_run, tmp_path):
     closed = tmp_path / "closed.txt"
     closed.write_text((ncf_run / "mlperf_log.txt").read_text().replace('"value": "open"', '"value": "closed"'))
     assert not check(closed).valid
+
+
+def test_a_user_who_rated_every_item_is_an_error_not_a_hang(tmp_path):
+    """Evaluation negatives are drawn from the items a user never rated; with none left, rejection
+    sampling used to loop for ever. Run in a subprocess so that a hang fails the test."""
+    import subprocess
+    import sys
+
+    rows = ["userId,movieId,rating,timestamp"]
+    rows += [f"1,{item},4.0,{100 + item}" for item in range(1, 26)]  # user 1 rates all 25 items
+    rows += [f"2,{item},3.0,{200 + item}" for item in range(1, 21)]
+    (tmp_path / "ratings.csv").write_text("\n".join(rows) + "\n")
+    code = ("from pathlib import Path\nfrom trainperf.workloads.ncf import data as D\n"
+            "from trainperf.errors import TrainperfError\ntry:\n"
+            "    D.convert(Path('ratings.csv'), Path('.'), lambda s: None)\n"
+            "except TrainperfError as e:\n    print(e)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert "user 1 rated every one of the 25 items: no negatives can be drawn" in proc.stdout, proc.stderr

@@ -3,8 +3,10 @@ submission layout or published MLPerf results) and scaling studies."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,51 @@ from trainperf.errors import TrainperfError
 from trainperf.results import scoring
 from trainperf.results.logs import read_records
 from trainperf.spec import Quality, Workload
+
+
+def _json(path: Path, what: str) -> Any:
+    """A JSON file a report reads, or one line saying why it cannot be read."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise TrainperfError(f"{path}: cannot read {what} ({str(exc).splitlines()[0]})") from None
+
+
+@contextlib.contextmanager
+def _validating(path: Path, what: str) -> Iterator[None]:
+    """Inside: a value of the wrong type or shape in the file at `path` is one line naming it."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise TrainperfError(f"{path}: not a valid {what} ({type(exc).__name__}: {exc})") from None
+
+
+def _num(value: Any, optional: bool = True) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, got {value!r}"[:120])
+    return value
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected text, got {value!r}"[:120])
+    return value
+
+
+def _quality(value: Any) -> Quality:
+    if isinstance(value, dict):
+        return {_str(k): float(_num(v, optional=False)) for k, v in value.items()}
+    return float(_num(value, optional=False))
+
+
+def _dict(value: Any, optional: bool = False) -> dict | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"expected an object, got {type(value).__name__}")
+    return value
 
 
 @dataclass
@@ -81,18 +128,29 @@ class ReportData:
         return g
 
 
-def _from_result_json(result: dict[str, Any], system: str, label: str) -> RunView:
+def _from_result_json(result: Any, system: str, label: str) -> RunView:
+    """A result.json's run, every field checked for its type (called inside `_validating`)."""
+    result = _dict(result)
+    recipe = _dict(result.get("recipe"), optional=True)
     # A sample cadence (BERT) is plotted against the samples its log counts; others against epochs.
-    by_samples = (result.get("recipe") or {}).get("log_epoch_num") == "samples"
+    by_samples = (recipe or {}).get("log_epoch_num") == "samples"
+    evals = []
+    for e in result.get("evaluations", []):
+        e = _dict(e)
+        x = _num(e.get("epoch_num", e["epoch"]) if by_samples else e["epoch"], optional=False)
+        evals.append((x, _quality(e["value"])))
+    ttt = _num(result.get("time_to_train_s"))
+    target = result.get("target")
+    environment = _dict(result.get("environment", {}))
+    command = environment.get("command")
     return RunView(
-        system=system, benchmark=result["benchmark"], label=label, status=result["status"],
-        minutes=result["time_to_train_s"] / 60 if result.get("time_to_train_s") is not None else None,
-        evals=[(e.get("epoch_num", e["epoch"]) if by_samples else e["epoch"], e["value"])
-               for e in result.get("evaluations", [])],
-        x_label="samples" if by_samples else "epoch", target=result.get("target"),
-        epochs_to_target=result.get("epochs_to_target"), samples_per_s=result.get("train_samples_per_s"),
-        seed=result.get("seed"), recipe=result.get("recipe"), command=result.get("environment", {}).get("command"),
-        scale=result.get("scale"),
+        system=system, benchmark=_str(result["benchmark"]), label=label, status=_str(result["status"]),
+        minutes=ttt / 60 if ttt is not None else None, evals=evals, x_label="samples" if by_samples else "epoch",
+        target=_quality(target) if target is not None else None,
+        epochs_to_target=_num(result.get("epochs_to_target")), samples_per_s=_num(result.get("train_samples_per_s")),
+        seed=int(_num(result["seed"])) if result.get("seed") is not None else None, recipe=recipe,
+        command=_str(command) if command is not None else None,
+        scale=_str(result["scale"]) if result.get("scale") is not None else None,
     )
 
 
@@ -124,11 +182,14 @@ def _full_target(workload: Workload) -> Quality:
 
 
 def _add_run_folder(data: ReportData, folder: Path) -> None:
-    result = json.loads((folder / "result.json").read_text())
-    system = result.get("environment", {}).get("platform", "this machine")
-    group = data.group(system, result["benchmark"], result.get("scale", "?"))
-    group.target = result.get("target", group.target)
-    group.runs.append(_from_result_json(result, system, folder.name))
+    path = folder / "result.json"
+    result = _json(path, "run result")
+    with _validating(path, "trainperf run result"):
+        system = _str(_dict(_dict(result).get("environment", {})).get("platform", "this machine"))
+        view = _from_result_json(result, system, folder.name)
+        group = data.group(system, view.benchmark, view.scale or "?")
+        group.target = view.target if view.target is not None else group.target
+        group.runs.append(view)
 
 
 def _add_results_tree(data: ReportData, root: Path) -> None:
@@ -138,7 +199,8 @@ def _add_results_tree(data: ReportData, root: Path) -> None:
         details = folder.parents[2] / "trainperf" / scored.system / scored.benchmark
         first_detail = details / "run_0" / "result.json"
         if first_detail.is_file():
-            scale = json.loads(first_detail.read_text()).get("scale", "?")
+            with _validating(first_detail, "trainperf run result"):
+                scale = _str(_dict(_json(first_detail, "run result")).get("scale", "?"))
         else:  # a closed-division log is a full-scale MLPerf run by definition
             scale = "full" if scored.runs[0].division == "closed" else "?"
         group = data.group(scored.system, scored.benchmark, scale)
@@ -150,7 +212,8 @@ def _add_results_tree(data: ReportData, root: Path) -> None:
             index = name.removeprefix("result_").removesuffix(".txt")
             detail = details / f"run_{index}" / "result.json"
             if detail.is_file():
-                view = _from_result_json(json.loads(detail.read_text()), scored.system, name)
+                with _validating(detail, "trainperf run result"):
+                    view = _from_result_json(_json(detail, "run result"), scored.system, name)
                 group.target = view.target if view.target is not None else group.target
                 view.status = "success" if run.converged else "aborted"
             else:
@@ -166,7 +229,42 @@ def _add_results_tree(data: ReportData, root: Path) -> None:
             group.runs.append(view)
         system_json = folder.parents[2] / "systems" / f"{scored.system}.json"
         if system_json.is_file():
-            data.systems[scored.system] = json.loads(system_json.read_text())
+            with _validating(system_json, "system description"):
+                data.systems[scored.system] = _dict(_json(system_json, "system description"))
+
+
+# The fields of a study's rows and their kinds: "n" number, "n?" number or null, "s" text, "b?" bool or null.
+SCALING_FIELDS = {"devices": "n", "global_batch": "n", "runs": "n", "converged": "n", "time_per_epoch_s": "n?",
+                  "epochs_to_target": "n?", "time_to_train_s": "n?", "speedup": "n?", "efficiency": "n?"}
+ABLATION_FIELDS = {"config": "s", "mode": "s", "samples_per_s": "n", "uplift": "n", "mfu": "n?",
+                   "epochs_to_target": "n?", "reached": "b?"}
+ABLATION_MODES = ("baseline", "cumulative", "alone")
+
+
+def _study(path: Path, fields: dict[str, str]) -> dict:
+    """A scaling study's or an ablation's JSON, every row checked for its fields' types."""
+    study = _json(path, "study")
+    with _validating(path, "trainperf study"):
+        study = _dict(study)
+        title = study.get("title", "")
+        _str(title)
+        rows = study["rows"]
+        if not isinstance(rows, list) or not rows:
+            raise ValueError("no rows")
+        for row in rows:
+            row = _dict(row)
+            for name, kind in fields.items():
+                value = row[name]
+                if kind == "s":
+                    _str(value)
+                elif kind == "b?":
+                    if value is not None and not isinstance(value, bool):
+                        raise TypeError(f"{name}: expected true, false or null, got {value!r}")
+                else:
+                    _num(value, optional=kind == "n?")
+            if "mode" in fields and row["mode"] not in ABLATION_MODES:
+                raise ValueError(f"mode {row['mode']!r} is not one of {', '.join(ABLATION_MODES)}")
+    return study
 
 
 def collect(paths: list[Path]) -> ReportData:
@@ -177,9 +275,9 @@ def collect(paths: list[Path]) -> ReportData:
         if (path / "result.json").is_file():
             _add_run_folder(data, path)
         elif (path / "scaling.json").is_file():
-            data.scaling.append((str(path), json.loads((path / "scaling.json").read_text())))
+            data.scaling.append((str(path), _study(path / "scaling.json", SCALING_FIELDS)))
         elif (path / "ablation.json").is_file():
-            data.ablations.append((str(path), json.loads((path / "ablation.json").read_text())))
+            data.ablations.append((str(path), _study(path / "ablation.json", ABLATION_FIELDS)))
         elif path.is_dir() and any(path.rglob("result_*.txt")):
             _add_results_tree(data, path)
         elif path.is_dir() and any(path.rglob("result.json")):

@@ -114,7 +114,7 @@ def convergence_figure(bench: str, groups: Sequence[GroupView], index: int) -> F
                 xs, ys = zip(*points, strict=True)
                 label = None
                 if ri == 0:
-                    label = g.system if part is None else f"{g.system} {part}"
+                    label = plots.short(g.system if part is None else f"{g.system} {part}")
                 ax.plot(xs, ys, styles[pi % len(styles)], ms=3, lw=1.2, alpha=0.85, color=colors[gi % len(colors)],
                         label=label)
     targets: dict[str, float] = {}
@@ -124,9 +124,10 @@ def convergence_figure(bench: str, groups: Sequence[GroupView], index: int) -> F
         elif isinstance(g.target, (int, float)):
             targets["target"] = float(g.target)
     for ti, (name, value) in enumerate(sorted(targets.items())):
-        ax.axhline(value, color="crimson", ls=["--", ":", "-."][ti % 3], lw=1, label=f"{name} {value:g}")
+        ax.axhline(value, color="crimson", ls=["--", ":", "-."][ti % 3], lw=1, label=plots.short(f"{name} {value:g}"))
     x_label = "samples" if all(r.x_label == "samples" for _, r in runs) else "epoch"
-    ax.set(xlabel=x_label, ylabel=groups[0].metric, title=f"{bench}: convergence of every run")
+    ax.set(xlabel=x_label, ylabel=plots.short(groups[0].metric),
+           title=plots.short(f"{bench}: convergence of every run", 100))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return Figure(f"{bench} convergence", plots.png(fig), f"convergence_{index}.png")

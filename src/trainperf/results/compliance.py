@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainperf.errors import TrainperfError
-from trainperf.results.logs import read_records
+from trainperf.results.logs import for_official_checker, read_records
 from trainperf.rulesets import OWN_RULES, ruleset_for
 
 
@@ -51,9 +51,9 @@ def check(log: Path, ruleset: str | None = None) -> CheckResult:
         ruleset = ruleset_for(benchmark)
         if ruleset is None:
             raise TrainperfError(f"{log}: no compliance ruleset is known for benchmark {benchmark!r}")
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, for_official_checker(log) as copy:
         cmd = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
-               "--ruleset", ruleset, "--log_output", str(Path(tmp) / "checker.log"), str(log)]
+               "--ruleset", ruleset, "--log_output", str(Path(tmp) / "checker.log"), str(copy)]
         if benchmark in OWN_RULES:
             cmd[-1:-1] = ["--config", str(OWN_RULES[benchmark])]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -23,7 +23,7 @@ from mlperf_logging.benchmark_meta import get_result_file_counts
 from mlperf_logging.compliance_checker import mlp_compliance
 
 from trainperf.errors import TrainperfError
-from trainperf.results.logs import read_records
+from trainperf.results.logs import for_official_checker, read_records
 from trainperf.rulesets import ruleset_for
 
 
@@ -97,24 +97,32 @@ def _quiet() -> None:
         root.setLevel(level)
 
 
+def _number(value: Any) -> float | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def _read(path: Path) -> dict:
+    """What scoring needs from a log; a field of the wrong type counts as absent (the compliance
+    check then says what is wrong with the log)."""
     info: dict = {"benchmark": None, "division": None, "start": None, "stop": None, "status": None, "point": None,
                   "eval_samples": None, "quality": None}
     for record in read_records(path):
-        key, value, meta = record["key"], record.get("value"), record.get("metadata") or {}
-        if key == "submission_benchmark" and info["benchmark"] is None:
+        key, value = record["key"], record.get("value")
+        meta = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
+        if key == "submission_benchmark" and info["benchmark"] is None and isinstance(value, str):
             info["benchmark"] = value
-        elif key == "submission_division" and info["division"] is None:
+        elif key == "submission_division" and info["division"] is None and isinstance(value, str):
             info["division"] = value
         elif key == "eval_samples" and info["eval_samples"] is None:
-            info["eval_samples"] = value
+            info["eval_samples"] = _number(value)
         elif key == "run_start" and info["start"] is None:
-            info["start"] = record.get("time_ms")
+            info["start"] = _number(record.get("time_ms"))
         elif key == "run_stop" and info["stop"] is None:
-            info["stop"] = record.get("time_ms")
+            info["stop"] = _number(record.get("time_ms"))
             info["status"] = meta.get("status")
         elif key == "eval_accuracy":
-            info["point"] = meta.get("samples_count", meta.get("epoch_num", info["point"]))
+            point = _number(meta.get("samples_count", meta.get("epoch_num")))
+            info["point"] = point if point is not None else info["point"]
             info["quality"] = value
     return info
 
@@ -133,12 +141,19 @@ def score_run(path: Path, ruleset: str) -> tuple[RunScore, str | None]:
     minutes = None
     if info["start"] is not None and info["stop"] is not None:
         minutes = (info["stop"] - info["start"]) / 60_000.0
+    unreadable = None
     with _quiet():
         checker = mlp_compliance.make_checker("training", ruleset, True, False)
-        compliant = checker.check_file(str(path), f"training_{ruleset}/common.yaml")
+        try:
+            with for_official_checker(path) as copy:
+                compliant = checker.check_file(str(copy), f"training_{ruleset}/common.yaml")
+        except Exception as exc:  # noqa: BLE001 - the official parser fails in many ways on a broken log
+            compliant, unreadable = False, f"{type(exc).__name__} {exc}".splitlines()[0]
     reason = None
     if minutes is None:
         reason = "no run_start/run_stop"
+    elif unreadable:
+        reason = f"the official checker cannot parse it ({unreadable})"
     elif not compliant:
         reason = "fails the compliance check"
     elif info["status"] != "success":

@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
@@ -161,7 +162,10 @@ def iter_day(path: Path, max_ind_range: int = MAX_IND_RANGE,
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as fh:
         while True:
-            chunk = fh.read(block_bytes)
+            try:
+                chunk = fh.read(block_bytes)
+            except (OSError, EOFError, zlib.error) as exc:  # a damaged or cut gzip stream
+                raise TrainperfError(f"{path}: unreadable after line {line - 1} ({exc})") from None
             data = carry + chunk
             if not chunk:
                 if data:

@@ -129,7 +129,7 @@ def convert(ratings_csv: Path, out_dir: Path, say: Callable[[str], None] = print
     users_orig, items_orig, stamps = users_orig[mask], items_orig[mask], stamps[mask]
     if users_orig.size == 0:
         raise TrainperfError(f"{ratings_csv}: no user has {MIN_RATINGS} or more ratings")
-    _, users = np.unique(users_orig, return_inverse=True)
+    user_ids, users = np.unique(users_orig, return_inverse=True)
     item_ids, items = np.unique(items_orig, return_inverse=True)
     n_users, n_items = int(users.max()) + 1, int(item_ids.size)
     # Per user in time order (stable: ties keep file order); the last rating is the test positive.
@@ -139,6 +139,11 @@ def convert(ratings_csv: Path, out_dir: Path, say: Callable[[str], None] = print
     test_users, test_items = users[last], items[last]
     train_users, train_items = users[~last], items[~last]
     rated = np.unique(users * n_items + items)
+    per_user = np.bincount(rated // n_items, minlength=n_users)
+    if per_user.max() >= n_items:  # rejection sampling would never end
+        user = int(user_ids[np.argmax(per_user)])
+        raise TrainperfError(f"{ratings_csv}: user {user} rated every one of the {n_items} items: no negatives can "
+                             "be drawn for the evaluation")
     negatives = sample_negatives(rated, n_users, n_items, NUM_EVAL_NEGATIVES, np.random.RandomState(0))
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_tsv(out_dir / OUTPUTS[0], np.stack([train_users, train_items, np.ones_like(train_users)], 1))

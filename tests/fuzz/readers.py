@@ -1,0 +1,225 @@
+"""Every reader of user input, for the fuzzing harness (test_fuzz.py): a valid example of its input
+and how to read it. Adding a reader — a new workload's data format, say — is one `Reader(...)` line
+in READERS.
+
+A reader is given the path of a (mutated) input file inside a fresh folder; it must either accept
+the input or raise TrainperfError with one line; outputs it writes there must be whole or absent.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+@dataclass(frozen=True)
+class Reader:
+    name: str
+    filename: str  # the input's name in its folder
+    valid: Callable[[], bytes]  # a valid input (computed once)
+    read: Callable[[Path], object]  # reads the file at this path
+    # Whole outputs the reader writes beside its input (checked complete-or-absent after a failure).
+    outputs: tuple[str, ...] = field(default=())
+
+
+# -- valid examples ---------------------------------------------------------------------------------
+@cache
+def _jpeg() -> bytes:
+    pixels = np.random.default_rng(0).integers(0, 256, (24, 32, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+@cache
+def _png() -> bytes:
+    pixels = np.random.default_rng(1).integers(0, 256, (16, 16), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels, mode="L").save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@cache
+def _ratings() -> bytes:
+    from trainperf.workloads.ncf import data as D
+
+    with tempfile.TemporaryDirectory() as tmp:
+        D.generate_ratings(Path(tmp) / "ratings.csv", n_users=25, n_items=40)
+        return (Path(tmp) / "ratings.csv").read_bytes()
+
+
+@cache
+def _criteo_day() -> bytes:
+    from trainperf.workloads.dlrm import data as D
+
+    with tempfile.TemporaryDirectory() as tmp:
+        D.generate_days(Path(tmp), 1, 40)
+        return D.day_file(Path(tmp), 0).read_bytes()
+
+
+@cache
+def _mlperf_log() -> bytes:
+    from tests.harness import fakes
+    from trainperf.harness import RunConfig, run
+    from trainperf.spec import RuntimeContext
+
+    with tempfile.TemporaryDirectory() as tmp:
+        workload = fakes.Regression([0.2, 0.95])
+        log = Path(tmp) / "result_0.txt"
+        run(RunConfig(workload=workload, recipe=workload.recipe("mini"), scale="mini", data_dir=Path(tmp), seed=1,
+                      log_path=log), RuntimeContext.create("cpu"))
+        return log.read_bytes()
+
+
+@cache
+def _result_json() -> bytes:
+    from tests.harness import fakes
+    from trainperf.harness import RunConfig, run
+    from trainperf.spec import RuntimeContext
+
+    with tempfile.TemporaryDirectory() as tmp:
+        workload = fakes.Regression([0.2, 0.95])
+        result = run(RunConfig(workload=workload, recipe=workload.recipe("mini"), scale="mini", data_dir=Path(tmp),
+                               seed=1, log_path=None), RuntimeContext.create("cpu"))
+        return json.dumps(result.to_dict(), indent=1).encode()
+
+
+@cache
+def _system_json() -> bytes:
+    import torch
+
+    from trainperf.results import submission
+
+    desc = submission.system_description("box", "trainperf", "open", "onprem", torch.device("cpu"), 1)
+    return json.dumps(desc, indent=1).encode()
+
+
+@cache
+def _scaling_json() -> bytes:
+    from trainperf.bench import scaling
+
+    def run(ttt: float) -> dict:
+        return {"status": "success", "time_to_train_s": ttt, "epoch_times_s": [ttt / 4] * 4, "epochs_to_target": 4,
+                "recipe": {"global_batch_size": 32}}
+
+    rows = scaling.summarize({1: [run(10.0), run(11.0)], 2: [run(6.0)]})
+    return json.dumps({"title": "resnet mini", "rows": [vars(r) for r in rows]}, indent=1).encode()
+
+
+@cache
+def _ablation_json() -> bytes:
+    rows = [{"config": "baseline (all off)", "mode": "baseline", "overrides": [], "samples_per_s": 100.0, "uplift": 1.0,
+             "mfu": 0.1, "epochs_to_target": None, "time_to_train_s": None, "reached": None},
+            {"config": "bf16 alone", "mode": "alone", "overrides": ["precision=bf16"], "samples_per_s": 150.0,
+             "uplift": 1.5, "mfu": 0.08, "epochs_to_target": 4, "time_to_train_s": 3.0, "reached": True}]
+    return json.dumps({"title": "resnet mini", "rows": rows}, indent=1).encode()
+
+
+# -- how each is read -------------------------------------------------------------------------------
+def _decode(path: Path) -> object:
+    from trainperf.workloads.resnet import data as D
+
+    return D.decode(path)
+
+
+def _convert_ratings(path: Path) -> object:
+    from trainperf.workloads.ncf import data as D
+
+    return D.convert(path, path.parent, lambda s: None)
+
+
+def _parse_day(path: Path) -> object:
+    from trainperf.workloads.dlrm import data as D
+
+    return [block.shape for block in D.iter_day(path)]
+
+
+def _gz(valid: Callable[[], bytes]) -> Callable[[], bytes]:
+    return lambda: gzip.compress(valid(), mtime=0)
+
+
+def _parse_gz_day(path: Path) -> object:
+    from trainperf.workloads.dlrm import data as D
+
+    return [block.shape for block in D.iter_day(path)]
+
+
+def _results_folder(path: Path, name: str) -> Path:
+    """A results layout holding `path` as `name` (results/<system>/<benchmark>/...)."""
+    folder = path.parent / "results" / "box" / "resnet"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_bytes(path.read_bytes())
+    return path.parent / "results"
+
+
+def _check_log(path: Path) -> object:
+    from trainperf.results.compliance import read_header
+
+    return read_header(path)
+
+
+def _score_log(path: Path) -> object:
+    from trainperf.results import scoring
+
+    return [scoring.score_folder(folder, rcp=False) for folder in
+            scoring.find_benchmark_folders(_results_folder(path, "result_0.txt"))]
+
+
+def _report(paths: list[Path], out: Path) -> object:
+    from trainperf.report import collect, render
+
+    return render.build(collect.collect(paths), out.stem)
+
+
+def _report_log(path: Path) -> object:
+    return _report([_results_folder(path, "result_0.txt")], path.parent / "report.html")
+
+
+def _report_result(path: Path) -> object:
+    folder = path.parent / "run"
+    folder.mkdir()
+    (folder / "result.json").write_bytes(path.read_bytes())
+    return _report([folder], path.parent / "report.html")
+
+
+def _report_system(path: Path) -> object:
+    layout = path.parent / "layout"
+    logs = layout / "results" / "box" / "resnet"
+    logs.mkdir(parents=True)
+    (logs / "result_0.txt").write_bytes(_mlperf_log())
+    (layout / "systems").mkdir()
+    (layout / "systems" / "box.json").write_bytes(path.read_bytes())
+    return _report([layout], path.parent / "report.html")
+
+
+def _report_study(path: Path) -> object:
+    folder = path.parent / "study"
+    folder.mkdir()
+    (folder / path.name).write_bytes(path.read_bytes())
+    return _report([folder], path.parent / "report.html")
+
+
+READERS: list[Reader] = [
+    Reader("imagenet jpeg", "n0_0.JPEG", _jpeg, _decode),
+    Reader("imagenet png named JPEG", "n0_1.JPEG", _png, _decode),
+    Reader("movielens ratings.csv", "ratings.csv", _ratings, _convert_ratings,
+           outputs=("train-ratings.csv", "test-ratings.csv", "test-negative.csv", "trainperf_ncf.json")),
+    Reader("criteo day", "day_0", _criteo_day, _parse_day),
+    Reader("criteo day.gz", "day_0.gz", _gz(_criteo_day), _parse_gz_day),
+    Reader("mlperf log header (check)", "result_0.txt", _mlperf_log, _check_log),
+    Reader("mlperf log (score)", "result_0.txt", _mlperf_log, _score_log),
+    Reader("mlperf log (report)", "result_0.txt", _mlperf_log, _report_log),
+    Reader("result.json (report)", "result.json", _result_json, _report_result),
+    Reader("systems json (report)", "box.json", _system_json, _report_system),
+    Reader("scaling.json (report)", "scaling.json", _scaling_json, _report_study),
+    Reader("ablation.json (report)", "ablation.json", _ablation_json, _report_study),
+]
