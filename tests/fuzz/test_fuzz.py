@@ -100,8 +100,8 @@ def test_reader_accepts_or_refuses_in_one_line(reader: Reader):
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
-    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(max_examples=max(1, round(FUZZ_EXAMPLES * reader.budget)), deadline=None, derandomize=True,
+              database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(st.lists(MUTATIONS, min_size=1, max_size=3))
     def property(mutations: list[tuple]) -> None:
         folder = Path(tempfile.mkdtemp(prefix="trainperf-fuzz-"))
