@@ -67,3 +67,41 @@ def test_a_changed_source_is_named_and_prepared_again(tmp_path, name):
     workload.prepare("mini", data, said.append)
     assert any(str(source) in line for line in said)  # it says why it prepares again
     assert not workload.data_problems("mini", data)
+
+
+def test_stamps_see_content_params_format_and_missing_sources(tmp_path, monkeypatch):
+    from trainperf import prepared
+
+    src = tmp_path / "ratings.csv"
+    src.write_bytes(b"a,b\n1,2\n")
+    where = tmp_path / "manifest.json"
+    stamp = prepared.stamp({"ratings.csv": src}, 1, {"seed": 0})
+    assert prepared.stale(stamp, {"ratings.csv": src}, 1, {"seed": 0}, where) is None
+    os.utime(src, (1, 1))  # a copy with another time, the same content: still the same source
+    assert prepared.stale(stamp, {"ratings.csv": src}, 1, {"seed": 0}, where) is None
+    src.write_bytes(b"a,b\n1,3\n")  # same size, other content
+    assert prepared.stale(stamp, {"ratings.csv": src}, 1, {"seed": 0}, where) == \
+        f"{src}: changed (same size, other content) since the data was prepared"
+    sources = {"ratings.csv": src}
+    assert prepared.stale(stamp, sources, 2, {"seed": 0}, where).startswith(f"{where}: prepared in format 1")
+    assert prepared.stale(stamp, sources, 1, {"seed": 1}, where).startswith(f"{where}: prepared with")
+    assert prepared.stale(None, sources, 1, {"seed": 0}, where).endswith("(no record of its sources)")
+    src.unlink()
+    assert prepared.stale(stamp, sources, 1, {"seed": 0}, where) == f"{src}: gone since the data was prepared"
+
+
+def test_large_sources_are_fingerprinted_by_size_time_and_edges(tmp_path, monkeypatch):
+    from trainperf import prepared
+
+    monkeypatch.setattr(prepared, "HASH_WHOLE_BELOW", 1000)
+    monkeypatch.setattr(prepared, "EDGE_BYTES", 100)
+    big = tmp_path / "day_0"
+    big.write_bytes(bytes(range(256)) * 20)
+    stamp = prepared.stamp({"day_0": big}, 1, {})
+    assert set(prepared.fingerprint(big)) == {"size", "mtime_ns", "edges_sha256"}  # not read whole
+    data = bytearray(big.read_bytes())
+    data[-1] ^= 1  # the last MiB (here: 100 bytes) changed, size kept
+    mtime = big.stat().st_mtime_ns
+    big.write_bytes(bytes(data))
+    os.utime(big, ns=(mtime, mtime))
+    assert "other content" in prepared.stale(stamp, {"day_0": big}, 1, {}, tmp_path)

@@ -59,18 +59,19 @@ def _describe(was: dict[str, Any], now: dict[str, Any]) -> str:
     return "changed (same size, other content)"
 
 
-def stale(recorded: Any, sources: Mapping[str, Path], format_version: int,
-          params: Mapping[str, Any]) -> str | None:
-    """None when `recorded` (a stamp) still describes `sources`; else why not, as one phrase."""
+def stale(recorded: Any, sources: Mapping[str, Path], format_version: int, params: Mapping[str, Any],
+          where: Path) -> str | None:
+    """None when `recorded` (a stamp) still describes `sources`; else why not, as one phrase that
+    starts with the file at fault (a changed source, or `where` the prepared data is)."""
     if not isinstance(recorded, dict):
-        return "no record of its sources (prepared by an older trainperf)"
+        return f"{where}: prepared by an older trainperf (no record of its sources)"
     if recorded.get("format_version") != format_version:
-        return f"prepared in format {recorded.get('format_version')}, this trainperf reads {format_version}"
+        return f"{where}: prepared in format {recorded.get('format_version')}, this trainperf reads {format_version}"
     if recorded.get("params") != dict(params):
-        return f"prepared with {recorded.get('params')}, now {dict(params)}"
+        return f"{where}: prepared with {recorded.get('params')}, now {dict(params)}"
     before = recorded.get("sources") or {}
     if set(before) != set(sources):
-        return f"prepared from {', '.join(sorted(before)) or 'nothing'}, now {', '.join(sorted(sources))}"
+        return f"{where}: prepared from {', '.join(sorted(before)) or 'nothing'}, now {', '.join(sorted(sources))}"
     for name, path in sources.items():
         now = fingerprint(Path(path))
         if now != before[name]:

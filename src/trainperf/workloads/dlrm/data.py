@@ -251,7 +251,7 @@ def _hash_day(data_dir: Path, day: int, max_ind_range: int, progress: Any = None
     source = {f"day_{day}": day_file(data_dir, day)}
     params = {"max_ind_range": max_ind_range}
     if hashed.is_file() and uniques.is_file() and _read_json(done) is not None and \
-            prepared.stale(_read_json(done), source, FORMAT_VERSION, params) is None:
+            prepared.stale(_read_json(done), source, FORMAT_VERSION, params, where=done) is None:
         return hashed.stat().st_size // (4 * N_FIELDS)
     # Stamped before reading: a day file changed during the pass is seen as changed next time.
     stamp = prepared.stamp(source, FORMAT_VERSION, params)
@@ -401,7 +401,7 @@ def preparation(days: int, max_ind_range: int = MAX_IND_RANGE, seed: int = 0) ->
 def staleness(manifest: dict, data_dir: Path, days: int) -> str | None:
     """None while the preprocessed files still describe the day files (see trainperf.prepared)."""
     return prepared.stale(manifest.get("prepared_from"), day_sources(data_dir, days), FORMAT_VERSION,
-                          preparation(days, manifest.get("max_ind_range", MAX_IND_RANGE)))
+                          preparation(days, manifest.get("max_ind_range", MAX_IND_RANGE)), where=data_dir / MANIFEST)
 
 
 def _read_json(path: Path) -> Any:

@@ -165,7 +165,8 @@ def _write_tsv(path: Path, table: np.ndarray) -> None:
 
 def staleness(manifest: dict, ratings_csv: Path) -> str | None:
     """None while the conversion still describes `ratings_csv` (see trainperf.prepared)."""
-    return prepared.stale(manifest.get("prepared_from"), {"ratings.csv": ratings_csv}, FORMAT_VERSION, PREPARATION)
+    return prepared.stale(manifest.get("prepared_from"), {"ratings.csv": ratings_csv}, FORMAT_VERSION, PREPARATION,
+                          where=ratings_csv.parent / MANIFEST)
 
 
 def converted(out_dir: Path) -> dict | None:
