@@ -151,6 +151,8 @@ def start(request: RunRequest, say: Say = print, warn: Say = print) -> RunOutcom
     if not in_group:
         # Files build() reads (metadata, weights): a missing one is named before any folder is written.
         Assets(workload.assets(recipe, folder)).check()
+        for note in workload.notes(recipe, request.scale):
+            say(f"note: {note}")
     seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "little") % (2**31)
     if request.runs is not None:
         code = run_series(request, workload, recipe, folder, out_dir, seed, say, warn)

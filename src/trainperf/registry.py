@@ -12,6 +12,7 @@ _WORKLOADS: dict[str, str] = {
     "resnet": "trainperf.workloads.resnet:ResNetWorkload",
     "ncf": "trainperf.workloads.ncf:NCFWorkload",
     "dlrm": "trainperf.workloads.dlrm:DLRMWorkload",
+    "ssd": "trainperf.workloads.ssd:SSDWorkload",
 }
 
 

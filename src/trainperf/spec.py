@@ -552,6 +552,9 @@ class Assets(Mapping[str, Path]):
             raise TrainperfError(f"asset {name!r} was not declared by the workload")
         return self._paths[name]
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._paths
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._paths)
 
@@ -714,6 +717,11 @@ class Workload(ABC, Generic[R]):
     def assets(self, recipe: R, data_dir: Path | None) -> dict[str, Path]:
         """Files `build` reads, by name. None by default."""
         return {}
+
+    def notes(self, recipe: R, scale: str) -> list[str]:
+        """Lines a user should read before a run starts: why its result would not be comparable to
+        MLPerf's (a missing pretrained backbone, say). Printed, never fatal."""
+        return []
 
     @abstractmethod
     def build(self, recipe: R, ctx: RuntimeContext, assets: Assets) -> ModelParts:

@@ -126,6 +126,15 @@ def _ablation_json() -> bytes:
     return json.dumps({"title": "resnet mini", "rows": rows}, indent=1).encode()
 
 
+@cache
+def _coco_instances() -> bytes:
+    from trainperf.workloads.coco import data as C
+
+    with tempfile.TemporaryDirectory() as tmp:
+        C.generate_mini(Path(tmp) / "coco", ("train2017", "val2017"), (6, 1), size=32, say=lambda s: None)
+        return (Path(tmp) / "coco" / "annotations" / "instances_train2017.json").read_bytes()
+
+
 # -- how each is read -------------------------------------------------------------------------------
 def _decode(path: Path) -> object:
     from trainperf.workloads.resnet import data as D
@@ -216,12 +225,26 @@ def _report_study(path: Path) -> object:
     return _report([folder], path.parent / "report.html")
 
 
+def _read_coco(path: Path) -> object:
+    from trainperf.workloads.coco import data as C
+
+    # The images the valid file names, beside it in a COCO layout (the mutated file may name others).
+    root = path.parent / "coco"
+    (root / "annotations").mkdir(parents=True)
+    (root / "train2017").mkdir()
+    for entry in json.loads(_coco_instances())["images"]:
+        (root / "train2017" / entry["file_name"]).write_bytes(b"")
+    (root / "annotations" / "instances_train2017.json").write_bytes(path.read_bytes())
+    return C.read_instances(root, "train2017")
+
+
 READERS: list[Reader] = [
     Reader("imagenet jpeg", "n0_0.JPEG", _jpeg, _decode),
     Reader("imagenet png named JPEG", "n0_1.JPEG", _png, _decode),
     Reader("movielens ratings.csv", "ratings.csv", _ratings, _convert_ratings,
            outputs=("train-ratings.csv", "test-ratings.csv", "test-negative.csv", "trainperf_ncf.json")),
     Reader("criteo day", "day_0", _criteo_day, _parse_day),
+    Reader("coco instances json", "instances_train2017.json", _coco_instances, _read_coco),
     Reader("criteo day.gz", "day_0.gz", _gz(_criteo_day), _parse_gz_day),
     Reader("mlperf log header", "result_0.txt", _mlperf_log, _log_header),
     Reader("mlperf log (check)", "result_0.txt", _mlperf_log, _check_log, budget=0.1),  # the official checker

@@ -1,0 +1,299 @@
+"""COCO-format detection data: `<root>/<split>/*.jpg` with `<root>/annotations/instances_<split>.json`.
+
+The instances file is read and checked once: a missing file, an annotation naming an unknown image or
+category, or an image entry whose file is missing is one line naming it. What the MLPerf references
+silently repair is repaired the same way and counted: boxes are clamped to their image, and boxes
+empty after clamping are skipped. Crowd boxes and, for training, images left without any box are
+dropped, as the references do. Category ids (COCO's are not contiguous) map to labels 1..C in
+increasing id order; 0 is the background.
+
+Batches are `(images, targets)`: images a tensor [N, 3, H, W] (or a list of differently sized ones),
+targets a list of {"boxes": [n, 4] xyxy pixels, "labels": [n]} dicts — one per sample, which is how
+trainperf's default batch rules split and count them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+from torch.utils.data import Dataset
+
+from trainperf.errors import TrainperfError, shown
+from trainperf.files import AtomicOutput
+
+MINI_FORMAT_VERSION = 1
+MANIFEST = "trainperf_coco.json"
+
+
+@dataclass
+class CocoIndex:
+    """One split of a COCO-format dataset, checked: per image its file, size and boxes."""
+
+    root: Path
+    split: str
+    annotation_file: Path
+    image_ids: list[int]
+    files: list[Path]
+    sizes: list[tuple[int, int]]  # (height, width)
+    boxes: list[np.ndarray]  # per image [n, 4] float32 xyxy in pixels (crowd boxes excluded)
+    labels: list[np.ndarray]  # per image [n] int64, 1..C
+    category_ids: list[int]  # label k is COCO category category_ids[k - 1]
+    category_names: list[str]
+    skipped: int = 0  # annotations whose box was empty once clamped to its image
+    crowd: int = 0  # crowd annotations (not trained on; COCOeval ignores their matches)
+
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    def without_empty_images(self) -> CocoIndex:
+        """For training: images with no box left are dropped (the references do)."""
+        keep = [i for i, b in enumerate(self.boxes) if len(b)]
+        return CocoIndex(self.root, self.split, self.annotation_file, [self.image_ids[i] for i in keep],
+                         [self.files[i] for i in keep], [self.sizes[i] for i in keep],
+                         [self.boxes[i] for i in keep], [self.labels[i] for i in keep], self.category_ids,
+                         self.category_names, self.skipped, self.crowd)
+
+
+def annotation_file(root: Path, split: str) -> Path:
+    return root / "annotations" / f"instances_{split}.json"
+
+
+def _fail(path: Path, what: str) -> TrainperfError:
+    return TrainperfError(f"{path}: {what}")
+
+
+def read_instances(root: Path, split: str, category_ids: list[int] | None = None) -> CocoIndex:
+    """Read and check `annotations/instances_<split>.json` and the images it names. `category_ids`
+    fixes the label order (val uses train's)."""
+    path = annotation_file(root, split)
+    if not path.is_file():
+        raise _fail(path, f"missing (expected a COCO instances file for {split}/)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise _fail(path, f"not a JSON file ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in ("images", "annotations",
+                                                                                         "categories")):
+        raise _fail(path, "not a COCO instances file (expected lists 'images', 'annotations', 'categories')")
+    categories: dict[int, str] = {}
+    for cat in data["categories"]:
+        if not isinstance(cat, dict) or not _is_int(cat.get("id")):
+            raise _fail(path, f"category {shown(str(cat))}: expected an integer 'id'")
+        categories[cat["id"]] = str(cat.get("name", cat["id"]))
+    if category_ids is None:
+        category_ids = sorted(categories)
+    label_of = {cid: k + 1 for k, cid in enumerate(category_ids)}
+    image_dir = root / split
+    if not image_dir.is_dir():
+        raise _fail(image_dir, "missing folder (the images of the instances file)")
+    present = {entry.name for entry in os.scandir(image_dir)}
+    row_of: dict[int, int] = {}
+    image_ids, files, sizes = [], [], []
+    for image in data["images"]:
+        if not isinstance(image, dict) or not _is_int(image.get("id")) or not isinstance(image.get("file_name"), str) \
+                or not _is_int(image.get("width")) or not _is_int(image.get("height")) \
+                or image["width"] < 1 or image["height"] < 1:
+            raise _fail(path, f"image {shown(str(image))}: expected integer id, width, height and a file_name")
+        if image["id"] in row_of:
+            raise _fail(path, f"image id {image['id']} appears twice")
+        if image["file_name"] not in present:
+            raise _fail(image_dir / image["file_name"], f"missing (image id {image['id']} in {path.name})")
+        row_of[image["id"]] = len(image_ids)
+        image_ids.append(image["id"])
+        files.append(image_dir / image["file_name"])
+        sizes.append((image["height"], image["width"]))
+    per_image: list[list[tuple[list[float], int]]] = [[] for _ in image_ids]
+    skipped = crowd = 0
+    for ann in data["annotations"]:
+        if not isinstance(ann, dict):
+            raise _fail(path, f"annotation {shown(str(ann))}: expected an object")
+        ann_id = ann.get("id")
+        if ann.get("image_id") not in row_of:
+            raise _fail(path, f"annotation {ann_id}: unknown image_id {shown(str(ann.get('image_id')))}")
+        if ann.get("category_id") not in label_of:
+            raise _fail(path, f"annotation {ann_id}: unknown category_id {shown(str(ann.get('category_id')))}")
+        bbox = ann.get("bbox")
+        if not isinstance(bbox, list) or len(bbox) != 4 or not all(_is_number(v) for v in bbox):
+            raise _fail(path, f"annotation {ann_id}: expected bbox [x, y, width, height], got {shown(str(bbox))}")
+        if ann.get("iscrowd", 0):
+            crowd += 1
+            continue
+        row = row_of[ann["image_id"]]
+        height, width = sizes[row]
+        x0, y0 = min(max(bbox[0], 0.0), width), min(max(bbox[1], 0.0), height)
+        x1, y1 = min(max(bbox[0] + bbox[2], 0.0), width), min(max(bbox[1] + bbox[3], 0.0), height)
+        if x1 <= x0 or y1 <= y0:
+            skipped += 1
+            continue
+        per_image[row].append(([x0, y0, x1, y1], label_of[ann["category_id"]]))
+    boxes = [np.array([b for b, _ in anns], dtype=np.float32).reshape(-1, 4) for anns in per_image]
+    labels = [np.array([lab for _, lab in anns], dtype=np.int64) for anns in per_image]
+    return CocoIndex(root=root, split=split, annotation_file=path, image_ids=image_ids, files=files, sizes=sizes,
+                     boxes=boxes, labels=labels, category_ids=list(category_ids),
+                     category_names=[categories.get(c, str(c)) for c in category_ids], skipped=skipped, crowd=crowd)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+
+
+def layout_problems(root: Path, splits: tuple[str, str]) -> list[str]:
+    """What is missing in a COCO-format tree, one line each (the files are checked by read_instances)."""
+    if not root.is_dir():
+        return [f"{root}: folder does not exist (expected a COCO root with {splits[0]}/, {splits[1]}/ and "
+                "annotations/)"]
+    problems = []
+    for split in splits:
+        if not (root / split).is_dir():
+            problems.append(f"{root / split}: missing folder (expected {split}/*.jpg)")
+        if not annotation_file(root, split).is_file():
+            problems.append(f"{annotation_file(root, split)}: missing (expected a COCO instances file)")
+    return problems
+
+
+def decode(path: Path) -> torch.Tensor:
+    """An image file as a uint8 RGB tensor [3, H, W]; a bad file is one line naming it."""
+    try:
+        with Image.open(path) as img:
+            return torch.from_numpy(np.asarray(img.convert("RGB")).copy()).permute(2, 0, 1)
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TrainperfError(f"{path}: cannot decode image ({reason})") from None
+
+
+class CocoDetection(Dataset):
+    """Samples (image, target, i) of an index through `transform(image, boxes, labels)` ->
+    (image, boxes, labels); `i` is the position in the index (for evaluation)."""
+
+    def __init__(self, index: CocoIndex, transform: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+                 ) -> None:
+        self.index, self.transform = index, transform
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+        image = decode(self.index.files[i])
+        height, width = self.index.sizes[i]
+        if tuple(image.shape[1:]) != (height, width):
+            raise TrainperfError(f"{self.index.files[i]}: image is {image.shape[2]}x{image.shape[1]}, its annotation "
+                                 f"says {width}x{height}")
+        image, boxes, labels = self.transform(image, torch.from_numpy(self.index.boxes[i]),
+                                              torch.from_numpy(self.index.labels[i]))
+        return image, {"boxes": boxes, "labels": labels}, i
+
+
+def collate(samples: list[tuple[torch.Tensor, dict[str, torch.Tensor], int]]) -> tuple[Any, list, list[int]]:
+    """Images stacked when they share a size (else a list), targets and positions as lists."""
+    images = [s[0] for s in samples]
+    stacked = torch.stack(images) if len({tuple(im.shape) for im in images}) == 1 else images
+    return stacked, [s[1] for s in samples], [s[2] for s in samples]
+
+
+# ---------------------------------------------------------------------------------------------
+# the mini dataset: shapes on textured, noisy backgrounds, written in COCO format
+# ---------------------------------------------------------------------------------------------
+# COCO's category ids are not contiguous: the mini ones are not either, so the mapping is exercised.
+MINI_CATEGORIES = {1: "square", 3: "disc", 7: "triangle", 9: "cross"}
+
+
+def _shape_polygon(kind: str, x0: float, y0: float, size: float) -> list[tuple[float, float]]:
+    x1, y1 = x0 + size, y0 + size
+    if kind == "square":
+        return [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
+    if kind == "triangle":
+        return [(x0 + size / 2, y0), (x1, y1), (x0, y1)]
+    if kind == "cross":
+        a, b = x0 + size / 3, x0 + 2 * size / 3
+        c, d = y0 + size / 3, y0 + 2 * size / 3
+        return [(a, y0), (b, y0), (b, c), (x1, c), (x1, d), (b, d), (b, y1), (a, y1), (a, d), (x0, d), (x0, c), (a, c)]
+    angles = np.linspace(0, 2 * np.pi, 24, endpoint=False)  # disc
+    r = size / 2
+    return [(x0 + r + r * np.cos(t), y0 + r + r * np.sin(t)) for t in angles]
+
+
+def _polygon_area(points: list[tuple[float, float]]) -> float:
+    xs, ys = np.array([p[0] for p in points]), np.array([p[1] for p in points])
+    return float(abs(np.dot(xs, np.roll(ys, 1)) - np.dot(ys, np.roll(xs, 1))) / 2)
+
+
+def _background(rng: np.random.Generator, size: int) -> Image.Image:
+    """A smooth random colour gradient with noise and faint strokes: texture the detector must ignore."""
+    yy, xx = np.mgrid[0:size, 0:size] / size
+    base = rng.uniform(40, 200, 3)
+    slope = rng.uniform(-60, 60, (2, 3))
+    pixels = base + xx[..., None] * slope[0] + yy[..., None] * slope[1] + rng.normal(0, 12, (size, size, 3))
+    img = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(img)
+    for _ in range(rng.integers(2, 6)):
+        points = [tuple(rng.uniform(0, size, 2)) for _ in range(2)]
+        draw.line(points, fill=tuple(int(v) for v in rng.uniform(0, 255, 3)), width=int(rng.integers(1, 3)))
+    return img
+
+
+def _mini_image(rng: np.random.Generator, size: int, image_id: int, first_ann: int) -> tuple[Image.Image, list[dict]]:
+    img = _background(rng, size)
+    draw = ImageDraw.Draw(img)
+    anns = []
+    for k in range(int(rng.integers(1, 5))):
+        category = int(rng.choice(list(MINI_CATEGORIES)))
+        side = float(rng.uniform(0.16, 0.5) * size)
+        x0, y0 = (float(v) for v in rng.uniform(0, size - side, 2))
+        polygon = _shape_polygon(MINI_CATEGORIES[category], x0, y0, side)
+        colour = tuple(int(v) for v in rng.uniform(0, 255, 3))
+        draw.polygon(polygon, fill=colour, outline=tuple(255 - c for c in colour))
+        xs, ys = [p[0] for p in polygon], [p[1] for p in polygon]
+        bx, by = min(xs), min(ys)
+        anns.append({"id": first_ann + k, "image_id": image_id, "category_id": category,
+                     "bbox": [round(bx, 2), round(by, 2), round(max(xs) - bx, 2), round(max(ys) - by, 2)],
+                     "area": round(_polygon_area(polygon), 2), "iscrowd": 0,
+                     "segmentation": [[round(v, 2) for point in polygon for v in point]]})
+    return img, anns
+
+
+def generate_mini(root: Path, splits: tuple[str, str], counts: tuple[int, int], size: int = 64, seed: int = 0,
+                  say: Callable[[str], None] = print) -> None:
+    """Write the mini dataset in COCO layout (JPEGs and instances files), as one atomic folder: an
+    interrupted generation leaves nothing that looks prepared."""
+    rng = np.random.default_rng(seed)
+    next_image, next_ann = 1, 1
+    with AtomicOutput(root, directory=True) as tmp:
+        (tmp / "annotations").mkdir()
+        for split, count in zip(splits, counts, strict=True):
+            (tmp / split).mkdir()
+            images, anns = [], []
+            for _ in range(count):
+                img, objects = _mini_image(rng, size, next_image, next_ann)
+                name = f"{next_image:012d}.jpg"
+                img.save(tmp / split / name, quality=92)
+                images.append({"id": next_image, "file_name": name, "width": size, "height": size})
+                anns.extend(objects)
+                next_image, next_ann = next_image + 1, next_ann + len(objects)
+            instances = {"info": {"description": "trainperf mini detection (synthetic shapes)"},
+                         "images": images, "annotations": anns,
+                         "categories": [{"id": c, "name": n, "supercategory": "shape"}
+                                        for c, n in MINI_CATEGORIES.items()]}
+            (tmp / "annotations" / f"instances_{split}.json").write_text(json.dumps(instances))
+        manifest = {"format_version": MINI_FORMAT_VERSION, "size": size, "counts": list(counts), "seed": seed}
+        (tmp / MANIFEST).write_text(json.dumps(manifest))
+    say(f"wrote {counts[0]} train and {counts[1]} val images ({size}x{size}, COCO format) to {root}")
+
+
+def mini_ready(root: Path, size: int, counts: tuple[int, int]) -> bool:
+    try:
+        manifest = json.loads((root / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return manifest == {"format_version": MINI_FORMAT_VERSION, "size": size, "counts": list(counts), "seed": 0}

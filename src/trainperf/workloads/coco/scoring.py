@@ -1,0 +1,61 @@
+"""COCO box AP, the detection workloads' metric, by pycocotools (the references' implementation).
+
+Detections travel as rows (image_id, x, y, width, height, score, category_id) in original image
+pixels and COCO category ids: what `COCO.loadRes` reads. The functions are module level so that
+asynchronous evaluation can score in a worker process (`host_scoring = "process"`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BACKENDS = ("pycocotools", "faster-coco-eval")
+
+
+@functools.lru_cache(maxsize=4)
+def _ground_truth(annotation_file: str, backend: str) -> Any:
+    """The ground truth, read once per process (it is the same file at every evaluation)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        if backend == "faster-coco-eval":
+            from faster_coco_eval import COCO
+        else:
+            from pycocotools.coco import COCO
+        return COCO(annotation_file)
+
+
+def box_ap(totals: dict[str, Any], annotation_file: str, image_ids: list[int], backend: str = "pycocotools"
+           ) -> float:
+    """AP@[0.50:0.95] (COCOeval's stats[0]) of `totals["detections"]` over `image_ids`."""
+    rows = np.asarray(totals["detections"], dtype=np.float64).reshape(-1, 7)
+    if rows.shape[0] == 0:
+        return 0.0
+    gt = _ground_truth(annotation_file, backend)
+    with contextlib.redirect_stdout(io.StringIO()):
+        if backend == "faster-coco-eval":
+            from faster_coco_eval import COCOeval_faster as COCOeval
+        else:
+            from pycocotools.cocoeval import COCOeval
+        evaluation = COCOeval(gt, gt.loadRes(rows), "bbox")
+        evaluation.params.imgIds = list(image_ids)
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+    return float(max(evaluation.stats[0], 0.0))  # -1 when no ground truth box exists
+
+
+def metric(annotation_file: Path, image_ids: list[int], backend: str = "pycocotools") -> functools.partial:
+    """The EvalPartial metric for a split: picklable, so that it can run in a worker process."""
+    return functools.partial(box_ap, annotation_file=str(annotation_file), image_ids=list(image_ids), backend=backend)
+
+
+def detection_rows(image_id: int, boxes_xyxy: np.ndarray, scores: np.ndarray, category_ids: np.ndarray
+                   ) -> list[tuple[float, ...]]:
+    """One image's detections as COCO result rows (xyxy pixels -> x, y, width, height)."""
+    return [(float(image_id), float(b[0]), float(b[1]), float(b[2] - b[0]), float(b[3] - b[1]), float(s), float(c))
+            for b, s, c in zip(boxes_xyxy, scores, category_ids, strict=True)]

@@ -1,0 +1,388 @@
+"""SSD-ResNet34 on COCO 2017 (MLPerf key `ssd`, the v0.7–v1.1 form), and its mini scale on synthetic
+shapes written in COCO format. COCO box AP by pycocotools, scored off the training path."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+from trainperf.errors import TrainperfError
+from trainperf.loaders import one_line_errors
+from trainperf.rulesets import RULESETS
+from trainperf.spec import (
+    Assets,
+    DataParts,
+    EpochView,
+    EvalPartial,
+    Metric,
+    ModelParts,
+    Recipe,
+    RuntimeContext,
+    Workload,
+)
+from trainperf.workloads.coco import data as C
+from trainperf.workloads.coco import scoring
+from trainperf.workloads.ssd import model as M
+
+SPLITS = ("train2017", "val2017")
+COCO_TRAIN_IMAGES = 117_266  # train2017 images with at least one non-crowd box (the reference's count)
+# The mini dataset (generated once by `prepare`, so not a recipe field: a recipe cannot change it).
+MINI_SIZE, MINI_COUNTS = 64, (2000, 500)
+MINI_BOXES = M.DefaultBoxSpec(fig_size=MINI_SIZE, feat_sizes=(8, 4, 2, 1), steps=(8, 16, 32, 64),
+                              scales=(9, 16, 26, 40, 60), aspect_ratios=((2,), (2,), (2,), (2,)))
+# ImageNet normalisation (the trunk is an ImageNet network), on 0-255 pixels.
+MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
+
+
+@dataclass(frozen=True)
+class SSDRecipe(Recipe):
+    model: str = "ssd300"  # ssd300 | mini
+    num_classes: int = 81  # with the background
+    image_size: int = 300
+    optimizer: str = "sgd"  # sgd (the reference) | adamw
+    # The learning rate per 32 images: the run's is base_lr * global_batch_size / 32 (the reference).
+    base_lr: float = 2.5e-3
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    warmup_epochs: float = 0.0
+    warmup_factor: int = 0  # the MLPerf ramp: lr_b = r0 - (wb - b) r0 / (wb 2^factor)
+    lr_schedule: str = "multistep"  # multistep (x decay_factor at decay_epochs) | cosine (to 0 at max_epochs)
+    decay_epochs: tuple[int, ...] = (40, 50)
+    decay_factor: float = 0.1
+    crop_trials: int = 1  # SSD random crop retries (MLPerf `max_samples`: 1 or 50)
+    hflip: bool = True
+    color_jitter: bool = True
+    backbone_weights: str = ""  # a torchvision resnet34 ImageNet state dict (the reference starts from one)
+    num_workers: int = 8
+    eval_batch_size: int = 64
+    score_threshold: float = 0.05
+    nms_iou: float = 0.5
+    max_detections: int = 200
+    width: int = 32  # mini model width
+    # COCO AP by pycocotools (the reference), or faster-coco-eval (the same AP to 1e-4 on our tests, ~9x
+    # faster here; `pip install trainperf[coco-fast]`).
+    coco_backend: str = "pycocotools"
+
+    CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("ssd300", "mini"), "optimizer": ("sgd", "adamw"),
+                                                     "lr_schedule": ("multistep", "cosine"), "crop_trials": (1, 50),
+                                                     "coco_backend": scoring.BACKENDS}
+
+    def validate(self) -> None:
+        super().validate()
+        if self.base_lr <= 0 or self.warmup_epochs < 0 or not 0 < self.nms_iou <= 1 or self.max_detections < 1:
+            raise TrainperfError("recipe: need base_lr > 0, warmup_epochs >= 0, 0 < nms_iou <= 1, max_detections >= 1")
+        if self.num_classes < 2:
+            raise TrainperfError(f"recipe field num_classes must be >= 2 (with the background), got {self.num_classes}")
+        if self.coco_backend == "faster-coco-eval" and importlib.util.find_spec("faster_coco_eval") is None:
+            raise TrainperfError("coco_backend=faster-coco-eval: not installed (pip install 'trainperf[coco-fast]')")
+
+
+def _full(batch: int, base_lr: float, decay: tuple[int, int], warmup_epochs: float, weight_decay: float,
+          max_epochs: int, crop_trials: int = 50) -> SSDRecipe:
+    return SSDRecipe(name=f"rcp-{batch}", global_batch_size=batch, max_epochs=max_epochs, target=0.23, eval_every=5,
+                     eval_first=5, base_lr=base_lr, decay_epochs=decay, warmup_epochs=warmup_epochs,
+                     weight_decay=weight_decay, crop_trials=crop_trials)
+
+
+# The MLPerf reference convergence points (mlperf_logging RCPs, 1.0.0); then the reference's 1-GPU setup.
+FULL_RECIPES = {r.name: r for r in (
+    _full(1024, 2.5e-3, (40, 50), 2.619685, 5e-4, 70),
+    _full(2048, 4.57e-3, (60, 75), 26.0, 4e-5, 90),
+    _full(4096, 2.5e-3, (80, 100), 40.0, 4e-5, 110),
+    SSDRecipe(name="reference-32", global_batch_size=32, max_epochs=70, target=0.23, eval_every=5, eval_first=5),
+)}
+MINI = SSDRecipe(name="mini", global_batch_size=32, max_epochs=12, target=0.33, eval_every=1, eval_first=4,
+                 model="mini", num_classes=1 + len(C.MINI_CATEGORIES), image_size=MINI_SIZE, optimizer="adamw",
+                 base_lr=3e-3, weight_decay=1e-4, warmup_epochs=1.0, lr_schedule="cosine", crop_trials=1,
+                 color_jitter=False, num_workers=0, eval_batch_size=250, max_detections=100)
+
+
+def lr_factor(recipe: SSDRecipe, steps_per_epoch: int) -> Callable[[int], float]:
+    """The multiplier of base_lr * GBS / 32 at each step: the MLPerf warmup ramp, then steps down at
+    the decay epochs (the reference), or a cosine to 0 at max_epochs (mini)."""
+    warmup = round(recipe.warmup_epochs * steps_per_epoch)
+    boundaries = [round(e * steps_per_epoch) for e in recipe.decay_epochs]
+    total = max(1, recipe.max_epochs * steps_per_epoch)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return 1.0 - (warmup - step) / (warmup * 2 ** recipe.warmup_factor)
+        if recipe.lr_schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total))
+        return recipe.decay_factor ** sum(step >= b for b in boundaries)
+
+    return factor
+
+
+def _coder(recipe: SSDRecipe, device: torch.device) -> M.BoxCoder:
+    """The default boxes of the recipe's model, as a box coder."""
+    if recipe.model == "mini":
+        return M.BoxCoder(MINI_BOXES, device)
+    return M.BoxCoder(M.DefaultBoxSpec(**{**M.SSD300_BOXES.__dict__, "fig_size": recipe.image_size}), device)
+
+
+def _normalize(images: torch.Tensor) -> torch.Tensor:
+    mean = torch.tensor(MEAN, device=images.device).view(1, 3, 1, 1)
+    std = torch.tensor(STD, device=images.device).view(1, 3, 1, 1)
+    return (images.float() - mean) / std
+
+
+def _forward(model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The evaluation forward: box and class outputs of every default box (decoded after)."""
+    return model(batch[0])
+
+
+class SSDWorkload(Workload[SSDRecipe]):
+    name = "ssd"
+    benchmark = "ssd"
+    ruleset = RULESETS[benchmark]
+    metric = Metric("box_ap", higher_is_better=True)
+    summary = "SSD-ResNet34 on COCO 2017, box AP (mini: a small SSD on synthetic shapes in COCO format)"
+    mlperf_runs = 5
+    speedups = frozenset({"precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer", "async_eval"})
+    # COCO AP is Python-heavy (pycocotools): scored in a worker process with --async-eval.
+    host_scoring = "process"
+
+    def recipes(self, scale: str) -> dict[str, SSDRecipe]:
+        return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
+
+    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
+        if scale == "mini":
+            ready = C.mini_ready(data_dir, MINI_SIZE, MINI_COUNTS)
+            return [] if ready else [f"{data_dir}: mini dataset not generated yet (trainperf prepare ssd)"]
+        return C.layout_problems(data_dir, SPLITS)
+
+    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
+        if scale == "mini":
+            if C.mini_ready(data_dir, MINI_SIZE, MINI_COUNTS):
+                say(f"mini dataset already present in {data_dir}")
+                return
+            C.generate_mini(data_dir, SPLITS, MINI_COUNTS, MINI_SIZE, say=say)
+            return
+        problems = C.layout_problems(data_dir, SPLITS)
+        if problems:
+            raise TrainperfError(problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+        train = C.read_instances(data_dir, SPLITS[0])
+        val = C.read_instances(data_dir, SPLITS[1], train.category_ids)
+        used = train.without_empty_images()
+        say(f"{data_dir}: {len(used)} train images with boxes (of {len(train)}), {len(val)} val images, "
+            f"{len(train.category_ids)} categories")
+        for index in (train, val):
+            if index.skipped or index.crowd:
+                say(f"  {index.annotation_file.name}: {index.skipped} empty boxes skipped, {index.crowd} crowd "
+                    "boxes not trained on (as the reference)")
+        if (len(used), len(val)) != (COCO_TRAIN_IMAGES, 5000):
+            say(f"note: COCO 2017 has {COCO_TRAIN_IMAGES} train images with boxes and 5000 val images; results on "
+                "this copy are not comparable to MLPerf's")
+
+    def mlperf_hyperparameters(self, recipe: SSDRecipe, ctx: RuntimeContext) -> dict[str, Any]:
+        steps_per_epoch = math.ceil((COCO_TRAIN_IMAGES if recipe.model == "ssd300" else MINI_COUNTS[0])
+                                    / recipe.global_batch_size)
+        return {
+            "opt_base_learning_rate": recipe.base_lr,
+            "opt_weight_decay": recipe.weight_decay,
+            "opt_learning_rate_warmup_steps": max(1, round(recipe.warmup_epochs * steps_per_epoch)),
+            "opt_learning_rate_warmup_factor": recipe.warmup_factor,
+            "opt_learning_rate_decay_boundary_epochs": list(recipe.decay_epochs),
+            "max_samples": recipe.crop_trials,
+            # BatchNorm statistics are per process: the span is the per-process micro-batch.
+            "model_bn_span": recipe.global_batch_size // (ctx.world_size * recipe.grad_accum_steps),
+        }
+
+    def notes(self, recipe: SSDRecipe, scale: str) -> list[str]:
+        if recipe.model == "ssd300" and not recipe.backbone_weights:
+            return ["no --set backbone_weights=PATH: the ResNet-34 trunk starts from random weights, the reference "
+                    "from ImageNet ones (torchvision's resnet34 state dict); this run is not comparable to MLPerf"]
+        return []
+
+    def assets(self, recipe: SSDRecipe, data_dir: Path | None) -> dict[str, Path]:
+        return {"backbone weights": Path(recipe.backbone_weights).expanduser()} if recipe.backbone_weights else {}
+
+    def build(self, recipe: SSDRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
+        if recipe.model == "mini":
+            model: nn.Module = M.mini_ssd(recipe.num_classes, MINI_BOXES, recipe.width)
+        else:
+            weights = assets.state_dict("backbone weights") if "backbone weights" in assets else None
+            model = M.ssd300(recipe.num_classes, _checked_trunk_weights(weights, assets))
+        model = model.to(ctx.device)
+        coder = _coder(recipe, ctx.device)
+        lr = recipe.base_lr * recipe.global_batch_size / 32
+        if recipe.optimizer == "adamw":
+            impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+            optimizer: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=lr,
+                                                                 weight_decay=recipe.weight_decay, **impl)
+        else:
+            impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+            optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=recipe.momentum,
+                                        weight_decay=recipe.weight_decay, **impl)
+        size = recipe.image_size
+
+        def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, list[dict[str, torch.Tensor]], Any]
+                    ) -> torch.Tensor:
+            images, targets = batch[0], batch[1]
+            loc, conf = model(images)
+            matched, labels = coder.match_batch([t["boxes"] / size for t in targets], [t["labels"] for t in targets])
+            return M.ssd_loss(loc, conf, coder.encode(matched), labels)
+
+        def lr_schedule(steps_per_epoch: int | None) -> Callable[[int], float]:
+            if not steps_per_epoch:
+                raise TrainperfError("ssd: the LR schedule is in epochs and needs the steps per epoch")
+            return lr_factor(recipe, steps_per_epoch)
+
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, lr_schedule=lr_schedule,
+                          eval_forward=_forward)
+
+    def synthetic_batch(self, recipe: SSDRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
+        n = recipe.global_batch_size // ctx.world_size
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        size = recipe.image_size
+        images = _normalize(torch.randint(0, 256, (n, 3, size, size), generator=gen, dtype=torch.uint8)).to(ctx.device)
+        targets = []
+        for _ in range(n):
+            xy = torch.rand(2, 2, generator=gen) * size
+            box = torch.cat([xy.min(0).values, xy.max(0).values + 4]).clamp(max=size).unsqueeze(0)
+            label = torch.randint(1, recipe.num_classes, (1,), generator=gen)
+            targets.append({"boxes": box.to(ctx.device), "labels": label.to(ctx.device)})
+        return images, targets, list(range(n))
+
+    def synthetic_eval_batch(self, recipe: SSDRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
+        images, targets, positions = self.synthetic_batch(recipe, ctx, model)
+        n = min(recipe.eval_batch_size, images.shape[0])
+        return images[:n], targets[:n], positions[:n]
+
+    # -- data -----------------------------------------------------------------------------------
+    def load_data(self, recipe: SSDRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
+        train = C.read_instances(data_dir, SPLITS[0])
+        val = C.read_instances(data_dir, SPLITS[1], train.category_ids)
+        if len(train.category_ids) + 1 > recipe.num_classes:
+            raise TrainperfError(f"{train.annotation_file}: {len(train.category_ids)} categories, but the model has "
+                                 f"{recipe.num_classes - 1} (--set num_classes=N, background included)")
+        train = train.without_empty_images()
+        if recipe.model == "mini":
+            return self._resident(recipe, train, val, ctx)
+        return self._streamed(recipe, train, val, ctx)
+
+    def _evaluate(self, recipe: SSDRecipe, val: C.CocoIndex, ctx: RuntimeContext,
+                  batches: Callable[[], Iterator[tuple[torch.Tensor, list[int]]]]) -> Callable[..., EvalPartial]:
+        """Inference on this process's share of val; detections as COCO rows (original pixels)."""
+        coder = _coder(recipe, ctx.device)
+        category_ids = np.array(val.category_ids)
+        metric = scoring.metric(val.annotation_file, val.image_ids, recipe.coco_backend)
+
+        def evaluate(forward: Callable[[Any], tuple[torch.Tensor, torch.Tensor]]) -> EvalPartial:
+            rows: list[tuple[float, ...]] = []
+            for images, positions in batches():
+                loc, conf = forward((images, None, positions))
+                found = M.postprocess(coder, loc, conf, recipe.score_threshold, recipe.nms_iou,
+                                      max_detections=recipe.max_detections)
+                for (boxes, scores, labels), i in zip(found, positions, strict=True):
+                    # A model with more classes than the data has categories (the reference's 81 on a
+                    # smaller tree) may predict classes nobody annotated: they cannot be scored.
+                    known = labels <= len(category_ids)
+                    boxes, scores, labels = boxes[known], scores[known], labels[known]
+                    height, width = val.sizes[i]
+                    scale = torch.tensor([width, height, width, height], device=boxes.device)
+                    rows += scoring.detection_rows(val.image_ids[i], (boxes * scale).cpu().numpy(),
+                                                   scores.cpu().numpy(), category_ids[labels.cpu().numpy() - 1])
+            return EvalPartial(metric=metric, objects={"detections": rows})
+
+        return evaluate
+
+    def _resident(self, recipe: SSDRecipe, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext) -> DataParts:
+        """mini: every image decoded once into memory; batches flipped as whole tensors."""
+        device, size = ctx.device, recipe.image_size
+        train_x = torch.stack([C.decode(p) for p in train.files]).to(device)
+        val_x = torch.stack([C.decode(p) for p in val.files]).to(device)
+        boxes = [torch.from_numpy(b).to(device) for b in train.boxes]
+        labels = [torch.from_numpy(lab).to(device) for lab in train.labels]
+        order_gen, aug_gen = ctx.generator("order"), ctx.generator("augment", per_rank=True)
+        n, batch = len(train), recipe.global_batch_size
+        steps = n // batch  # whole global batches: static shapes
+        mine = ctx.shard(batch)
+        shard = ctx.shard(len(val))
+
+        def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, list[dict[str, torch.Tensor]], list]]:
+            order = torch.randperm(n, device=device, generator=order_gen)
+            for s in range(steps):
+                idx = order[s * batch:(s + 1) * batch][mine.start:mine.stop]
+                flip = (torch.rand(idx.shape[0], device=device, generator=aug_gen) < 0.5) & recipe.hflip
+                images = torch.where(flip.view(-1, 1, 1, 1), train_x[idx].flip(3), train_x[idx])
+                targets = []
+                for i, f in zip(idx.tolist(), flip.tolist(), strict=True):
+                    b = boxes[i]
+                    if f:
+                        b = torch.stack([size - b[:, 2], b[:, 1], size - b[:, 0], b[:, 3]], dim=1)
+                    targets.append({"boxes": b, "labels": labels[i]})
+                yield _normalize(images), targets, idx.tolist()
+
+        def val_batches() -> Iterator[tuple[torch.Tensor, list[int]]]:
+            for start in range(shard.start, shard.stop, recipe.eval_batch_size):
+                positions = list(range(start, min(start + recipe.eval_batch_size, shard.stop)))
+                yield _normalize(val_x[positions[0]:positions[-1] + 1]), positions
+
+        return DataParts(train_batches=train_batches, steps_per_epoch=steps, train_samples=steps * batch,
+                         eval_samples=len(val), evaluate=self._evaluate(recipe, val, ctx, val_batches))
+
+    def _streamed(self, recipe: SSDRecipe, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext) -> DataParts:
+        """full: DataLoader workers decode and augment each image (the reference augmentation)."""
+        from trainperf.workloads.ssd import transforms as T
+
+        device = ctx.device
+        workers = recipe.num_workers
+        extra = {"persistent_workers": True, "prefetch_factor": 4} if workers > 0 else {}
+        pin = device.type == "cuda"
+        per_process = recipe.global_batch_size // ctx.world_size
+        train_set = C.CocoDetection(train, T.train_transform(recipe.image_size, recipe.crop_trials, recipe.hflip,
+                                                             recipe.color_jitter))
+        sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
+                                     seed=ctx.stream_seed("order") % 2**31, drop_last=True)
+        train_loader = DataLoader(train_set, batch_size=per_process, sampler=sampler, num_workers=workers,
+                                  pin_memory=pin, drop_last=True, collate_fn=C.collate, **extra)
+        shard = ctx.shard(len(val))
+        val_set = torch.utils.data.Subset(C.CocoDetection(val, T.eval_transform(recipe.image_size)), list(shard))
+        val_loader = DataLoader(val_set, batch_size=recipe.eval_batch_size, shuffle=False, num_workers=workers,
+                                pin_memory=pin, collate_fn=C.collate, **extra)
+
+        def to_device(targets: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+            return [{k: v.to(device, non_blocking=True) for k, v in t.items()} for t in targets]
+
+        def train_batches(view: EpochView) -> Iterator[Any]:
+            sampler.set_epoch(view.epoch)
+            for images, targets, positions in one_line_errors(train_loader):
+                yield _normalize(images.to(device, non_blocking=True)), to_device(targets), positions
+
+        def val_batches() -> Iterator[tuple[torch.Tensor, list[int]]]:
+            for images, _targets, positions in one_line_errors(val_loader):
+                yield _normalize(images.to(device, non_blocking=True)), positions
+
+        return DataParts(train_batches=train_batches, steps_per_epoch=len(train_loader),
+                         train_samples=len(train_loader) * recipe.global_batch_size, eval_samples=len(val),
+                         evaluate=self._evaluate(recipe, val, ctx, val_batches))
+
+
+def _checked_trunk_weights(weights: dict | None, assets: Assets) -> dict | None:
+    """A torchvision resnet34 state dict, its keys and shapes checked (one line naming a mismatch)."""
+    if weights is None:
+        return None
+    from torchvision.models import resnet34
+
+    expected = resnet34().state_dict()
+    path = assets["backbone weights"]
+    missing = sorted(set(expected) - set(weights))
+    if missing:
+        raise TrainperfError(f"{path}: not a torchvision resnet34 state dict (missing {missing[0]}, "
+                             f"+{len(missing) - 1} more)")
+    for key, value in expected.items():
+        if tuple(weights[key].shape) != tuple(value.shape):
+            raise TrainperfError(f"{path}: {key} has shape {tuple(weights[key].shape)}, resnet34 needs "
+                                 f"{tuple(value.shape)}")
+    return weights
