@@ -279,7 +279,7 @@ class SSDWorkload(Workload[SSDRecipe]):
         metric = scoring.metric(val.annotation_file, val.image_ids, recipe.coco_backend)
 
         def evaluate(forward: Callable[[Any], tuple[torch.Tensor, torch.Tensor]]) -> EvalPartial:
-            rows: list[tuple[float, ...]] = []
+            rows: list[np.ndarray] = []  # one array per image
             for images, positions in batches():
                 loc, conf = forward((images, None, positions))
                 found = M.postprocess(coder, loc, conf, recipe.score_threshold, recipe.nms_iou,
@@ -291,8 +291,8 @@ class SSDWorkload(Workload[SSDRecipe]):
                     boxes, scores, labels = boxes[known], scores[known], labels[known]
                     height, width = val.sizes[i]
                     scale = torch.tensor([width, height, width, height], device=boxes.device)
-                    rows += scoring.detection_rows(val.image_ids[i], (boxes * scale).cpu().numpy(),
-                                                   scores.cpu().numpy(), category_ids[labels.cpu().numpy() - 1])
+                    rows.append(scoring.detection_rows(val.image_ids[i], (boxes * scale).cpu().numpy(),
+                                                       scores.cpu().numpy(), category_ids[labels.cpu().numpy() - 1]))
             return EvalPartial(metric=metric, objects={"detections": rows})
 
         return evaluate
