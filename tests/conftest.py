@@ -113,7 +113,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 def write_minimal_closed_log(path: Path, benchmark: str, global_batch_size: int, hyperparameters: dict,
                              accuracy: float, epoch_num: float, train_samples: int = 1000,
-                             eval_samples: int = 100) -> None:
+                             eval_samples: int = 100, initialized: list[str] | tuple[str, ...] = ()) -> None:
     """A closed-division log with one block, one evaluation and the given hyperparameter keys: what
     the official checker needs to judge a full recipe's hyperparameters without training it."""
     from trainperf.harness.mlperf_log import MLPerfLog
@@ -129,6 +129,8 @@ def write_minimal_closed_log(path: Path, benchmark: str, global_batch_size: int,
     for key, value in {"seed": 1, "global_batch_size": global_batch_size, "gradient_accumulation_steps": 1,
                        **hyperparameters}.items():
         log.event(key, value, time_ms=t)
+    for tensor in initialized:
+        log.event("weights_initialization", metadata={"tensor": tensor}, time_ms=t)
     log.end("init_stop", time_ms=t + 1)
     log.start("run_start", time_ms=t + 2)
     log.event("train_samples", train_samples, time_ms=t + 2)

@@ -13,6 +13,7 @@ _WORKLOADS: dict[str, str] = {
     "ncf": "trainperf.workloads.ncf:NCFWorkload",
     "dlrm": "trainperf.workloads.dlrm:DLRMWorkload",
     "ssd": "trainperf.workloads.ssd:SSDWorkload",
+    "retinanet": "trainperf.workloads.retinanet:RetinaNetWorkload",
 }
 
 

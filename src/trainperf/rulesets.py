@@ -15,9 +15,16 @@ RULESETS: dict[str, str] = {
     "ncf": "0.7.0",
 }
 
+# A workload logged under another's MLPerf key with a different ruleset: RetinaNet was submitted as
+# `ssd` in the v2.0 round (ruleset 2.0.0), where the key meant SSD-ResNet34 under 1.0.0. trainperf's
+# logs name their workload (the `trainperf_workload` record, which the checker ignores).
+WORKLOAD_RULESETS: dict[str, str] = {"retinanet": "2.0.0"}
+WORKLOAD_KEY = "trainperf_workload"
+
 # Benchmarks no official :::MLLOG ruleset knows: trainperf's own rules file for the official checker.
 OWN_RULES: dict[str, Path] = {"ncf": Path(__file__).parent / "results" / "rules" / "ncf.yaml"}
 
 
-def ruleset_for(benchmark: str) -> str | None:
-    return RULESETS.get(benchmark)
+def ruleset_for(benchmark: str, workload: str | None = None) -> str | None:
+    """The ruleset of a log's benchmark key, or of its trainperf workload where that differs."""
+    return WORKLOAD_RULESETS.get(workload or "") or RULESETS.get(benchmark)

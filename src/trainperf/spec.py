@@ -718,6 +718,12 @@ class Workload(ABC, Generic[R]):
         """Files `build` reads, by name. None by default."""
         return {}
 
+    def initialized_tensors(self, recipe: R, model: torch.nn.Module) -> list[str]:
+        """Names of the tensors the model initialised, logged as `weights_initialization` events
+        (rulesets that require them: RetinaNet's 2.0.0), in the reference's naming. None by default.
+        `model` is the module `build` returned (unwrapped from DDP and compilation)."""
+        return []
+
     def notes(self, recipe: R, scale: str) -> list[str]:
         """Lines a user should read before a run starts: why its result would not be comparable to
         MLPerf's (a missing pretrained backbone, say). Printed, never fatal."""

@@ -131,7 +131,7 @@ def _coco_instances() -> bytes:
     from trainperf.workloads.coco import data as C
 
     with tempfile.TemporaryDirectory() as tmp:
-        C.generate_mini(Path(tmp) / "coco", ("train2017", "val2017"), (6, 1), size=32, say=lambda s: None)
+        C.generate_mini(Path(tmp) / "coco", C.COCO2017, (6, 1), size=32, say=lambda s: None)
         return (Path(tmp) / "coco" / "annotations" / "instances_train2017.json").read_bytes()
 
 

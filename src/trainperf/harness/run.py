@@ -35,6 +35,7 @@ from mlperf_logging.mllog import constants as C
 from trainperf.errors import RunAborted, TrainperfError
 from trainperf.harness.mlperf_log import MLPerfLog
 from trainperf.harness.progress import NoProgress, PlainProgress
+from trainperf.rulesets import WORKLOAD_KEY
 from trainperf.runtime import distributed, environment, speedups
 from trainperf.runtime.step import TrainStep
 from trainperf.spec import (
@@ -336,6 +337,8 @@ class _TimedLoop:
         log.event(C.SUBMISSION_DIVISION, config.division, time_ms=now)
         log.event(C.SUBMISSION_STATUS, config.status, time_ms=now)
         log.event(C.SUBMISSION_BENCHMARK, workload.benchmark, time_ms=now)
+        # Not an MLPerf key: which trainperf workload wrote the log (two share `ssd`, rulesets.py).
+        log.event(WORKLOAD_KEY, workload.name, time_ms=now)
         self.init_start_ms = clock.now_ms()
         log.start(C.INIT_START, time_ms=self.init_start_ms)
 
@@ -344,6 +347,8 @@ class _TimedLoop:
         torch.manual_seed(config.seed)
         assets = Assets(workload.assets(recipe, config.data_dir))
         parts = speedups.assemble(workload, recipe, ctx, assets)
+        for tensor in workload.initialized_tensors(recipe, bare_model(parts.model)):
+            log.event(C.WEIGHTS_INITIALIZATION, metadata={"tensor": tensor}, time_ms=clock.now_ms())
         if recipe.compile or recipe.cuda_graphs:
             # Compilation (and graph capture) of the training step and the evaluation forward happen
             # here, on synthetic batches, before run_start as the rules allow.

@@ -1,4 +1,7 @@
-"""COCO-format detection data: `<root>/<split>/*.jpg` with `<root>/annotations/instances_<split>.json`.
+"""COCO-format detection data: per split a folder of images and a COCO instances file, where the
+dataset's `Layout` puts them (COCO 2017: `<root>/<split>/*.jpg` and `<root>/annotations/
+instances_<split>.json`; OpenImages-MLPerf: `<root>/<split>/data/*.jpg` and `<root>/<split>/labels/
+openimages-mlperf.json`).
 
 The instances file is read and checked once: a missing file, an annotation naming an unknown image or
 category, or an image entry whose file is missing is one line naming it. What the MLPerf references
@@ -33,6 +36,26 @@ MINI_FORMAT_VERSION = 1
 MANIFEST = "trainperf_coco.json"
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where a COCO-format dataset keeps each split's images and instances file (paths under the
+    root, `{split}` replaced by the split's name)."""
+
+    splits: tuple[str, str]  # (train, val)
+    images: str
+    annotations: str
+
+    def image_dir(self, root: Path, split: str) -> Path:
+        return root / self.images.format(split=split)
+
+    def annotation_file(self, root: Path, split: str) -> Path:
+        return root / self.annotations.format(split=split)
+
+
+COCO2017 = Layout(("train2017", "val2017"), "{split}", "annotations/instances_{split}.json")
+OPENIMAGES_MLPERF = Layout(("train", "validation"), "{split}/data", "{split}/labels/openimages-mlperf.json")
+
+
 @dataclass
 class CocoIndex:
     """One split of a COCO-format dataset, checked: per image its file, size and boxes."""
@@ -62,18 +85,15 @@ class CocoIndex:
                          self.category_names, self.skipped, self.crowd)
 
 
-def annotation_file(root: Path, split: str) -> Path:
-    return root / "annotations" / f"instances_{split}.json"
-
-
 def _fail(path: Path, what: str) -> TrainperfError:
     return TrainperfError(f"{path}: {what}")
 
 
-def read_instances(root: Path, split: str, category_ids: list[int] | None = None) -> CocoIndex:
-    """Read and check `annotations/instances_<split>.json` and the images it names. `category_ids`
-    fixes the label order (val uses train's)."""
-    path = annotation_file(root, split)
+def read_instances(root: Path, split: str, category_ids: list[int] | None = None, layout: Layout = COCO2017
+                   ) -> CocoIndex:
+    """Read and check a split's instances file and the images it names. `category_ids` fixes the
+    label order (val uses train's)."""
+    path = layout.annotation_file(root, split)
     if not path.is_file():
         raise _fail(path, f"missing (expected a COCO instances file for {split}/)")
     try:
@@ -91,7 +111,7 @@ def read_instances(root: Path, split: str, category_ids: list[int] | None = None
     if category_ids is None:
         category_ids = sorted(categories)
     label_of = {cid: k + 1 for k, cid in enumerate(category_ids)}
-    image_dir = root / split
+    image_dir = layout.image_dir(root, split)
     if not image_dir.is_dir():
         raise _fail(image_dir, "missing folder (the images of the instances file)")
     present = {entry.name for entry in os.scandir(image_dir)}
@@ -149,17 +169,18 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
 
 
-def layout_problems(root: Path, splits: tuple[str, str]) -> list[str]:
+def layout_problems(root: Path, layout: Layout = COCO2017) -> list[str]:
     """What is missing in a COCO-format tree, one line each (the files are checked by read_instances)."""
     if not root.is_dir():
-        return [f"{root}: folder does not exist (expected a COCO root with {splits[0]}/, {splits[1]}/ and "
-                "annotations/)"]
+        return [f"{root}: folder does not exist (expected " + ", ".join(
+            f"{layout.images.format(split=s)}/ and {layout.annotations.format(split=s)}" for s in layout.splits) + ")"]
     problems = []
-    for split in splits:
-        if not (root / split).is_dir():
-            problems.append(f"{root / split}: missing folder (expected {split}/*.jpg)")
-        if not annotation_file(root, split).is_file():
-            problems.append(f"{annotation_file(root, split)}: missing (expected a COCO instances file)")
+    for split in layout.splits:
+        folder = layout.image_dir(root, split)
+        if not folder.is_dir():
+            problems.append(f"{folder}: missing folder (expected {layout.images.format(split=split)}/*.jpg)")
+        if not layout.annotation_file(root, split).is_file():
+            problems.append(f"{layout.annotation_file(root, split)}: missing (expected a COCO instances file)")
     return problems
 
 
@@ -263,21 +284,21 @@ def _mini_image(rng: np.random.Generator, size: int, image_id: int, first_ann: i
     return img, anns
 
 
-def generate_mini(root: Path, splits: tuple[str, str], counts: tuple[int, int], size: int = 64, seed: int = 0,
+def generate_mini(root: Path, layout: Layout, counts: tuple[int, int], size: int = 64, seed: int = 0,
                   say: Callable[[str], None] = print) -> None:
-    """Write the mini dataset in COCO layout (JPEGs and instances files), as one atomic folder: an
+    """Write the mini dataset in the layout (JPEGs and COCO instances files), as one atomic folder: an
     interrupted generation leaves nothing that looks prepared."""
     rng = np.random.default_rng(seed)
     next_image, next_ann = 1, 1
     with AtomicOutput(root, directory=True) as tmp:
-        (tmp / "annotations").mkdir()
-        for split, count in zip(splits, counts, strict=True):
-            (tmp / split).mkdir()
+        for split, count in zip(layout.splits, counts, strict=True):
+            layout.image_dir(tmp, split).mkdir(parents=True)
+            layout.annotation_file(tmp, split).parent.mkdir(parents=True, exist_ok=True)
             images, anns = [], []
             for _ in range(count):
                 img, objects = _mini_image(rng, size, next_image, next_ann)
                 name = f"{next_image:012d}.jpg"
-                img.save(tmp / split / name, quality=92)
+                img.save(layout.image_dir(tmp, split) / name, quality=92)
                 images.append({"id": next_image, "file_name": name, "width": size, "height": size})
                 anns.extend(objects)
                 next_image, next_ann = next_image + 1, next_ann + len(objects)
@@ -285,7 +306,7 @@ def generate_mini(root: Path, splits: tuple[str, str], counts: tuple[int, int], 
                          "images": images, "annotations": anns,
                          "categories": [{"id": c, "name": n, "supercategory": "shape"}
                                         for c, n in MINI_CATEGORIES.items()]}
-            (tmp / "annotations" / f"instances_{split}.json").write_text(json.dumps(instances))
+            layout.annotation_file(tmp, split).write_text(json.dumps(instances))
         manifest = {"format_version": MINI_FORMAT_VERSION, "size": size, "counts": list(counts), "seed": seed}
         (tmp / MANIFEST).write_text(json.dumps(manifest))
     say(f"wrote {counts[0]} train and {counts[1]} val images ({size}x{size}, COCO format) to {root}")
@@ -297,3 +318,96 @@ def mini_ready(root: Path, size: int, counts: tuple[int, int]) -> bool:
     except (OSError, ValueError):
         return False
     return manifest == {"format_version": MINI_FORMAT_VERSION, "size": size, "counts": list(counts), "seed": 0}
+
+
+# ---------------------------------------------------------------------------------------------
+# batches: the same loaders for every detector (each says how its images enter the model)
+# ---------------------------------------------------------------------------------------------
+Targets = list[dict[str, torch.Tensor]]
+
+
+@dataclass
+class Loaders:
+    """A detector's batches: train_batches(epoch) -> (images, targets, positions) on the device;
+    val_batches() -> (images, positions) of this process's share of val (positions index `val`)."""
+
+    train_batches: Callable[[int], Any]
+    val_batches: Callable[[], Any]
+    steps_per_epoch: int
+
+
+def resident(train: CocoIndex, val: CocoIndex, ctx: Any, batch: int, hflip: bool, eval_batch: int,
+             images: Callable[[torch.Tensor], torch.Tensor], label_base: int = 1) -> Loaders:
+    """Small datasets (mini): every image decoded once into device memory, batches flipped as whole
+    tensors. `images` turns uint8 batches into the model's input; labels count from `label_base`."""
+    device = ctx.device
+    train_x = torch.stack([decode(p) for p in train.files]).to(device)
+    val_x = torch.stack([decode(p) for p in val.files]).to(device)
+    width = train_x.shape[-1]
+    boxes = [torch.from_numpy(b).to(device) for b in train.boxes]
+    labels = [torch.from_numpy(lab - 1 + label_base).to(device) for lab in train.labels]
+    order_gen, aug_gen = ctx.generator("order"), ctx.generator("augment", per_rank=True)
+    n = len(train)
+    steps = n // batch  # whole global batches: static shapes
+    mine, shard = ctx.shard(batch), ctx.shard(len(val))
+
+    def train_batches(epoch: int) -> Any:
+        order = torch.randperm(n, device=device, generator=order_gen)
+        for s in range(steps):
+            idx = order[s * batch:(s + 1) * batch][mine.start:mine.stop]
+            flip = (torch.rand(idx.shape[0], device=device, generator=aug_gen) < 0.5) & hflip
+            x = torch.where(flip.view(-1, 1, 1, 1), train_x[idx].flip(3), train_x[idx])
+            targets = []
+            for i, f in zip(idx.tolist(), flip.tolist(), strict=True):
+                b = boxes[i]
+                if f:
+                    b = torch.stack([width - b[:, 2], b[:, 1], width - b[:, 0], b[:, 3]], dim=1)
+                targets.append({"boxes": b, "labels": labels[i]})
+            yield images(x), targets, idx.tolist()
+
+    def val_batches() -> Any:
+        for start in range(shard.start, shard.stop, eval_batch):
+            positions = list(range(start, min(start + eval_batch, shard.stop)))
+            yield images(val_x[positions[0]:positions[-1] + 1]), positions
+
+    return Loaders(train_batches, val_batches, steps)
+
+
+def streamed(train: CocoIndex, val: CocoIndex, ctx: Any, batch: int, workers: int,
+             train_transform: Callable[..., tuple[torch.Tensor, ...]],
+             eval_transform: Callable[..., tuple[torch.Tensor, ...]], eval_batch: int,
+             images: Callable[[Any], Any], label_base: int = 1) -> Loaders:
+    """Full datasets: DataLoader workers decode and transform each image; each process reads its
+    shard of train (reshuffled every epoch) and its contiguous share of val. `images` moves a collated
+    batch (a tensor, or a list of differently sized images) to the model's input on the device."""
+    from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+    from trainperf.loaders import one_line_errors
+
+    device = ctx.device
+    extra: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 4} if workers > 0 else {}
+    pin = device.type == "cuda"
+    train_set = CocoDetection(train, train_transform)
+    sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
+                                 seed=ctx.stream_seed("order") % 2**31, drop_last=True)
+    train_loader = DataLoader(train_set, batch_size=batch // ctx.world_size, sampler=sampler, num_workers=workers,
+                              pin_memory=pin, drop_last=True, collate_fn=collate, **extra)
+    val_set = Subset(CocoDetection(val, eval_transform), list(ctx.shard(len(val))))
+    val_loader = DataLoader(val_set, batch_size=eval_batch, shuffle=False, num_workers=workers, pin_memory=pin,
+                            collate_fn=collate, **extra)
+    shift = label_base - 1
+
+    def to_device(targets: Targets) -> Targets:
+        return [{"boxes": t["boxes"].to(device, non_blocking=True),
+                 "labels": (t["labels"] + shift).to(device, non_blocking=True)} for t in targets]
+
+    def train_batches(epoch: int) -> Any:
+        sampler.set_epoch(epoch)
+        for x, targets, positions in one_line_errors(train_loader):
+            yield images(x), to_device(targets), positions
+
+    def val_batches() -> Any:
+        for x, _targets, positions in one_line_errors(val_loader):
+            yield images(x), positions
+
+    return Loaders(train_batches, val_batches, len(train_loader))

@@ -13,15 +13,12 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler
 
 from trainperf.errors import TrainperfError
-from trainperf.loaders import one_line_errors
 from trainperf.rulesets import RULESETS
 from trainperf.spec import (
     Assets,
     DataParts,
-    EpochView,
     EvalPartial,
     Metric,
     ModelParts,
@@ -33,7 +30,8 @@ from trainperf.workloads.coco import data as C
 from trainperf.workloads.coco import scoring
 from trainperf.workloads.ssd import model as M
 
-SPLITS = ("train2017", "val2017")
+LAYOUT = C.COCO2017
+SPLITS = LAYOUT.splits
 COCO_TRAIN_IMAGES = 117_266  # train2017 images with at least one non-crowd box (the reference's count)
 # The mini dataset (generated once by `prepare`, so not a recipe field: a recipe cannot change it).
 MINI_SIZE, MINI_COUNTS = 64, (2000, 500)
@@ -159,16 +157,16 @@ class SSDWorkload(Workload[SSDRecipe]):
         if scale == "mini":
             ready = C.mini_ready(data_dir, MINI_SIZE, MINI_COUNTS)
             return [] if ready else [f"{data_dir}: mini dataset not generated yet (trainperf prepare ssd)"]
-        return C.layout_problems(data_dir, SPLITS)
+        return C.layout_problems(data_dir, LAYOUT)
 
     def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
         if scale == "mini":
             if C.mini_ready(data_dir, MINI_SIZE, MINI_COUNTS):
                 say(f"mini dataset already present in {data_dir}")
                 return
-            C.generate_mini(data_dir, SPLITS, MINI_COUNTS, MINI_SIZE, say=say)
+            C.generate_mini(data_dir, LAYOUT, MINI_COUNTS, MINI_SIZE, say=say)
             return
-        problems = C.layout_problems(data_dir, SPLITS)
+        problems = C.layout_problems(data_dir, LAYOUT)
         if problems:
             raise TrainperfError(problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
         train = C.read_instances(data_dir, SPLITS[0])
@@ -267,9 +265,11 @@ class SSDWorkload(Workload[SSDRecipe]):
             raise TrainperfError(f"{train.annotation_file}: {len(train.category_ids)} categories, but the model has "
                                  f"{recipe.num_classes - 1} (--set num_classes=N, background included)")
         train = train.without_empty_images()
-        if recipe.model == "mini":
-            return self._resident(recipe, train, val, ctx)
-        return self._streamed(recipe, train, val, ctx)
+        loaders = self._loaders(recipe, train, val, ctx)
+        return DataParts(train_batches=lambda view: loaders.train_batches(view.epoch),
+                         steps_per_epoch=loaders.steps_per_epoch,
+                         train_samples=loaders.steps_per_epoch * recipe.global_batch_size, eval_samples=len(val),
+                         evaluate=self._evaluate(recipe, val, ctx, loaders.val_batches))
 
     def _evaluate(self, recipe: SSDRecipe, val: C.CocoIndex, ctx: RuntimeContext,
                   batches: Callable[[], Iterator[tuple[torch.Tensor, list[int]]]]) -> Callable[..., EvalPartial]:
@@ -297,76 +297,21 @@ class SSDWorkload(Workload[SSDRecipe]):
 
         return evaluate
 
-    def _resident(self, recipe: SSDRecipe, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext) -> DataParts:
-        """mini: every image decoded once into memory; batches flipped as whole tensors."""
-        device, size = ctx.device, recipe.image_size
-        train_x = torch.stack([C.decode(p) for p in train.files]).to(device)
-        val_x = torch.stack([C.decode(p) for p in val.files]).to(device)
-        boxes = [torch.from_numpy(b).to(device) for b in train.boxes]
-        labels = [torch.from_numpy(lab).to(device) for lab in train.labels]
-        order_gen, aug_gen = ctx.generator("order"), ctx.generator("augment", per_rank=True)
-        n, batch = len(train), recipe.global_batch_size
-        steps = n // batch  # whole global batches: static shapes
-        mine = ctx.shard(batch)
-        shard = ctx.shard(len(val))
+    def _loaders(self, recipe: SSDRecipe, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext) -> C.Loaders:
+        """mini: resident in memory, flips only; full: DataLoader workers, the reference augmentation."""
+        device = ctx.device
 
-        def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, list[dict[str, torch.Tensor]], list]]:
-            order = torch.randperm(n, device=device, generator=order_gen)
-            for s in range(steps):
-                idx = order[s * batch:(s + 1) * batch][mine.start:mine.stop]
-                flip = (torch.rand(idx.shape[0], device=device, generator=aug_gen) < 0.5) & recipe.hflip
-                images = torch.where(flip.view(-1, 1, 1, 1), train_x[idx].flip(3), train_x[idx])
-                targets = []
-                for i, f in zip(idx.tolist(), flip.tolist(), strict=True):
-                    b = boxes[i]
-                    if f:
-                        b = torch.stack([size - b[:, 2], b[:, 1], size - b[:, 0], b[:, 3]], dim=1)
-                    targets.append({"boxes": b, "labels": labels[i]})
-                yield _normalize(images), targets, idx.tolist()
+        def to_input(images: torch.Tensor) -> torch.Tensor:
+            return _normalize(images.to(device, non_blocking=True))
 
-        def val_batches() -> Iterator[tuple[torch.Tensor, list[int]]]:
-            for start in range(shard.start, shard.stop, recipe.eval_batch_size):
-                positions = list(range(start, min(start + recipe.eval_batch_size, shard.stop)))
-                yield _normalize(val_x[positions[0]:positions[-1] + 1]), positions
-
-        return DataParts(train_batches=train_batches, steps_per_epoch=steps, train_samples=steps * batch,
-                         eval_samples=len(val), evaluate=self._evaluate(recipe, val, ctx, val_batches))
-
-    def _streamed(self, recipe: SSDRecipe, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext) -> DataParts:
-        """full: DataLoader workers decode and augment each image (the reference augmentation)."""
+        if recipe.model == "mini":
+            return C.resident(train, val, ctx, recipe.global_batch_size, recipe.hflip, recipe.eval_batch_size,
+                              to_input)
         from trainperf.workloads.ssd import transforms as T
 
-        device = ctx.device
-        workers = recipe.num_workers
-        extra = {"persistent_workers": True, "prefetch_factor": 4} if workers > 0 else {}
-        pin = device.type == "cuda"
-        per_process = recipe.global_batch_size // ctx.world_size
-        train_set = C.CocoDetection(train, T.train_transform(recipe.image_size, recipe.crop_trials, recipe.hflip,
-                                                             recipe.color_jitter))
-        sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
-                                     seed=ctx.stream_seed("order") % 2**31, drop_last=True)
-        train_loader = DataLoader(train_set, batch_size=per_process, sampler=sampler, num_workers=workers,
-                                  pin_memory=pin, drop_last=True, collate_fn=C.collate, **extra)
-        shard = ctx.shard(len(val))
-        val_set = torch.utils.data.Subset(C.CocoDetection(val, T.eval_transform(recipe.image_size)), list(shard))
-        val_loader = DataLoader(val_set, batch_size=recipe.eval_batch_size, shuffle=False, num_workers=workers,
-                                pin_memory=pin, collate_fn=C.collate, **extra)
-
-        def to_device(targets: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
-            return [{k: v.to(device, non_blocking=True) for k, v in t.items()} for t in targets]
-
-        def train_batches(view: EpochView) -> Iterator[Any]:
-            sampler.set_epoch(view.epoch)
-            for images, targets, positions in one_line_errors(train_loader):
-                yield _normalize(images.to(device, non_blocking=True)), to_device(targets), positions
-
-        def val_batches() -> Iterator[tuple[torch.Tensor, list[int]]]:
-            for images, _targets, positions in one_line_errors(val_loader):
-                yield _normalize(images.to(device, non_blocking=True)), positions
-
-        return DataParts(train_batches=train_batches, steps_per_epoch=len(train_loader),
-                         train_samples=len(train_loader) * recipe.global_batch_size, eval_samples=len(val),
-                         evaluate=self._evaluate(recipe, val, ctx, val_batches))
+        return C.streamed(train, val, ctx, recipe.global_batch_size, recipe.num_workers,
+                          T.train_transform(recipe.image_size, recipe.crop_trials, recipe.hflip, recipe.color_jitter),
+                          T.eval_transform(recipe.image_size), recipe.eval_batch_size, to_input)
 
 
 def _checked_trunk_weights(weights: dict | None, assets: Assets) -> dict | None:

@@ -7,19 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-
-def _with_boxes(pipeline: v2.Transform) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
-                                                     tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    def apply(image: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        boxes = tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=tuple(image.shape[1:]))
-        out_image, target = pipeline(tv_tensors.Image(image), {"boxes": boxes, "labels": labels})
-        return out_image.as_subclass(torch.Tensor), target["boxes"].as_subclass(torch.Tensor), target["labels"]
-
-    return apply
+from trainperf.workloads.coco.transforms import with_boxes as _with_boxes
 
 
 def train_transform(size: int, crop_trials: int, hflip: bool, color_jitter: bool

@@ -1,0 +1,275 @@
+"""RetinaNet on OpenImages-MLPerf (the MLPerf v2.0 single-stage detector, logged as `ssd` under ruleset
+2.0.0), and its mini scale on synthetic shapes written in the same layout. COCO box AP by pycocotools,
+scored off the training path."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainperf.errors import TrainperfError
+from trainperf.rulesets import WORKLOAD_RULESETS
+from trainperf.spec import (
+    Assets,
+    DataParts,
+    EvalPartial,
+    Metric,
+    ModelParts,
+    Recipe,
+    RuntimeContext,
+    Workload,
+)
+from trainperf.workloads.coco import data as C
+from trainperf.workloads.coco import scoring
+from trainperf.workloads.retinanet import model as M
+
+LAYOUT = C.OPENIMAGES_MLPERF
+SPLITS = LAYOUT.splits
+# OpenImages-MLPerf: 264 classes; train images with at least one box, and the validation subset.
+OPENIMAGES_CLASSES, OPENIMAGES_COUNTS = 264, (1_170_301, 24_781)
+MINI_SIZE, MINI_COUNTS = 64, (2000, 500)
+
+
+@dataclass(frozen=True)
+class RetinaNetRecipe(Recipe):
+    model: str = "retinanet"  # retinanet (ResNeXt50-32x4d FPN, the reference) | mini
+    num_classes: int = OPENIMAGES_CLASSES  # sigmoid classes: no background class
+    image_size: int = 800  # every image is resized to this square inside the model
+    # Adam (the closed rules' only optimizer); the learning rate is absolute, not scaled by the batch.
+    base_lr: float = 1e-4
+    weight_decay: float = 0.0
+    warmup_epochs: float = 1.0
+    warmup_factor: float = 1e-3  # the LR ramps linearly from base_lr * warmup_factor over warmup_epochs
+    lr_schedule: str = "constant"  # constant after warmup (the reference) | cosine (to 0 at max_epochs)
+    hflip: bool = True
+    backbone_weights: str = ""  # a torchvision resnext50_32x4d ImageNet state dict (the reference starts from one)
+    num_workers: int = 8
+    eval_batch_size: int = 32
+    max_detections: int = 300
+    width: int = 32  # mini body width
+    fpn_channels: int = 64  # mini FPN and head width
+    coco_backend: str = "pycocotools"
+
+    CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("retinanet", "mini"),
+                                                     "lr_schedule": ("constant", "cosine"),
+                                                     "coco_backend": scoring.BACKENDS}
+
+    def validate(self) -> None:
+        super().validate()
+        if self.base_lr <= 0 or self.warmup_epochs < 0 or not 0 <= self.warmup_factor <= 1 or self.max_detections < 1:
+            raise TrainperfError("recipe: need base_lr > 0, warmup_epochs >= 0, 0 <= warmup_factor <= 1, "
+                                 "max_detections >= 1")
+        if self.num_classes < 1 or self.width < 1 or self.fpn_channels < 16 or self.fpn_channels % 16:
+            raise TrainperfError("recipe: need num_classes >= 1, width >= 1 and fpn_channels a multiple of 16 "
+                                 "(GroupNorm of 16 groups)")
+        if self.coco_backend == "faster-coco-eval" and importlib.util.find_spec("faster_coco_eval") is None:
+            raise TrainperfError("coco_backend=faster-coco-eval: not installed (pip install 'trainperf[coco-fast]')")
+
+
+def _full(batch: int, max_epochs: int = 26) -> RetinaNetRecipe:
+    return RetinaNetRecipe(name=f"rcp-{batch}", global_batch_size=batch, max_epochs=max_epochs, target=0.34,
+                           eval_every=1, eval_first=1)
+
+
+# The reference convergence points of the v2.0 round (mlperf_logging RCPs 2.0.0, rcps_ssd.json: Adam
+# 1e-4, one warmup epoch from 1e-3): 4, 5 and ~15 epochs to converge at BS 256, 512 and 4096.
+FULL_RECIPES = {r.name: r for r in (_full(256), _full(512), _full(4096, 30))}
+MINI = RetinaNetRecipe(name="mini", global_batch_size=16, max_epochs=10, target=0.25, eval_every=1, eval_first=4,
+                       model="mini", num_classes=len(C.MINI_CATEGORIES), image_size=MINI_SIZE, base_lr=2e-3,
+                       warmup_epochs=1.0, warmup_factor=1e-3, lr_schedule="cosine", num_workers=0,
+                       eval_batch_size=250, max_detections=100, channels_last=True)
+
+
+def lr_factor(recipe: RetinaNetRecipe, steps_per_epoch: int) -> Callable[[int], float]:
+    """The multiplier of base_lr at each step: the reference's linear warmup from warmup_factor, then
+    constant (the reference) or a cosine to 0 at max_epochs (mini)."""
+    warmup = round(recipe.warmup_epochs * steps_per_epoch)
+    total = max(1, recipe.max_epochs * steps_per_epoch)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            alpha = step / warmup
+            return recipe.warmup_factor * (1 - alpha) + alpha
+        if recipe.lr_schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total))
+        return 1.0
+
+    return factor
+
+
+def _forward(model: nn.Module, batch: Any) -> list[dict[str, torch.Tensor]]:
+    """The evaluation forward: post-processed detections (boxes in the input images' pixels)."""
+    return model(batch[0])
+
+
+class RetinaNetWorkload(Workload[RetinaNetRecipe]):
+    name = "retinanet"
+    benchmark = "ssd"  # the v2.0 round's key for RetinaNet
+    ruleset = WORKLOAD_RULESETS["retinanet"]
+    metric = Metric("box_ap", higher_is_better=True)
+    summary = "RetinaNet ResNeXt50-32x4d FPN on OpenImages-MLPerf, box AP (mini: a small RetinaNet on shapes)"
+    mlperf_runs = 5
+    speedups = frozenset({"precision", "channels_last", "fused_optimizer", "async_eval"})
+    host_scoring = "process"
+
+    def recipes(self, scale: str) -> dict[str, RetinaNetRecipe]:
+        return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
+
+    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
+        if scale == "mini":
+            ready = C.mini_ready(data_dir, MINI_SIZE, MINI_COUNTS)
+            return [] if ready else [f"{data_dir}: mini dataset not generated yet (trainperf prepare retinanet)"]
+        return C.layout_problems(data_dir, LAYOUT)
+
+    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
+        if scale == "mini":
+            if C.mini_ready(data_dir, MINI_SIZE, MINI_COUNTS):
+                say(f"mini dataset already present in {data_dir}")
+                return
+            C.generate_mini(data_dir, LAYOUT, MINI_COUNTS, MINI_SIZE, say=say)
+            return
+        problems = C.layout_problems(data_dir, LAYOUT)
+        if problems:
+            raise TrainperfError(problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+        train = C.read_instances(data_dir, SPLITS[0], layout=LAYOUT)
+        val = C.read_instances(data_dir, SPLITS[1], train.category_ids, layout=LAYOUT)
+        used = train.without_empty_images()
+        say(f"{data_dir}: {len(used)} train images with boxes (of {len(train)}), {len(val)} validation images, "
+            f"{len(train.category_ids)} classes")
+        for index in (train, val):
+            if index.skipped or index.crowd:
+                say(f"  {index.annotation_file}: {index.skipped} empty boxes skipped, {index.crowd} crowd (group) "
+                    "boxes not trained on")
+        if (len(used), len(val), len(train.category_ids)) != (*OPENIMAGES_COUNTS, OPENIMAGES_CLASSES):
+            say(f"note: OpenImages-MLPerf has {OPENIMAGES_COUNTS[0]} train and {OPENIMAGES_COUNTS[1]} validation "
+                f"images of {OPENIMAGES_CLASSES} classes; results on this copy are not comparable to MLPerf's")
+
+    def mlperf_hyperparameters(self, recipe: RetinaNetRecipe, ctx: RuntimeContext) -> dict[str, Any]:
+        return {
+            "opt_name": "adam",
+            "opt_base_learning_rate": recipe.base_lr,
+            "opt_weight_decay": recipe.weight_decay,
+            "opt_learning_rate_warmup_epochs": recipe.warmup_epochs,
+            "opt_learning_rate_warmup_factor": recipe.warmup_factor,
+        }
+
+    def initialized_tensors(self, recipe: RetinaNetRecipe, model: nn.Module) -> list[str]:
+        return M.reference_tensor_names(model)
+
+    def notes(self, recipe: RetinaNetRecipe, scale: str) -> list[str]:
+        if recipe.model == "retinanet" and not recipe.backbone_weights:
+            return ["no --set backbone_weights=PATH: the ResNeXt50-32x4d body starts from random weights, the "
+                    "reference from ImageNet ones (torchvision's resnext50_32x4d state dict); this run is not "
+                    "comparable to MLPerf"]
+        return []
+
+    def assets(self, recipe: RetinaNetRecipe, data_dir: Path | None) -> dict[str, Path]:
+        return {"backbone weights": Path(recipe.backbone_weights).expanduser()} if recipe.backbone_weights else {}
+
+    def build(self, recipe: RetinaNetRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
+        if recipe.model == "mini":
+            model: nn.Module = M.mini_retinanet(recipe.num_classes, recipe.image_size, recipe.width,
+                                                recipe.fpn_channels, recipe.max_detections)
+        else:
+            weights = None
+            if "backbone weights" in assets:
+                weights = M.check_backbone_weights(assets.state_dict("backbone weights"), assets["backbone weights"])
+            model = M.retinanet_resnext50(recipe.num_classes, recipe.image_size, weights)
+            model.detections_per_img = recipe.max_detections
+        model = model.to(ctx.device)
+        impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.Adam(trainable, lr=recipe.base_lr, weight_decay=recipe.weight_decay, **impl)
+
+        def loss_fn(model: nn.Module, batch: tuple[Any, list[dict[str, torch.Tensor]], Any]) -> torch.Tensor:
+            losses = model(batch[0], batch[1])
+            return losses["classification"] + losses["bbox_regression"]
+
+        def lr_schedule(steps_per_epoch: int | None) -> Callable[[int], float]:
+            if not steps_per_epoch:
+                raise TrainperfError("retinanet: the LR schedule is in epochs and needs the steps per epoch")
+            return lr_factor(recipe, steps_per_epoch)
+
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, lr_schedule=lr_schedule,
+                          eval_forward=_forward)
+
+    def synthetic_batch(self, recipe: RetinaNetRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
+        n = recipe.global_batch_size // ctx.world_size
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        size = recipe.image_size
+        images = torch.rand(n, 3, size, size, generator=gen).to(ctx.device)
+        targets = []
+        for _ in range(n):
+            xy = torch.rand(2, 2, generator=gen) * size
+            box = torch.cat([xy.min(0).values, xy.max(0).values + 4]).clamp(max=size).unsqueeze(0)
+            label = torch.randint(0, recipe.num_classes, (1,), generator=gen)
+            targets.append({"boxes": box.to(ctx.device), "labels": label.to(ctx.device)})
+        return images, targets, list(range(n))
+
+    def synthetic_eval_batch(self, recipe: RetinaNetRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
+        images, targets, positions = self.synthetic_batch(recipe, ctx, model)
+        n = min(recipe.eval_batch_size, images.shape[0])
+        return images[:n], targets[:n], positions[:n]
+
+    # -- data -----------------------------------------------------------------------------------
+    def load_data(self, recipe: RetinaNetRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
+        train = C.read_instances(data_dir, SPLITS[0], layout=LAYOUT)
+        val = C.read_instances(data_dir, SPLITS[1], train.category_ids, layout=LAYOUT)
+        if len(train.category_ids) > recipe.num_classes:
+            raise TrainperfError(f"{train.annotation_file}: {len(train.category_ids)} classes, but the model has "
+                                 f"{recipe.num_classes} (--set num_classes=N)")
+        train = train.without_empty_images()
+        loaders = self._loaders(recipe, train, val, ctx)
+        return DataParts(train_batches=lambda view: loaders.train_batches(view.epoch),
+                         steps_per_epoch=loaders.steps_per_epoch,
+                         train_samples=loaders.steps_per_epoch * recipe.global_batch_size, eval_samples=len(val),
+                         evaluate=self._evaluate(recipe, val, loaders.val_batches))
+
+    def _loaders(self, recipe: RetinaNetRecipe, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext
+                 ) -> C.Loaders:
+        """Images enter the model as float [0, 1] (it normalises and resizes them); labels count from 0
+        (sigmoid classes). mini: resident in memory; full: DataLoader workers, flips only (the reference)."""
+        device = ctx.device
+
+        def to_input(images: torch.Tensor | list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+            if isinstance(images, list):  # differently sized images (full scale: the model resizes them)
+                return [im.to(device, non_blocking=True).float().div_(255) for im in images]
+            return images.to(device, non_blocking=True).float().div_(255)
+
+        if recipe.model == "mini":
+            return C.resident(train, val, ctx, recipe.global_batch_size, recipe.hflip, recipe.eval_batch_size,
+                              to_input, label_base=0)
+        from trainperf.workloads.retinanet import transforms as T
+
+        return C.streamed(train, val, ctx, recipe.global_batch_size, recipe.num_workers,
+                          T.train_transform(recipe.hflip), T.eval_transform(), recipe.eval_batch_size, to_input,
+                          label_base=0)
+
+    def _evaluate(self, recipe: RetinaNetRecipe, val: C.CocoIndex,
+                  batches: Callable[[], Iterator[tuple[Any, list[int]]]]) -> Callable[..., EvalPartial]:
+        """Inference on this process's share of validation; detections as COCO rows (original pixels)."""
+        category_ids = np.array(val.category_ids)
+        metric = scoring.metric(val.annotation_file, val.image_ids, recipe.coco_backend)
+
+        def evaluate(forward: Callable[[Any], list[dict[str, torch.Tensor]]]) -> EvalPartial:
+            rows: list[np.ndarray] = []  # one array per image
+            for images, positions in batches():
+                for found, i in zip(forward((images, None, positions)), positions, strict=True):
+                    labels = found["labels"].cpu().numpy()
+                    # A model with more classes than the data has (the reference's 264 on a smaller
+                    # tree) may predict classes nobody annotated: they cannot be scored.
+                    known = labels < len(category_ids)
+                    rows.append(scoring.detection_rows(val.image_ids[i], found["boxes"].float().cpu().numpy()[known],
+                                                       found["scores"].float().cpu().numpy()[known],
+                                                       category_ids[labels[known]]))
+            return EvalPartial(metric=metric, objects={"detections": rows})
+
+        return evaluate
