@@ -578,8 +578,11 @@ class Assets(Mapping[str, Path]):
         except (OSError, ValueError) as exc:
             raise TrainperfError(f"{path}: cannot read {name} ({exc})") from None
 
-    def state_dict(self, name: str) -> dict[str, Any]:
-        """A PyTorch state dict, loaded with weights_only=True (no code from the file runs)."""
+    def state_dict(self, name: str, like: Mapping[str, torch.Tensor] | None = None, what: str = "the model"
+                   ) -> dict[str, Any]:
+        """A PyTorch state dict, loaded with weights_only=True (no code from the file runs). With `like`
+        (the state dict of the module it is for), every key of `like` must be there with its shape
+        (`num_batches_tracked` may be absent): a mismatch is one line naming the tensor and `what`."""
         path = self[name]
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -588,6 +591,17 @@ class Assets(Mapping[str, Path]):
             raise TrainperfError(f"{path}: cannot load {name} ({type(exc).__name__}: {first})") from None
         if not isinstance(state, dict):
             raise TrainperfError(f"{path}: {name} is not a state dict (got {type(state).__name__})")
+        if like is not None:
+            expected = {k: v for k, v in like.items() if not k.endswith("num_batches_tracked")}
+            missing = sorted(set(expected) - set(state))
+            if missing:
+                raise TrainperfError(f"{path}: not a state dict of {what} (missing {missing[0]}, "
+                                     f"+{len(missing) - 1} more)")
+            for key, value in expected.items():
+                found = state[key]
+                shape = tuple(found.shape) if isinstance(found, torch.Tensor) else type(found).__name__
+                if shape != tuple(value.shape):
+                    raise TrainperfError(f"{path}: {key} has shape {shape}, {what} needs {tuple(value.shape)}")
         return state
 
 

@@ -321,6 +321,75 @@ def mini_ready(root: Path, size: int, counts: tuple[int, int]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
+# what a detector's dataset is: checked, prepared and read the same way for every detector
+# ---------------------------------------------------------------------------------------------
+MINI_SIZE, MINI_COUNTS = 64, (2000, 500)  # generated once by `prepare`: no recipe can change them
+
+
+@dataclass(frozen=True)
+class DetectionData:
+    """A detector's dataset: its layout, and the real dataset's name and sizes (train images with
+    boxes, val images, classes), so that `prepare` can say when a copy differs from MLPerf's."""
+
+    workload: str
+    layout: Layout
+    dataset: str
+    train_images: int
+    val_images: int
+    classes: int
+
+    def problems(self, scale: str, root: Path) -> list[str]:
+        if scale == "mini":
+            ready = mini_ready(root, MINI_SIZE, MINI_COUNTS)
+            return [] if ready else [f"{root}: mini dataset not generated yet (trainperf prepare {self.workload})"]
+        return layout_problems(root, self.layout)
+
+    def prepare(self, scale: str, root: Path, say: Callable[[str], None]) -> None:
+        """mini: generate (once); full: check the tree, read both splits and report what was repaired."""
+        if scale == "mini":
+            if mini_ready(root, MINI_SIZE, MINI_COUNTS):
+                say(f"mini dataset already present in {root}")
+                return
+            generate_mini(root, self.layout, MINI_COUNTS, MINI_SIZE, say=say)
+            return
+        problems = layout_problems(root, self.layout)
+        if problems:
+            raise TrainperfError(problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+        train, val = self.read(root)
+        used = train.without_empty_images()
+        say(f"{root}: {len(used)} train images with boxes (of {len(train)}), {len(val)} {val.split} images, "
+            f"{len(train.category_ids)} categories")
+        for index in (train, val):
+            if index.skipped or index.crowd:
+                say(f"  {index.annotation_file}: {index.skipped} empty boxes skipped, {index.crowd} crowd (group) "
+                    "boxes not trained on (as the reference)")
+        if (len(used), len(val), len(train.category_ids)) != (self.train_images, self.val_images, self.classes):
+            say(f"note: {self.dataset} has {self.train_images} train images with boxes and {self.val_images} "
+                f"{val.split} images of {self.classes} categories; results on this copy are not comparable to "
+                "MLPerf's")
+
+    def read(self, root: Path) -> tuple[CocoIndex, CocoIndex]:
+        """Both splits, checked; val's labels follow train's categories."""
+        train = read_instances(root, self.layout.splits[0], layout=self.layout)
+        return train, read_instances(root, self.layout.splits[1], train.category_ids, layout=self.layout)
+
+
+def synthetic_batch(n: int, size: int, labels: tuple[int, int], device: torch.device
+                    ) -> tuple[torch.Tensor, Targets, list[int]]:
+    """A random batch shaped like real ones (uint8 images, one box each, labels in [low, high)), for
+    warm-up, compilation and throughput runs."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    images = torch.randint(0, 256, (n, 3, size, size), generator=gen, dtype=torch.uint8).to(device)
+    targets = []
+    for _ in range(n):
+        xy = torch.rand(2, 2, generator=gen) * size
+        box = torch.cat([xy.min(0).values, xy.max(0).values + 4]).clamp(max=size).unsqueeze(0)
+        label = torch.randint(labels[0], labels[1], (1,), generator=gen)
+        targets.append({"boxes": box.to(device), "labels": label.to(device)})
+    return images, targets, list(range(n))
+
+
+# ---------------------------------------------------------------------------------------------
 # batches: the same loaders for every detector (each says how its images enter the model)
 # ---------------------------------------------------------------------------------------------
 Targets = list[dict[str, torch.Tensor]]

@@ -32,10 +32,10 @@ from trainperf.workloads.coco import scoring
 from trainperf.workloads.retinanet import model as M
 
 LAYOUT = C.OPENIMAGES_MLPERF
-SPLITS = LAYOUT.splits
 # OpenImages-MLPerf: 264 classes; train images with at least one box, and the validation subset.
 OPENIMAGES_CLASSES, OPENIMAGES_COUNTS = 264, (1_170_301, 24_781)
-MINI_SIZE, MINI_COUNTS = 64, (2000, 500)
+DATA = C.DetectionData("retinanet", LAYOUT, "OpenImages-MLPerf", *OPENIMAGES_COUNTS, OPENIMAGES_CLASSES)
+MINI_SIZE = C.MINI_SIZE
 
 
 @dataclass(frozen=True)
@@ -124,33 +124,10 @@ class RetinaNetWorkload(Workload[RetinaNetRecipe]):
         return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
 
     def data_problems(self, scale: str, data_dir: Path) -> list[str]:
-        if scale == "mini":
-            ready = C.mini_ready(data_dir, MINI_SIZE, MINI_COUNTS)
-            return [] if ready else [f"{data_dir}: mini dataset not generated yet (trainperf prepare retinanet)"]
-        return C.layout_problems(data_dir, LAYOUT)
+        return DATA.problems(scale, data_dir)
 
     def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
-        if scale == "mini":
-            if C.mini_ready(data_dir, MINI_SIZE, MINI_COUNTS):
-                say(f"mini dataset already present in {data_dir}")
-                return
-            C.generate_mini(data_dir, LAYOUT, MINI_COUNTS, MINI_SIZE, say=say)
-            return
-        problems = C.layout_problems(data_dir, LAYOUT)
-        if problems:
-            raise TrainperfError(problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
-        train = C.read_instances(data_dir, SPLITS[0], layout=LAYOUT)
-        val = C.read_instances(data_dir, SPLITS[1], train.category_ids, layout=LAYOUT)
-        used = train.without_empty_images()
-        say(f"{data_dir}: {len(used)} train images with boxes (of {len(train)}), {len(val)} validation images, "
-            f"{len(train.category_ids)} classes")
-        for index in (train, val):
-            if index.skipped or index.crowd:
-                say(f"  {index.annotation_file}: {index.skipped} empty boxes skipped, {index.crowd} crowd (group) "
-                    "boxes not trained on")
-        if (len(used), len(val), len(train.category_ids)) != (*OPENIMAGES_COUNTS, OPENIMAGES_CLASSES):
-            say(f"note: OpenImages-MLPerf has {OPENIMAGES_COUNTS[0]} train and {OPENIMAGES_COUNTS[1]} validation "
-                f"images of {OPENIMAGES_CLASSES} classes; results on this copy are not comparable to MLPerf's")
+        DATA.prepare(scale, data_dir, say)
 
     def mlperf_hyperparameters(self, recipe: RetinaNetRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         return {
@@ -181,7 +158,10 @@ class RetinaNetWorkload(Workload[RetinaNetRecipe]):
         else:
             weights = None
             if "backbone weights" in assets:
-                weights = M.check_backbone_weights(assets.state_dict("backbone weights"), assets["backbone weights"])
+                from torchvision.models import resnext50_32x4d
+
+                weights = assets.state_dict("backbone weights", like=resnext50_32x4d().state_dict(),
+                                            what="torchvision's resnext50_32x4d")
             model = M.retinanet_resnext50(recipe.num_classes, recipe.image_size, weights)
             model.detections_per_img = recipe.max_detections
         model = model.to(ctx.device)
@@ -202,17 +182,9 @@ class RetinaNetWorkload(Workload[RetinaNetRecipe]):
                           eval_forward=_forward)
 
     def synthetic_batch(self, recipe: RetinaNetRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        n = recipe.global_batch_size // ctx.world_size
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        size = recipe.image_size
-        images = torch.rand(n, 3, size, size, generator=gen).to(ctx.device)
-        targets = []
-        for _ in range(n):
-            xy = torch.rand(2, 2, generator=gen) * size
-            box = torch.cat([xy.min(0).values, xy.max(0).values + 4]).clamp(max=size).unsqueeze(0)
-            label = torch.randint(0, recipe.num_classes, (1,), generator=gen)
-            targets.append({"boxes": box.to(ctx.device), "labels": label.to(ctx.device)})
-        return images, targets, list(range(n))
+        images, targets, positions = C.synthetic_batch(recipe.global_batch_size // ctx.world_size, recipe.image_size,
+                                                       (0, recipe.num_classes), ctx.device)
+        return images.float().div_(255), targets, positions
 
     def synthetic_eval_batch(self, recipe: RetinaNetRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         images, targets, positions = self.synthetic_batch(recipe, ctx, model)
@@ -221,8 +193,7 @@ class RetinaNetWorkload(Workload[RetinaNetRecipe]):
 
     # -- data -----------------------------------------------------------------------------------
     def load_data(self, recipe: RetinaNetRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        train = C.read_instances(data_dir, SPLITS[0], layout=LAYOUT)
-        val = C.read_instances(data_dir, SPLITS[1], train.category_ids, layout=LAYOUT)
+        train, val = DATA.read(data_dir)
         if len(train.category_ids) > recipe.num_classes:
             raise TrainperfError(f"{train.annotation_file}: {len(train.category_ids)} classes, but the model has "
                                  f"{recipe.num_classes} (--set num_classes=N)")

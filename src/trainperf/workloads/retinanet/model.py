@@ -15,15 +15,12 @@ from functools import partial
 
 import torch
 from torch import nn
-from torchvision.models import resnext50_32x4d
 from torchvision.models.detection import RetinaNet
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.backbone_utils import BackboneWithFPN, resnet_fpn_backbone
 from torchvision.models.detection.retinanet import RetinaNetHead
 from torchvision.models.resnet import BasicBlock
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
-
-from trainperf.errors import TrainperfError
 
 SCALES = (1.0, 2 ** (1 / 3), 2 ** (2 / 3))
 RATIOS = (0.5, 1.0, 2.0)
@@ -107,17 +104,3 @@ def reference_tensor_names(model: nn.Module) -> list[str]:
         name = _HEAD_CONV.sub(lambda m: f"{m.group(1)}.{2 * int(m.group(2))}.", name)
         names.append("module." + _FPN_CONV.sub(r"\1.", name))
     return names
-
-
-def check_backbone_weights(weights: dict, path: object) -> dict:
-    """A torchvision resnext50_32x4d state dict, its keys and shapes checked (one line naming a mismatch)."""
-    expected = {k: v for k, v in resnext50_32x4d().state_dict().items() if not k.endswith("num_batches_tracked")}
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        raise TrainperfError(f"{path}: not a torchvision resnext50_32x4d state dict (missing {missing[0]}, "
-                             f"+{len(missing) - 1} more)")
-    for key, value in expected.items():
-        if not isinstance(weights[key], torch.Tensor) or tuple(weights[key].shape) != tuple(value.shape):
-            shape = tuple(weights[key].shape) if isinstance(weights[key], torch.Tensor) else type(weights[key]).__name__
-            raise TrainperfError(f"{path}: {key} has shape {shape}, resnext50_32x4d needs {tuple(value.shape)}")
-    return weights

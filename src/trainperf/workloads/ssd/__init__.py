@@ -31,10 +31,9 @@ from trainperf.workloads.coco import scoring
 from trainperf.workloads.ssd import model as M
 
 LAYOUT = C.COCO2017
-SPLITS = LAYOUT.splits
 COCO_TRAIN_IMAGES = 117_266  # train2017 images with at least one non-crowd box (the reference's count)
-# The mini dataset (generated once by `prepare`, so not a recipe field: a recipe cannot change it).
-MINI_SIZE, MINI_COUNTS = 64, (2000, 500)
+DATA = C.DetectionData("ssd", LAYOUT, "COCO 2017", COCO_TRAIN_IMAGES, 5000, 80)
+MINI_SIZE, MINI_COUNTS = C.MINI_SIZE, C.MINI_COUNTS
 MINI_BOXES = M.DefaultBoxSpec(fig_size=MINI_SIZE, feat_sizes=(8, 4, 2, 1), steps=(8, 16, 32, 64),
                               scales=(9, 16, 26, 40, 60), aspect_ratios=((2,), (2,), (2,), (2,)))
 # ImageNet normalisation (the trunk is an ImageNet network), on 0-255 pixels.
@@ -154,33 +153,10 @@ class SSDWorkload(Workload[SSDRecipe]):
         return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
 
     def data_problems(self, scale: str, data_dir: Path) -> list[str]:
-        if scale == "mini":
-            ready = C.mini_ready(data_dir, MINI_SIZE, MINI_COUNTS)
-            return [] if ready else [f"{data_dir}: mini dataset not generated yet (trainperf prepare ssd)"]
-        return C.layout_problems(data_dir, LAYOUT)
+        return DATA.problems(scale, data_dir)
 
     def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
-        if scale == "mini":
-            if C.mini_ready(data_dir, MINI_SIZE, MINI_COUNTS):
-                say(f"mini dataset already present in {data_dir}")
-                return
-            C.generate_mini(data_dir, LAYOUT, MINI_COUNTS, MINI_SIZE, say=say)
-            return
-        problems = C.layout_problems(data_dir, LAYOUT)
-        if problems:
-            raise TrainperfError(problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
-        train = C.read_instances(data_dir, SPLITS[0])
-        val = C.read_instances(data_dir, SPLITS[1], train.category_ids)
-        used = train.without_empty_images()
-        say(f"{data_dir}: {len(used)} train images with boxes (of {len(train)}), {len(val)} val images, "
-            f"{len(train.category_ids)} categories")
-        for index in (train, val):
-            if index.skipped or index.crowd:
-                say(f"  {index.annotation_file.name}: {index.skipped} empty boxes skipped, {index.crowd} crowd "
-                    "boxes not trained on (as the reference)")
-        if (len(used), len(val)) != (COCO_TRAIN_IMAGES, 5000):
-            say(f"note: COCO 2017 has {COCO_TRAIN_IMAGES} train images with boxes and 5000 val images; results on "
-                "this copy are not comparable to MLPerf's")
+        DATA.prepare(scale, data_dir, say)
 
     def mlperf_hyperparameters(self, recipe: SSDRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         steps_per_epoch = math.ceil((COCO_TRAIN_IMAGES if recipe.model == "ssd300" else MINI_COUNTS[0])
@@ -209,8 +185,13 @@ class SSDWorkload(Workload[SSDRecipe]):
         if recipe.model == "mini":
             model: nn.Module = M.mini_ssd(recipe.num_classes, MINI_BOXES, recipe.width)
         else:
-            weights = assets.state_dict("backbone weights") if "backbone weights" in assets else None
-            model = M.ssd300(recipe.num_classes, _checked_trunk_weights(weights, assets))
+            weights = None
+            if "backbone weights" in assets:
+                from torchvision.models import resnet34
+
+                weights = assets.state_dict("backbone weights", like=resnet34().state_dict(),
+                                            what="torchvision's resnet34")
+            model = M.ssd300(recipe.num_classes, weights)
         model = model.to(ctx.device)
         coder = _coder(recipe, ctx.device)
         lr = recipe.base_lr * recipe.global_batch_size / 32
@@ -240,17 +221,9 @@ class SSDWorkload(Workload[SSDRecipe]):
                           eval_forward=_forward)
 
     def synthetic_batch(self, recipe: SSDRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        n = recipe.global_batch_size // ctx.world_size
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        size = recipe.image_size
-        images = _normalize(torch.randint(0, 256, (n, 3, size, size), generator=gen, dtype=torch.uint8)).to(ctx.device)
-        targets = []
-        for _ in range(n):
-            xy = torch.rand(2, 2, generator=gen) * size
-            box = torch.cat([xy.min(0).values, xy.max(0).values + 4]).clamp(max=size).unsqueeze(0)
-            label = torch.randint(1, recipe.num_classes, (1,), generator=gen)
-            targets.append({"boxes": box.to(ctx.device), "labels": label.to(ctx.device)})
-        return images, targets, list(range(n))
+        images, targets, positions = C.synthetic_batch(recipe.global_batch_size // ctx.world_size, recipe.image_size,
+                                                       (1, recipe.num_classes), ctx.device)
+        return _normalize(images), targets, positions
 
     def synthetic_eval_batch(self, recipe: SSDRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         images, targets, positions = self.synthetic_batch(recipe, ctx, model)
@@ -259,8 +232,7 @@ class SSDWorkload(Workload[SSDRecipe]):
 
     # -- data -----------------------------------------------------------------------------------
     def load_data(self, recipe: SSDRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        train = C.read_instances(data_dir, SPLITS[0])
-        val = C.read_instances(data_dir, SPLITS[1], train.category_ids)
+        train, val = DATA.read(data_dir)
         if len(train.category_ids) + 1 > recipe.num_classes:
             raise TrainperfError(f"{train.annotation_file}: {len(train.category_ids)} categories, but the model has "
                                  f"{recipe.num_classes - 1} (--set num_classes=N, background included)")
@@ -312,22 +284,3 @@ class SSDWorkload(Workload[SSDRecipe]):
         return C.streamed(train, val, ctx, recipe.global_batch_size, recipe.num_workers,
                           T.train_transform(recipe.image_size, recipe.crop_trials, recipe.hflip, recipe.color_jitter),
                           T.eval_transform(recipe.image_size), recipe.eval_batch_size, to_input)
-
-
-def _checked_trunk_weights(weights: dict | None, assets: Assets) -> dict | None:
-    """A torchvision resnet34 state dict, its keys and shapes checked (one line naming a mismatch)."""
-    if weights is None:
-        return None
-    from torchvision.models import resnet34
-
-    expected = resnet34().state_dict()
-    path = assets["backbone weights"]
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        raise TrainperfError(f"{path}: not a torchvision resnet34 state dict (missing {missing[0]}, "
-                             f"+{len(missing) - 1} more)")
-    for key, value in expected.items():
-        if tuple(weights[key].shape) != tuple(value.shape):
-            raise TrainperfError(f"{path}: {key} has shape {tuple(weights[key].shape)}, resnet34 needs "
-                                 f"{tuple(value.shape)}")
-    return weights
