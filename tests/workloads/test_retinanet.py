@@ -191,7 +191,8 @@ def retinanet_run(tmp_path_factory) -> Path:
 def test_mini_reaches_target_and_log_passes_ruleset_2(retinanet_run):
     result = json.loads((retinanet_run / "result.json").read_text())
     assert result["status"] == "success" and result["final_metric"] >= MINI.target
-    assert result["train_samples"] == 2000 - 2000 % 32 and result["eval_samples"] == 500
+    batch = MINI.global_batch_size
+    assert result["train_samples"] == 2000 - 2000 % batch and result["eval_samples"] == 500
     verdict = check(retinanet_run / "mlperf_log.txt")  # chosen from the log's trainperf_workload record
     assert verdict.valid and verdict.ruleset == "2.0.0" and verdict.benchmark == "ssd", verdict.output
     records = read_log(retinanet_run / "mlperf_log.txt")
