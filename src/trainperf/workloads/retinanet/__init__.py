@@ -4,11 +4,9 @@ scored off the training path."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -19,16 +17,13 @@ from trainperf.errors import TrainperfError
 from trainperf.rulesets import WORKLOAD_RULESETS
 from trainperf.spec import (
     Assets,
-    DataParts,
     EvalPartial,
-    Metric,
     ModelParts,
-    Recipe,
     RuntimeContext,
-    Workload,
 )
 from trainperf.workloads.coco import data as C
 from trainperf.workloads.coco import scoring
+from trainperf.workloads.coco.detector import Detector, DetectorRecipe
 from trainperf.workloads.retinanet import model as M
 
 LAYOUT = C.OPENIMAGES_MLPERF
@@ -39,7 +34,7 @@ MINI_SIZE = C.MINI_SIZE
 
 
 @dataclass(frozen=True)
-class RetinaNetRecipe(Recipe):
+class RetinaNetRecipe(DetectorRecipe):
     model: str = "retinanet"  # retinanet (ResNeXt50-32x4d FPN, the reference) | mini
     num_classes: int = OPENIMAGES_CLASSES  # sigmoid classes: no background class
     image_size: int = 800  # every image is resized to this square inside the model
@@ -49,14 +44,10 @@ class RetinaNetRecipe(Recipe):
     warmup_epochs: float = 1.0
     warmup_factor: float = 1e-3  # the LR ramps linearly from base_lr * warmup_factor over warmup_epochs
     lr_schedule: str = "constant"  # constant after warmup (the reference) | cosine (to 0 at max_epochs)
-    hflip: bool = True
-    backbone_weights: str = ""  # a torchvision resnext50_32x4d ImageNet state dict (the reference starts from one)
-    num_workers: int = 8
     eval_batch_size: int = 32
     max_detections: int = 300
     width: int = 32  # mini body width
     fpn_channels: int = 64  # mini FPN and head width
-    coco_backend: str = "pycocotools"
 
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("retinanet", "mini"),
                                                      "lr_schedule": ("constant", "cosine"),
@@ -64,14 +55,11 @@ class RetinaNetRecipe(Recipe):
 
     def validate(self) -> None:
         super().validate()
-        if self.base_lr <= 0 or self.warmup_epochs < 0 or not 0 <= self.warmup_factor <= 1 or self.max_detections < 1:
-            raise TrainperfError("recipe: need base_lr > 0, warmup_epochs >= 0, 0 <= warmup_factor <= 1, "
-                                 "max_detections >= 1")
+        if self.base_lr <= 0 or self.warmup_epochs < 0 or not 0 <= self.warmup_factor <= 1:
+            raise TrainperfError("recipe: need base_lr > 0, warmup_epochs >= 0, 0 <= warmup_factor <= 1")
         if self.num_classes < 1 or self.width < 1 or self.fpn_channels < 16 or self.fpn_channels % 16:
             raise TrainperfError("recipe: need num_classes >= 1, width >= 1 and fpn_channels a multiple of 16 "
                                  "(GroupNorm of 16 groups)")
-        if self.coco_backend == "faster-coco-eval" and importlib.util.find_spec("faster_coco_eval") is None:
-            raise TrainperfError("coco_backend=faster-coco-eval: not installed (pip install 'trainperf[coco-fast]')")
 
 
 def _full(batch: int, max_epochs: int = 26) -> RetinaNetRecipe:
@@ -110,24 +98,17 @@ def _forward(model: nn.Module, batch: Any) -> list[dict[str, torch.Tensor]]:
     return model(batch[0])
 
 
-class RetinaNetWorkload(Workload[RetinaNetRecipe]):
+class RetinaNetWorkload(Detector[RetinaNetRecipe]):
     name = "retinanet"
     benchmark = "ssd"  # the v2.0 round's key for RetinaNet
     ruleset = WORKLOAD_RULESETS["retinanet"]
-    metric = Metric("box_ap", higher_is_better=True)
     summary = "RetinaNet ResNeXt50-32x4d FPN on OpenImages-MLPerf, box AP (mini: a small RetinaNet on shapes)"
-    mlperf_runs = 5
     speedups = frozenset({"precision", "channels_last", "fused_optimizer", "async_eval"})
-    host_scoring = "process"
+    data = DATA
+    background = 0
 
     def recipes(self, scale: str) -> dict[str, RetinaNetRecipe]:
         return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
-
-    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
-        return DATA.problems(scale, data_dir)
-
-    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
-        DATA.prepare(scale, data_dir, say)
 
     def mlperf_hyperparameters(self, recipe: RetinaNetRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         return {
@@ -147,9 +128,6 @@ class RetinaNetWorkload(Workload[RetinaNetRecipe]):
                     "reference from ImageNet ones (torchvision's resnext50_32x4d state dict); this run is not "
                     "comparable to MLPerf"]
         return []
-
-    def assets(self, recipe: RetinaNetRecipe, data_dir: Path | None) -> dict[str, Path]:
-        return {"backbone weights": Path(recipe.backbone_weights).expanduser()} if recipe.backbone_weights else {}
 
     def build(self, recipe: RetinaNetRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         if recipe.model == "mini":
@@ -186,25 +164,8 @@ class RetinaNetWorkload(Workload[RetinaNetRecipe]):
                                                        (0, recipe.num_classes), ctx.device)
         return images.float().div_(255), targets, positions
 
-    def synthetic_eval_batch(self, recipe: RetinaNetRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        images, targets, positions = self.synthetic_batch(recipe, ctx, model)
-        n = min(recipe.eval_batch_size, images.shape[0])
-        return images[:n], targets[:n], positions[:n]
-
     # -- data -----------------------------------------------------------------------------------
-    def load_data(self, recipe: RetinaNetRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        train, val = DATA.read(data_dir)
-        if len(train.category_ids) > recipe.num_classes:
-            raise TrainperfError(f"{train.annotation_file}: {len(train.category_ids)} classes, but the model has "
-                                 f"{recipe.num_classes} (--set num_classes=N)")
-        train = train.without_empty_images()
-        loaders = self._loaders(recipe, train, val, ctx)
-        return DataParts(train_batches=lambda view: loaders.train_batches(view.epoch),
-                         steps_per_epoch=loaders.steps_per_epoch,
-                         train_samples=loaders.steps_per_epoch * recipe.global_batch_size, eval_samples=len(val),
-                         evaluate=self._evaluate(recipe, val, loaders.val_batches))
-
-    def _loaders(self, recipe: RetinaNetRecipe, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext
+    def loaders(self, recipe: RetinaNetRecipe, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext
                  ) -> C.Loaders:
         """Images enter the model as float [0, 1] (it normalises and resizes them); labels count from 0
         (sigmoid classes). mini: resident in memory; full: DataLoader workers, flips only (the reference)."""
@@ -224,11 +185,11 @@ class RetinaNetWorkload(Workload[RetinaNetRecipe]):
                           T.train_transform(recipe.hflip), T.eval_transform(), recipe.eval_batch_size, to_input,
                           label_base=0)
 
-    def _evaluate(self, recipe: RetinaNetRecipe, val: C.CocoIndex,
-                  batches: Callable[[], Iterator[tuple[Any, list[int]]]]) -> Callable[..., EvalPartial]:
-        """Inference on this process's share of validation; detections as COCO rows (original pixels)."""
+    def evaluation(self, recipe: RetinaNetRecipe, val: C.CocoIndex, ctx: RuntimeContext,
+                   batches: Callable[[], Iterator[tuple[Any, list[int]]]],
+                   metric: Callable[[dict[str, Any]], float]) -> Callable[..., EvalPartial]:
+        """The model's post-processed detections (in input pixels: original sizes), as COCO rows."""
         category_ids = np.array(val.category_ids)
-        metric = scoring.metric(val.annotation_file, val.image_ids, recipe.coco_backend)
 
         def evaluate(forward: Callable[[Any], list[dict[str, torch.Tensor]]]) -> EvalPartial:
             rows: list[np.ndarray] = []  # one array per image

@@ -3,11 +3,9 @@ shapes written in COCO format. COCO box AP by pycocotools, scored off the traini
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -18,16 +16,13 @@ from trainperf.errors import TrainperfError
 from trainperf.rulesets import RULESETS
 from trainperf.spec import (
     Assets,
-    DataParts,
     EvalPartial,
-    Metric,
     ModelParts,
-    Recipe,
     RuntimeContext,
-    Workload,
 )
 from trainperf.workloads.coco import data as C
 from trainperf.workloads.coco import scoring
+from trainperf.workloads.coco.detector import Detector, DetectorRecipe
 from trainperf.workloads.ssd import model as M
 
 LAYOUT = C.COCO2017
@@ -41,10 +36,9 @@ MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
 
 
 @dataclass(frozen=True)
-class SSDRecipe(Recipe):
+class SSDRecipe(DetectorRecipe):
     model: str = "ssd300"  # ssd300 | mini
     num_classes: int = 81  # with the background
-    image_size: int = 300
     optimizer: str = "sgd"  # sgd (the reference) | adamw
     # The learning rate per 32 images: the run's is base_lr * global_batch_size / 32 (the reference).
     base_lr: float = 2.5e-3
@@ -56,18 +50,10 @@ class SSDRecipe(Recipe):
     decay_epochs: tuple[int, ...] = (40, 50)
     decay_factor: float = 0.1
     crop_trials: int = 1  # SSD random crop retries (MLPerf `max_samples`: 1 or 50)
-    hflip: bool = True
     color_jitter: bool = True
-    backbone_weights: str = ""  # a torchvision resnet34 ImageNet state dict (the reference starts from one)
-    num_workers: int = 8
-    eval_batch_size: int = 64
     score_threshold: float = 0.05
     nms_iou: float = 0.5
-    max_detections: int = 200
     width: int = 32  # mini model width
-    # COCO AP by pycocotools (the reference), or faster-coco-eval (the same AP to 1e-4 on our tests, ~9x
-    # faster here; `pip install trainperf[coco-fast]`).
-    coco_backend: str = "pycocotools"
 
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("ssd300", "mini"), "optimizer": ("sgd", "adamw"),
                                                      "lr_schedule": ("multistep", "cosine"), "crop_trials": (1, 50),
@@ -75,12 +61,10 @@ class SSDRecipe(Recipe):
 
     def validate(self) -> None:
         super().validate()
-        if self.base_lr <= 0 or self.warmup_epochs < 0 or not 0 < self.nms_iou <= 1 or self.max_detections < 1:
-            raise TrainperfError("recipe: need base_lr > 0, warmup_epochs >= 0, 0 < nms_iou <= 1, max_detections >= 1")
+        if self.base_lr <= 0 or self.warmup_epochs < 0 or not 0 < self.nms_iou <= 1:
+            raise TrainperfError("recipe: need base_lr > 0, warmup_epochs >= 0, 0 < nms_iou <= 1")
         if self.num_classes < 2:
             raise TrainperfError(f"recipe field num_classes must be >= 2 (with the background), got {self.num_classes}")
-        if self.coco_backend == "faster-coco-eval" and importlib.util.find_spec("faster_coco_eval") is None:
-            raise TrainperfError("coco_backend=faster-coco-eval: not installed (pip install 'trainperf[coco-fast]')")
 
 
 def _full(batch: int, base_lr: float, decay: tuple[int, int], warmup_epochs: float, weight_decay: float,
@@ -138,25 +122,17 @@ def _forward(model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return model(batch[0])
 
 
-class SSDWorkload(Workload[SSDRecipe]):
+class SSDWorkload(Detector[SSDRecipe]):
     name = "ssd"
     benchmark = "ssd"
     ruleset = RULESETS[benchmark]
-    metric = Metric("box_ap", higher_is_better=True)
     summary = "SSD-ResNet34 on COCO 2017, box AP (mini: a small SSD on synthetic shapes in COCO format)"
-    mlperf_runs = 5
     speedups = frozenset({"precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer", "async_eval"})
-    # COCO AP is Python-heavy (pycocotools): scored in a worker process with --async-eval.
-    host_scoring = "process"
+    data = DATA
+    background = 1
 
     def recipes(self, scale: str) -> dict[str, SSDRecipe]:
         return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
-
-    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
-        return DATA.problems(scale, data_dir)
-
-    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
-        DATA.prepare(scale, data_dir, say)
 
     def mlperf_hyperparameters(self, recipe: SSDRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         steps_per_epoch = math.ceil((COCO_TRAIN_IMAGES if recipe.model == "ssd300" else MINI_COUNTS[0])
@@ -177,9 +153,6 @@ class SSDWorkload(Workload[SSDRecipe]):
             return ["no --set backbone_weights=PATH: the ResNet-34 trunk starts from random weights, the reference "
                     "from ImageNet ones (torchvision's resnet34 state dict); this run is not comparable to MLPerf"]
         return []
-
-    def assets(self, recipe: SSDRecipe, data_dir: Path | None) -> dict[str, Path]:
-        return {"backbone weights": Path(recipe.backbone_weights).expanduser()} if recipe.backbone_weights else {}
 
     def build(self, recipe: SSDRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         if recipe.model == "mini":
@@ -225,30 +198,13 @@ class SSDWorkload(Workload[SSDRecipe]):
                                                        (1, recipe.num_classes), ctx.device)
         return _normalize(images), targets, positions
 
-    def synthetic_eval_batch(self, recipe: SSDRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        images, targets, positions = self.synthetic_batch(recipe, ctx, model)
-        n = min(recipe.eval_batch_size, images.shape[0])
-        return images[:n], targets[:n], positions[:n]
-
     # -- data -----------------------------------------------------------------------------------
-    def load_data(self, recipe: SSDRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        train, val = DATA.read(data_dir)
-        if len(train.category_ids) + 1 > recipe.num_classes:
-            raise TrainperfError(f"{train.annotation_file}: {len(train.category_ids)} categories, but the model has "
-                                 f"{recipe.num_classes - 1} (--set num_classes=N, background included)")
-        train = train.without_empty_images()
-        loaders = self._loaders(recipe, train, val, ctx)
-        return DataParts(train_batches=lambda view: loaders.train_batches(view.epoch),
-                         steps_per_epoch=loaders.steps_per_epoch,
-                         train_samples=loaders.steps_per_epoch * recipe.global_batch_size, eval_samples=len(val),
-                         evaluate=self._evaluate(recipe, val, ctx, loaders.val_batches))
-
-    def _evaluate(self, recipe: SSDRecipe, val: C.CocoIndex, ctx: RuntimeContext,
-                  batches: Callable[[], Iterator[tuple[torch.Tensor, list[int]]]]) -> Callable[..., EvalPartial]:
-        """Inference on this process's share of val; detections as COCO rows (original pixels)."""
+    def evaluation(self, recipe: SSDRecipe, val: C.CocoIndex, ctx: RuntimeContext,
+                   batches: Callable[[], Iterator[tuple[torch.Tensor, list[int]]]],
+                   metric: Callable[[dict[str, Any]], float]) -> Callable[..., EvalPartial]:
+        """Detections decoded from the default boxes, as COCO rows in original pixels."""
         coder = _coder(recipe, ctx.device)
         category_ids = np.array(val.category_ids)
-        metric = scoring.metric(val.annotation_file, val.image_ids, recipe.coco_backend)
 
         def evaluate(forward: Callable[[Any], tuple[torch.Tensor, torch.Tensor]]) -> EvalPartial:
             rows: list[np.ndarray] = []  # one array per image
@@ -269,7 +225,7 @@ class SSDWorkload(Workload[SSDRecipe]):
 
         return evaluate
 
-    def _loaders(self, recipe: SSDRecipe, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext) -> C.Loaders:
+    def loaders(self, recipe: SSDRecipe, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext) -> C.Loaders:
         """mini: resident in memory, flips only; full: DataLoader workers, the reference augmentation."""
         device = ctx.device
 

@@ -1,0 +1,91 @@
+"""What every COCO-format detector workload shares: the recipe fields of its data and evaluation, and
+the workload methods that only depend on them (data checks, preparation, backbone weights, reading
+the splits into DataParts). A detector supplies its model, its loaders' input conversion and its
+evaluation."""
+
+from __future__ import annotations
+
+import importlib.util
+from abc import abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from trainperf.errors import TrainperfError
+from trainperf.spec import DataParts, EvalPartial, Metric, Recipe, RuntimeContext, Workload
+from trainperf.workloads.coco import data as C
+from trainperf.workloads.coco import scoring
+
+
+@dataclass(frozen=True)
+class DetectorRecipe(Recipe):
+    num_classes: int = 81
+    image_size: int = 300
+    hflip: bool = True
+    backbone_weights: str = ""  # a torchvision ImageNet state dict of the backbone (the references start from one)
+    num_workers: int = 8
+    eval_batch_size: int = 64
+    max_detections: int = 200
+    # COCO AP by pycocotools (the reference), or faster-coco-eval (the same AP to 1e-4 on our tests, ~9x
+    # faster here; `pip install trainperf[coco-fast]`).
+    coco_backend: str = "pycocotools"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.max_detections < 1 or self.eval_batch_size < 1:
+            raise TrainperfError("recipe: need max_detections >= 1 and eval_batch_size >= 1")
+        if self.coco_backend == "faster-coco-eval" and importlib.util.find_spec("faster_coco_eval") is None:
+            raise TrainperfError("coco_backend=faster-coco-eval: not installed (pip install 'trainperf[coco-fast]')")
+
+
+D = TypeVar("D", bound=DetectorRecipe)
+
+
+class Detector(Workload[D]):
+    """A detector on a COCO-format dataset, scored by COCO box AP in a worker process when asynchronous."""
+
+    data: ClassVar[C.DetectionData]
+    background: ClassVar[int]  # 1: the model's class 0 is the background (labels from 1); 0: none
+    metric = Metric("box_ap", higher_is_better=True)
+    mlperf_runs = 5
+    # COCO AP is Python-heavy (pycocotools): scored in a worker process with --async-eval.
+    host_scoring = "process"
+
+    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
+        return self.data.problems(scale, data_dir)
+
+    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
+        self.data.prepare(scale, data_dir, say)
+
+    def assets(self, recipe: D, data_dir: Path | None) -> dict[str, Path]:
+        return {"backbone weights": Path(recipe.backbone_weights).expanduser()} if recipe.backbone_weights else {}
+
+    def synthetic_eval_batch(self, recipe: D, ctx: RuntimeContext, model: Any) -> Any:
+        images, targets, positions = self.synthetic_batch(recipe, ctx, model)
+        n = min(recipe.eval_batch_size, len(positions))
+        return images[:n], targets[:n], positions[:n]
+
+    def load_data(self, recipe: D, data_dir: Path, ctx: RuntimeContext) -> DataParts:
+        train, val = self.data.read(data_dir)
+        if len(train.category_ids) + self.background > recipe.num_classes:
+            background = ", background included" if self.background else ""
+            raise TrainperfError(f"{train.annotation_file}: {len(train.category_ids)} categories, but the model has "
+                                 f"{recipe.num_classes - self.background} (--set num_classes=N{background})")
+        train = train.without_empty_images()
+        loaders = self.loaders(recipe, train, val, ctx)
+        metric = scoring.metric(val.annotation_file, val.image_ids, recipe.coco_backend)
+        return DataParts(train_batches=lambda view: loaders.train_batches(view.epoch),
+                         steps_per_epoch=loaders.steps_per_epoch,
+                         train_samples=loaders.steps_per_epoch * recipe.global_batch_size, eval_samples=len(val),
+                         evaluate=self.evaluation(recipe, val, ctx, loaders.val_batches, metric))
+
+    @abstractmethod
+    def loaders(self, recipe: D, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext) -> C.Loaders:
+        """The batches, images converted to the model's input (labels from `background`)."""
+
+    @abstractmethod
+    def evaluation(self, recipe: D, val: C.CocoIndex, ctx: RuntimeContext,
+                   batches: Callable[[], Iterator[tuple[Any, list[int]]]],
+                   metric: Callable[[dict[str, Any]], float]) -> Callable[..., EvalPartial]:
+        """evaluate(forward): inference on this process's share of val, detections as COCO rows."""
