@@ -500,6 +500,19 @@ def bare_model(model: torch.nn.Module) -> torch.nn.Module:
 # ---------------------------------------------------------------------------------------------
 # batches: how they split into micro-batches and how many samples they hold
 # ---------------------------------------------------------------------------------------------
+def per_epoch_schedule(workload: str, make: Callable[[int], Callable[[int], float]]
+                       ) -> Callable[[int | None], Callable[[int], float]]:
+    """A ModelParts.lr_schedule for a schedule stated in epochs: make(steps_per_epoch) -> f(step). Data
+    of unknown length (steps_per_epoch None) cannot drive it: one line naming the workload."""
+
+    def schedule(steps_per_epoch: int | None) -> Callable[[int], float]:
+        if not steps_per_epoch:
+            raise TrainperfError(f"{workload}: the LR schedule is in epochs and needs the steps per epoch")
+        return make(steps_per_epoch)
+
+    return schedule
+
+
 def split_batch(batch: Any, parts: int) -> list[Any]:
     """Split a batch into `parts` micro-batches (fewer if it is smaller). Conventions: a tensor splits
     along dim 0; a tuple or dict is a set of columns, each split alike; a list is a list of samples

@@ -428,3 +428,12 @@ def test_a_missing_or_broken_asset_is_one_line_naming_the_file(tmp_path, content
 def test_asset_errors_are_trainperf_errors():
     with pytest.raises(TrainperfError, match="was not declared"):
         Assets({})["backbone"]
+
+
+def test_per_epoch_schedule_needs_the_epoch_length():
+    from trainperf.spec import per_epoch_schedule
+
+    schedule = per_epoch_schedule("fake", lambda steps: lambda step: step / steps)
+    assert schedule(10)(5) == 0.5
+    with pytest.raises(TrainperfError, match="^fake: the LR schedule is in epochs and needs the steps per epoch$"):
+        schedule(None)

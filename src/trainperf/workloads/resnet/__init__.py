@@ -26,6 +26,7 @@ from trainperf.spec import (
     Recipe,
     RuntimeContext,
     Workload,
+    per_epoch_schedule,
 )
 from trainperf.workloads.resnet import data as D
 from trainperf.workloads.resnet.model import MiniResNet, build_resnet50
@@ -246,16 +247,14 @@ class ResNetWorkload(Workload[ResNetRecipe]):
             images, labels = batch
             return F.cross_entropy(model(images), labels, label_smoothing=smoothing)
 
-        def lr_schedule(steps_per_epoch: int | None) -> Callable[[int], float]:
-            if not steps_per_epoch:
-                raise TrainperfError("resnet: the LR schedule is in epochs and needs the steps per epoch")
+        def lr_schedule(steps_per_epoch: int) -> Callable[[int], float]:
             return warmup_poly(
                 recipe.base_lr, recipe.end_lr, round(recipe.warmup_epochs * steps_per_epoch),
                 round(recipe.train_epochs * steps_per_epoch), recipe.poly_power,
             )
 
-        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, lr_schedule=lr_schedule,
-                          eval_forward=_predict)
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn,
+                          lr_schedule=per_epoch_schedule(self.name, lr_schedule), eval_forward=_predict)
 
     def synthetic_batch(self, recipe: ResNetRecipe, ctx: RuntimeContext,
                         model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:

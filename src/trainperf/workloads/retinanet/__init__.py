@@ -20,6 +20,7 @@ from trainperf.spec import (
     EvalPartial,
     ModelParts,
     RuntimeContext,
+    per_epoch_schedule,
 )
 from trainperf.workloads.coco import data as C
 from trainperf.workloads.coco import scoring
@@ -151,13 +152,8 @@ class RetinaNetWorkload(Detector[RetinaNetRecipe]):
             losses = model(batch[0], batch[1])
             return losses["classification"] + losses["bbox_regression"]
 
-        def lr_schedule(steps_per_epoch: int | None) -> Callable[[int], float]:
-            if not steps_per_epoch:
-                raise TrainperfError("retinanet: the LR schedule is in epochs and needs the steps per epoch")
-            return lr_factor(recipe, steps_per_epoch)
-
-        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, lr_schedule=lr_schedule,
-                          eval_forward=_forward)
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=_forward,
+                          lr_schedule=per_epoch_schedule(self.name, lambda steps: lr_factor(recipe, steps)))
 
     def synthetic_batch(self, recipe: RetinaNetRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         images, targets, positions = C.synthetic_batch(recipe.global_batch_size // ctx.world_size, recipe.image_size,
