@@ -5,6 +5,7 @@ two processes against one, and the closed rules of the full recipes."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torchvision
 from PIL import Image
 from torchvision.models.detection.image_list import ImageList
 from torchvision.ops.misc import FrozenBatchNorm2d
@@ -66,6 +68,58 @@ def test_mini_anchors_are_sized_to_the_objects():
 
 
 # -- the reference configuration ----------------------------------------------------------------
+def _random_targets(generator: torch.Generator, counts: list[int], size: int, classes: int) -> list[dict]:
+    targets = []
+    for n in counts:
+        corner = torch.rand(n, 2, generator=generator) * size * 0.8
+        side = 4 + torch.rand(n, 2, generator=generator) * size * 0.4
+        boxes = torch.cat([corner, (corner + side).clamp(max=size)], 1)
+        targets.append({"boxes": boxes, "labels": torch.randint(0, classes, (n,), generator=generator)})
+    return targets
+
+
+@pytest.mark.parametrize(("which", "loss_type"), [("mini", "giou"), ("mini", "l1"), ("mini", "smooth_l1"),
+                                                 ("reference", "l1")])
+def test_batched_loss_equals_torchvisions_per_image_loss(loss_type, which, reference):
+    """Same losses and gradients as torchvision's per-image loop, on batches with empty images, anchors
+    between the thresholds and low-quality matches (the matcher's quirks are part of the loss)."""
+    # The loss reads the class count from the logits: 8 keeps the reference's 120,087 anchors cheap.
+    model, size, classes = (M.mini_retinanet(4), 64, 4) if which == "mini" else (reference, 800, 8)
+    model.head.regression_head._loss_type = loss_type
+    generator = torch.Generator().manual_seed(3)
+    anchors = _anchors(model, size) * 4
+    targets = _random_targets(generator, [3, 0, 1, 7], size, classes)
+    count = anchors[0].shape[0]
+    outputs = {"cls_logits": torch.randn(4, count, classes, generator=generator, requires_grad=True),
+               "bbox_regression": (0.3 * torch.randn(4, count, 4, generator=generator)).requires_grad_()}
+
+    def loss_and_grads(compute):
+        losses = compute(model, targets, outputs, anchors)
+        total = losses["classification"] + losses["bbox_regression"]
+        grads = torch.autograd.grad(total, [outputs["cls_logits"], outputs["bbox_regression"]])
+        return [losses["classification"], losses["bbox_regression"], *grads]
+
+    batched = loss_and_grads(M.BatchedRetinaNet.compute_loss)
+    looped = loss_and_grads(torchvision.models.detection.RetinaNet.compute_loss)
+    for mine, theirs in zip(batched, looped, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+    # The batch exercised every matcher outcome.
+    boxes = torch.nn.utils.rnn.pad_sequence([t["boxes"] for t in targets], batch_first=True)
+    present = torch.nn.utils.rnn.pad_sequence([torch.ones(len(t["boxes"]), dtype=torch.bool) for t in targets],
+                                              batch_first=True)
+    matches = model._match(boxes, present, torch.stack(anchors))
+    assert {-2, -1}.issubset(set(matches.unique().tolist())) and (matches >= 0).any()
+    assert (matches[1] == -1).all()  # the image without boxes
+    matcher, strict = model.proposal_matcher, copy.copy(model.proposal_matcher)
+    strict.allow_low_quality_matches = False
+    model.proposal_matcher = strict
+    try:
+        assert (model._match(boxes, present, torch.stack(anchors)) != matches).any()  # low-quality matches happened
+    finally:
+        model.proposal_matcher = matcher
+        model.head.regression_head._loss_type = "l1" if which == "reference" else "giou"
+
+
 def test_reference_configuration(reference):
     body = reference.backbone.body
     # Trainable layers 3: the stem and layer1 frozen, layers 2-4 trained; every BatchNorm frozen.
