@@ -117,6 +117,7 @@ def write_minimal_closed_log(path: Path, benchmark: str, global_batch_size: int,
     """A closed-division log with one block, one evaluation and the given hyperparameter keys: what
     the official checker needs to judge a full recipe's hyperparameters without training it."""
     from trainperf.harness.mlperf_log import MLPerfLog
+    from trainperf.spec import Logged
 
     log = MLPerfLog(path)
     t = 1_700_000_000_000
@@ -128,7 +129,10 @@ def write_minimal_closed_log(path: Path, benchmark: str, global_batch_size: int,
     log.start("init_start", time_ms=t)
     for key, value in {"seed": 1, "global_batch_size": global_batch_size, "gradient_accumulation_steps": 1,
                        **hyperparameters}.items():
-        log.event(key, value, time_ms=t)
+        if isinstance(value, Logged):
+            log.event(key, value.value, metadata=value.metadata, time_ms=t)
+        else:
+            log.event(key, value, time_ms=t)
     for tensor in initialized:
         log.event("weights_initialization", metadata={"tensor": tensor}, time_ms=t)
     log.end("init_stop", time_ms=t + 1)

@@ -14,6 +14,7 @@ _WORKLOADS: dict[str, str] = {
     "dlrm": "trainperf.workloads.dlrm:DLRMWorkload",
     "ssd": "trainperf.workloads.ssd:SSDWorkload",
     "retinanet": "trainperf.workloads.retinanet:RetinaNetWorkload",
+    "transformer": "trainperf.workloads.transformer:TransformerWorkload",
 }
 
 

@@ -618,6 +618,15 @@ class Assets(Mapping[str, Path]):
         return state
 
 
+@dataclass(frozen=True)
+class Logged:
+    """A hyperparameter value logged with metadata (`mlperf_hyperparameters`): the Transformer's
+    max_sequence_length carries {"method": "discard"}, which its closed rules check."""
+
+    value: Any
+    metadata: dict[str, Any]
+
+
 @dataclass
 class ModelParts:
     """What a workload builds during initialisation (before run_start): no data is touched here."""
@@ -739,7 +748,8 @@ class Workload(ABC, Generic[R]):
 
     @abstractmethod
     def mlperf_hyperparameters(self, recipe: R, ctx: RuntimeContext) -> dict[str, Any]:
-        """The hyperparameter keys the closed ruleset requires, with this recipe's values."""
+        """The hyperparameter keys the closed ruleset requires, with this recipe's values (a `Logged`
+        value where the rules check the event's metadata too)."""
 
     def assets(self, recipe: R, data_dir: Path | None) -> dict[str, Path]:
         """Files `build` reads, by name. None by default."""

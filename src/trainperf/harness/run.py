@@ -44,6 +44,7 @@ from trainperf.spec import (
     DataParts,
     EpochView,
     Evaluation,
+    Logged,
     ModelParts,
     Quality,
     Recipe,
@@ -360,7 +361,10 @@ class _TimedLoop:
         log.event(C.GLOBAL_BATCH_SIZE, recipe.global_batch_size, time_ms=now)
         log.event(C.GRADIENT_ACCUMULATION_STEPS, recipe.grad_accum_steps, time_ms=now)
         for key, value in workload.mlperf_hyperparameters(recipe, ctx).items():
-            log.event(key, value, time_ms=now)
+            if isinstance(value, Logged):
+                log.event(key, value.value, metadata=value.metadata, time_ms=now)
+            else:
+                log.event(key, value, time_ms=now)
         # Not an MLPerf key (the checker ignores it): which speedups produced this log.
         log.event("trainperf_speedups", speedups.enabled(recipe), time_ms=now)
         if ctx.distributed:

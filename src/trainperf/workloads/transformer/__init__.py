@@ -1,0 +1,216 @@
+"""Transformer-big on WMT17 English-German (MLPerf key `transformer`, ruleset 0.7.0), and its mini scale on
+a synthetic English -> German-like corpus in the same text layout. BLEU on newstest2014 by sacrebleu,
+set to reproduce the reference's scorer, scored off the training path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainperf.errors import TrainperfError
+from trainperf.rulesets import RULESETS
+from trainperf.spec import (
+    Assets,
+    DataParts,
+    EpochView,
+    EvalPartial,
+    Logged,
+    Metric,
+    ModelParts,
+    Recipe,
+    RuntimeContext,
+    Workload,
+    bare_model,
+)
+from trainperf.workloads.transformer import data as D
+from trainperf.workloads.transformer import model as M
+from trainperf.workloads.wmt import batching, bleu
+from trainperf.workloads.wmt.text import BOS, EOS, PAD
+
+
+@dataclass(frozen=True)
+class TransformerRecipe(Recipe):
+    # global_batch_size is in TOKENS: a global batch holds sentences x longest side <= this many.
+    dim: int = 1024
+    heads: int = 16
+    ffn: int = 4096
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    dropout: float = 0.1
+    label_smoothing: float = 0.1
+    # Adam with a linear warmup to base_lr over warmup_steps, then base_lr * sqrt(warmup_steps / step).
+    # The reference's 2.0 * d^-0.5 * min(step / 16000, 1) / sqrt(max(step, 16000)) is base_lr 4.94e-4.
+    base_lr: float = 2.0 * 1024 ** -0.5 * 16000 ** -0.5
+    warmup_steps: int = 16000
+    beta1: float = 0.9
+    beta2: float = 0.997
+    eps: float = 1e-9
+    beam: int = 4
+    alpha: float = 0.6  # length penalty ((5 + length) / 6) ** alpha
+    extra_length: int = 50  # a translation may be this many tokens longer than its source
+    eval_batch_size: int = 128  # test sentences decoded together (each with `beam` hypotheses)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.dim % self.heads or self.dim % 2:
+            raise TrainperfError(f"recipe: dim {self.dim} must be even and divisible by heads {self.heads}")
+        if min(self.encoder_layers, self.decoder_layers, self.ffn, self.beam, self.eval_batch_size) < 1:
+            raise TrainperfError("recipe: need layers, ffn, beam and eval_batch_size >= 1")
+        if not 0 <= self.dropout < 1 or not 0 <= self.label_smoothing < 1:
+            raise TrainperfError("recipe: need 0 <= dropout < 1 and 0 <= label_smoothing < 1")
+        if self.base_lr <= 0 or self.warmup_steps < 1:
+            raise TrainperfError("recipe: need base_lr > 0 and warmup_steps >= 1")
+        if self.global_batch_size < D.MAX_LENGTH:
+            raise TrainperfError(f"recipe field global_batch_size is in tokens: {self.global_batch_size} cannot hold "
+                                 f"one sentence of the longest kept ({D.MAX_LENGTH} tokens)")
+
+
+# The reference: 4,096 tokens per GPU (transformer_main's batch), here for 8 GPUs; 10 epochs budget
+# (the reference runs until BLEU 25; it converges in a few epochs).
+FULL = TransformerRecipe(name="reference", global_batch_size=8 * 4096, max_epochs=10, target=0.25,
+                         eval_every=1, eval_first=1)
+MINI = TransformerRecipe(name="mini", global_batch_size=2048, max_epochs=8, target=0.60, eval_every=1,
+                         eval_first=1, dim=64, heads=4, ffn=256, encoder_layers=2, decoder_layers=2,
+                         base_lr=3e-3, warmup_steps=300, beam=4, eval_batch_size=250)
+
+
+def lr_factor(recipe: TransformerRecipe) -> Callable[[int], float]:
+    warmup = recipe.warmup_steps
+
+    def factor(step: int) -> float:
+        n = step + 1
+        return min(n / warmup, (warmup / n) ** 0.5)
+
+    return factor
+
+
+class TransformerWorkload(Workload[TransformerRecipe]):
+    name = "transformer"
+    benchmark = "transformer"
+    ruleset = RULESETS[benchmark]
+    metric = Metric("bleu", higher_is_better=True)
+    summary = "Transformer-big on WMT17 en-de, BLEU (mini: a synthetic English -> German-like corpus)"
+    mlperf_runs = 10
+    speedups = frozenset({"precision", "fused_optimizer", "async_eval"})
+    host_scoring = "process"  # sacrebleu is pure Python
+    assets_in_data = True
+    scorer: ClassVar[str] = "transformer"
+
+    def recipes(self, scale: str) -> dict[str, TransformerRecipe]:
+        return {"mini": MINI} if scale == "mini" else {"reference": FULL}
+
+    def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
+        return D.sources(data_dir)
+
+    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
+        return D.problems(scale, data_dir)
+
+    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
+        D.prepare(scale, data_dir, say)
+
+    def mlperf_hyperparameters(self, recipe: TransformerRecipe, ctx: RuntimeContext) -> dict[str, Any]:
+        return {
+            "opt_name": "adam", "opt_base_learning_rate": recipe.base_lr,
+            "opt_learning_rate_warmup_steps": recipe.warmup_steps, "opt_adam_beta_1": recipe.beta1,
+            "opt_adam_beta_2": recipe.beta2, "opt_adam_epsilon": recipe.eps,
+            "max_sequence_length": Logged(D.MAX_LENGTH, {"method": "discard"}),
+        }
+
+    def assets(self, recipe: TransformerRecipe, data_dir: Path | None) -> dict[str, Path]:
+        if data_dir is None:
+            raise TrainperfError("transformer: the model is sized by the prepared vocabulary (trainperf prepare "
+                                 "transformer)")
+        return {"vocabulary": data_dir / D.PREPARED / "spm.model"}
+
+    def build(self, recipe: TransformerRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
+        from trainperf.workloads.wmt.text import Vocabulary
+
+        vocab = len(Vocabulary(assets["vocabulary"]))
+        positions = D.MAX_LENGTH + recipe.extra_length + 1  # the longest source's translation, BOS first
+        model = M.Transformer(vocab, recipe.dim, recipe.heads, recipe.ffn, recipe.encoder_layers,
+                              recipe.decoder_layers, recipe.dropout, max_positions=positions).to(ctx.device)
+        impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+        optimizer = torch.optim.Adam(model.parameters(), lr=recipe.base_lr, betas=(recipe.beta1, recipe.beta2),
+                                     eps=recipe.eps, **impl)
+
+        def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            src, tgt_in, tgt_out = batch
+            logits = model(src, tgt_in)
+            return F.cross_entropy(logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD,
+                                   label_smoothing=recipe.label_smoothing, reduction="sum")
+
+        def forward(model: nn.Module, src: torch.Tensor) -> list[list[int]]:
+            return M.translate(bare_model(model), src, recipe.beam, recipe.alpha, recipe.extra_length)
+
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=forward,
+                          lr_schedule=lambda steps: lr_factor(recipe),
+                          loss_units=lambda batch: (batch[2] != PAD).sum())
+
+    def _synthetic(self, rows: int, length: int, vocab: int, device: torch.device, seed: int) -> torch.Tensor:
+        gen = torch.Generator(device=device).manual_seed(seed)
+        return torch.randint(EOS + 1, vocab, (rows, length), device=device, generator=gen)
+
+    def synthetic_batch(self, recipe: TransformerRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
+        vocab = bare_model(model).embed.num_embeddings
+        length = 32  # a typical WMT sentence in subwords
+        rows = max(1, recipe.global_batch_size // ctx.world_size // length)
+        src = self._synthetic(rows, length, vocab, ctx.device, 0)
+        tgt = self._synthetic(rows, length, vocab, ctx.device, 1)
+        tgt_in = torch.cat([torch.full_like(tgt[:, :1], BOS), tgt[:, :-1]], 1)
+        return src, tgt_in, tgt
+
+    def synthetic_eval_batch(self, recipe: TransformerRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
+        vocab = bare_model(model).embed.num_embeddings
+        return self._synthetic(min(recipe.eval_batch_size, 8), 8, vocab, ctx.device, 2)
+
+    def batch_samples(self, batch: Any) -> int:
+        return int(batch[0].shape[0])
+
+    def load_data(self, recipe: TransformerRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
+        data = D.load(data_dir)
+        src_len, tgt_len = D.lengths_for_budget(data)
+        device = ctx.device
+        world, rank = ctx.world_size, ctx.rank
+        seed = ctx.stream_seed("batches")
+        def epoch_batches(epoch: int) -> list[np.ndarray]:
+            rng = np.random.default_rng([seed, epoch])
+            found = batching.token_batches(src_len, tgt_len, recipe.global_batch_size, rng, multiple=world)
+            return [b for b in found if len(b) >= world]  # a process never gets an empty share
+
+        # The cut into batches depends only on the sorted lengths: the same batches' sizes every epoch.
+        first = epoch_batches(1)
+        steps, per_epoch = len(first), sum(len(b) for b in first)
+
+        def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+            for rows in epoch_batches(view.epoch):
+                mine = batching.shard(rows, rank, world)
+                src = D.T.pad_batch(data.train_src, mine, suffix=EOS)
+                tgt_in = D.T.pad_batch(data.train_tgt, mine, prefix=BOS)
+                tgt_out = D.T.pad_batch(data.train_tgt, mine, suffix=EOS)
+                yield (torch.from_numpy(src).to(device, non_blocking=True),
+                       torch.from_numpy(tgt_in).to(device, non_blocking=True),
+                       torch.from_numpy(tgt_out).to(device, non_blocking=True))
+
+        # Evaluation: test sentences by length, dealt round-robin so every process decodes a similar mix.
+        test_order = np.argsort(data.test_src.lengths, kind="stable")[rank::world]
+        vocab = data.vocab
+        metric = bleu.metric(data.test_references, self.scorer)
+        limit = D.MAX_LENGTH  # sources are cut to the model's positions (the test set has none this long)
+
+        def evaluate(forward: Callable[[Any], list[list[int]]]) -> EvalPartial:
+            found: list[tuple[int, str]] = []
+            for start in range(0, len(test_order), recipe.eval_batch_size):
+                rows = test_order[start:start + recipe.eval_batch_size]
+                src = torch.from_numpy(D.T.pad_batch(data.test_src, rows, suffix=EOS)[:, :limit]).to(device)
+                found += zip(rows.tolist(), vocab.decode(forward(src)), strict=True)
+            return EvalPartial(metric=metric, objects={"translations": found})
+
+        return DataParts(train_batches=train_batches, steps_per_epoch=steps, train_samples=per_epoch,
+                         eval_samples=len(data.test_src), evaluate=evaluate)

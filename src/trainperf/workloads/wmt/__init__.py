@@ -1,0 +1,2 @@
+"""Shared machinery of the translation workloads (Transformer, GNMT): parallel text, subword
+vocabularies, length-bucketed batches, beam search and BLEU."""
