@@ -15,6 +15,7 @@ _WORKLOADS: dict[str, str] = {
     "ssd": "trainperf.workloads.ssd:SSDWorkload",
     "retinanet": "trainperf.workloads.retinanet:RetinaNetWorkload",
     "transformer": "trainperf.workloads.transformer:TransformerWorkload",
+    "gnmt": "trainperf.workloads.gnmt:GNMTWorkload",
 }
 
 

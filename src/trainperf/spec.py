@@ -648,6 +648,10 @@ class ModelParts:
     after_step: Callable[[int], None] | None = None
     # loss_units(batch) -> how many loss-normalising units (tokens, masked positions) a batch holds.
     loss_units: Callable[[Any], torch.Tensor | int] | None = None
+    # epoch_hyperparameters(steps_per_epoch) -> hyperparameters whose values are counted in steps of
+    # data not yet opened at initialisation (GNMT's remain and decay steps, fractions of all the
+    # run's iterations in the reference); logged when the data is opened, after run_start.
+    epoch_hyperparameters: Callable[[int | None], dict[str, Any]] | None = None
 
 
 @dataclass
@@ -705,6 +709,8 @@ class Workload(ABC, Generic[R]):
     host_scoring: ClassVar[str] = "thread"
     # Whether `assets` lives in the prepared dataset (so a synthetic benchmark still needs the data).
     assets_in_data: ClassVar[bool] = False
+    # What ModelParts.loss_units counts, as `bench` names its rate ("target tokens": tokens/s).
+    loss_units_name: ClassVar[str] = "loss units"
 
     @abstractmethod
     def recipes(self, scale: str) -> dict[str, R]:

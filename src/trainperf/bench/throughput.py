@@ -49,6 +49,9 @@ class BenchResult:
     steps: int
     warmup: int
     samples_per_s: float
+    # The loss's units per second where the loss is a sum over units (the Transformer's target tokens).
+    units_per_s: float | None
+    units: str | None
     step_time_p50_ms: float
     step_time_p90_ms: float
     data_share: float  # fraction of the timed wall clock spent waiting for the next batch
@@ -150,7 +153,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
     ctx.synchronize()
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    times, waits, samples = [], 0.0, 0
+    times, waits, samples, units = [], 0.0, 0, 0
     start = time.perf_counter()
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -162,6 +165,8 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         waits += t1 - t0
         times.append(t2 - t0)
         samples += workload.batch_samples(current)
+        if parts.loss_units is not None:
+            units += int(parts.loss_units(current))
     total = time.perf_counter() - start
     distributed.shutdown()
     rate = samples / total
@@ -171,7 +176,10 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
     ordered = sorted(times)
     return BenchResult(
         workload=workload.name, scale=scale, synthetic=synthetic, batch_size=batch_size, steps=steps,
-        warmup=warmup, samples_per_s=rate, step_time_p50_ms=statistics.median(ordered) * 1e3,
+        warmup=warmup, samples_per_s=rate,
+        units_per_s=units / total if parts.loss_units is not None else None,
+        units=workload.loss_units_name if parts.loss_units is not None else None,
+        step_time_p50_ms=statistics.median(ordered) * 1e3,
         step_time_p90_ms=ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] * 1e3,
         data_share=waits / total, peak_memory_mb=memory, peak_memory_kind=memory_kind, flops_per_sample=flops,
         achieved_tflops=achieved, peak_tflops=peak, peak_source=source,
@@ -193,7 +201,8 @@ def describe(result: BenchResult) -> str:
         f"{result.workload} {result.scale} on {result.device} ({'synthetic data' if result.synthetic else 'real data'}"
         f", batch {result.batch_size}, {result.steps} timed steps after {result.warmup} warm-up)",
         f"  switches: {switches}",
-        f"  throughput: {result.samples_per_s:.1f} samples/s",
+        f"  throughput: {result.samples_per_s:.1f} samples/s"
+        + (f" ({result.units_per_s:,.0f} {result.units}/s)" if result.units_per_s is not None else ""),
         f"  step time: p50 {result.step_time_p50_ms:.2f} ms, p90 {result.step_time_p90_ms:.2f} ms",
         f"  data loading: {result.data_share:.1%} of the time",
         f"  peak memory: {result.peak_memory_mb:.0f} MiB ({result.peak_memory_kind})",

@@ -468,6 +468,9 @@ class _TimedLoop:
             log.event(C.TRAIN_SAMPLES, data.train_samples, time_ms=now)
             self.train_samples_logged = True
         log.event(C.EVAL_SAMPLES, data.eval_samples, time_ms=now)
+        if parts.epoch_hyperparameters is not None:
+            for key, value in parts.epoch_hyperparameters(data.steps_per_epoch).items():
+                log.event(key, value, time_ms=now)
         if cadence.per_epoch > 1 and not data.steps_per_epoch:
             raise TrainperfError(f"evals_per_epoch={cadence.per_epoch}: needs data that knows its steps per epoch")
         step = self._make_step(parts, data.steps_per_epoch)

@@ -100,7 +100,7 @@ class TransformerWorkload(Workload[TransformerRecipe]):
     mlperf_runs = 10
     speedups = frozenset({"precision", "fused_optimizer", "async_eval"})
     host_scoring = "process"  # sacrebleu is pure Python
-    assets_in_data = True
+    loss_units_name = "target tokens"
     scorer: ClassVar[str] = "transformer"
 
     def recipes(self, scale: str) -> dict[str, TransformerRecipe]:
@@ -124,15 +124,14 @@ class TransformerWorkload(Workload[TransformerRecipe]):
         }
 
     def assets(self, recipe: TransformerRecipe, data_dir: Path | None) -> dict[str, Path]:
-        if data_dir is None:
-            raise TrainperfError("transformer: the model is sized by the prepared vocabulary (trainperf prepare "
-                                 "transformer)")
-        return {"vocabulary": data_dir / D.PREPARED / "spm.model"}
+        # The model is sized by the prepared vocabulary; a synthetic benchmark without data uses the
+        # reference model's vocabulary size.
+        return {} if data_dir is None else {"vocabulary": data_dir / D.PREPARED / "spm.model"}
 
     def build(self, recipe: TransformerRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         from trainperf.workloads.wmt.text import Vocabulary
 
-        vocab = len(Vocabulary(assets["vocabulary"]))
+        vocab = len(Vocabulary(assets["vocabulary"])) if "vocabulary" in assets else D.REFERENCE_MODEL_VOCAB
         positions = D.MAX_LENGTH + recipe.extra_length + 1  # the longest source's translation, BOS first
         model = M.Transformer(vocab, recipe.dim, recipe.heads, recipe.ffn, recipe.encoder_layers,
                               recipe.decoder_layers, recipe.dropout, max_positions=positions).to(ctx.device)

@@ -34,6 +34,7 @@ PREPARED = "prepared"
 TEST = ("newstest2014.en", "newstest2014.de")
 FORMAT = 1
 FULL_VOCAB, MINI_VOCAB = 32_768, 1_000
+REFERENCE_MODEL_VOCAB = 33_708  # the reference model's vocab_size (model_params), for data-less benchmarks
 MAX_LENGTH = 256  # the reference drops training examples longer than this (subtokens, EOS included)
 MINI_PAIRS, MINI_TEST = 40_000, 500
 

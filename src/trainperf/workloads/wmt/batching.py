@@ -60,3 +60,19 @@ def shard(rows: np.ndarray, rank: int, world: int) -> np.ndarray:
     """This process's contiguous share of a global batch's sentences."""
     size = -(-len(rows) // world)
     return rows[rank * size:(rank + 1) * size]
+
+
+def bucketed_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, batch_size: int, buckets: int,
+                     rng: np.random.Generator) -> list[np.ndarray]:
+    """The GNMT reference's bucketing: sentences grouped into `buckets` equal-width ranges of their
+    longer side, shuffled within each range, cut into batches of `batch_size` sentences, the batches
+    shuffled. The buckets are laid end to end before cutting, so an epoch has exactly
+    ceil(n / batch_size) batches whatever the lengths (at most buckets - 1 batches straddle two)."""
+    longest = np.maximum(src_lengths, tgt_lengths)
+    low, high = int(longest.min(initial=0)), int(longest.max(initial=0)) + 1
+    width = max(1, -(-(high - low) // buckets))
+    bucket = (longest - low) // width
+    order = np.lexsort((rng.random(len(longest)), bucket))  # by bucket, random within
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(batches)
+    return batches

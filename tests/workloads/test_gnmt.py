@@ -1,0 +1,156 @@
+"""GNMT: the mini prepared as the reference prepares WMT16 (Moses, subword-nmt BPE, its file names),
+the reference's LR schedule and bucketing, the model's layout, decoding (cache against no cache, beam 1
+against greedy, the coverage penalty), the closed rules and the mini run end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import read_log, write_minimal_closed_log
+from trainperf.cli import main
+from trainperf.errors import TrainperfError
+from trainperf.results.compliance import check
+from trainperf.spec import RuntimeContext
+from trainperf.workloads.gnmt import FULL, MINI, GNMTWorkload, lr_factor, schedule_steps
+from trainperf.workloads.gnmt import data as D
+from trainperf.workloads.gnmt import model as M
+from trainperf.workloads.wmt import batching
+from trainperf.workloads.wmt import beam as B
+from trainperf.workloads.wmt import text as T
+
+
+@pytest.fixture(scope="module")
+def mini_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("gnmt-mini")
+    D.prepare("mini", root, lambda line: None)
+    return root
+
+
+def test_mini_is_prepared_in_the_reference_files(mini_root):
+    files = D.sources("mini", mini_root)
+    assert [p.name for p in files.values()] == ["train.tok.clean.bpe.2000.en", "train.tok.clean.bpe.2000.de",
+                                                 "newstest2014.tok.bpe.2000.en", "newstest2014.de", "vocab.bpe.2000"]
+    german = T.read_lines(files["train.de"])
+    assert any("@@ " in line for line in german)  # BPE continuation marks, as subword-nmt writes them
+    assert D.problems("mini", mini_root) == []
+    data = D.load(D.MINI_MERGES, mini_root)
+    assert data.vocab[:4] == ["<pad>", "<unk>", "<s>", "</s>"]
+    # Encoded German, detokenized the reference's way, gives the raw text back.
+    raw = T.read_lines(mini_root / "raw" / "train.de")
+    detok = D.Detokenizer(data.vocab)
+    same = sum(detok(data.train_tgt[i].tolist()) == raw[i] for i in range(200))
+    assert same == 200
+
+
+def test_empty_vocabulary_is_one_line(tmp_path):
+    (tmp_path / "vocab.bpe.32000").write_text("\n\n")
+    with pytest.raises(TrainperfError, match=r"vocab\.bpe\.32000: empty vocabulary file"):
+        D.read_vocabulary(tmp_path / "vocab.bpe.32000")
+    assert "missing" in D.problems("full", tmp_path)[0]
+
+
+def test_reference_lr_schedule():
+    spe = 1000
+    f = lr_factor(FULL, spe)
+    remain, interval = schedule_steps(FULL, spe)
+    assert (remain, interval) == (int(0.666 * 8000), (8000 - int(0.666 * 8000)) // 4)
+    assert f(0) == pytest.approx(0.01) and f(200) == pytest.approx(1.0)
+    assert f(100) == pytest.approx(0.1)  # exponential: halfway in steps is sqrt(0.01)
+    assert f(remain - 1) == 1.0 and f(remain) == 0.5 and f(remain + interval) == 0.25
+    assert f(10**6) == 0.5 ** 4
+
+
+def test_bucketed_batches_cover_every_sentence_in_ceil_n_over_b(mini_root):
+    data = D.load(D.MINI_MERGES, mini_root)
+    src, tgt = data.train_src.lengths + 1, data.train_tgt.lengths + 1
+    batches = batching.bucketed_batches(src, tgt, 128, 5, np.random.default_rng(0))
+    assert len(batches) == math.ceil(len(src) / 128)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(src)))
+    assert batching.padding(batches, src, tgt).fraction < 0.30  # measured: see the README
+
+
+def test_model_layout_is_the_references():
+    model = M.GNMT(64, hidden=16, dropout=0.0)
+    assert model.encoder.layers[0].bidirectional and model.encoder.layers[1].input_size == 32
+    assert all(layer.input_size == 32 for layer in model.decoder.layers)  # context concatenated
+    assert model.decoder.attention.gain.item() == pytest.approx(16 ** -0.5)
+    assert all(p.abs().max() <= 0.1 for n, p in model.named_parameters() if "attention.gain" not in n)
+    biased = M.GNMT(64, hidden=16, dropout=0.0, forget_bias=1.0)
+    torch.testing.assert_close(biased.encoder.layers[2].bias_ih_l0[16:32], torch.ones(16))
+    src = torch.tensor([[5, 6, 7, T.EOS], [8, T.EOS, T.PAD, T.PAD]])
+    logits = model(src, torch.tensor([[T.BOS, 9, 10], [T.BOS, 11, T.PAD]]))
+    assert logits.shape == (2, 3, 64)
+    # Padding does not change a sentence's encoding.
+    alone = model.encode(src[1:, :2])[0]
+    torch.testing.assert_close(model.encode(src)[0][1:, :2], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_coverage_penalty_by_hand():
+    coverage = torch.tensor([[0.5, 1.5, 0.25, 0.7]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    expected = 0.1 * (math.log(0.5) + math.log(1.0) + math.log(0.25))
+    assert B.coverage_penalty(coverage, mask, 0.1).item() == pytest.approx(expected)
+    assert B.length_penalty(3, 0.6) == pytest.approx((8 / 6) ** 0.6)
+
+
+@pytest.fixture(scope="module")
+def trained(mini_root) -> tuple[M.GNMT, D.Prepared]:
+    torch.manual_seed(0)
+    data = D.load(D.MINI_MERGES, mini_root)
+    model = M.GNMT(len(data.vocab), MINI.hidden, 0.0, attention_scale=1.0, forget_bias=1.0)
+    opt = torch.optim.Adam(model.parameters(), 3e-3)
+    src_len, tgt_len = data.train_src.lengths + 1, data.train_tgt.lengths + 1
+    for rows in batching.bucketed_batches(src_len, tgt_len, 128, 5, np.random.default_rng(0))[:60]:
+        src = torch.from_numpy(T.pad_batch(data.train_src, rows, suffix=T.EOS))
+        tgt_in = torch.from_numpy(T.pad_batch(data.train_tgt, rows, prefix=T.BOS))
+        tgt_out = torch.from_numpy(T.pad_batch(data.train_tgt, rows, suffix=T.EOS))
+        loss = F.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten(), ignore_index=T.PAD)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval(), data
+
+
+def test_cached_decoding_equals_recomputing_and_beam_one_is_greedy(trained):
+    model, data = trained
+    src = torch.from_numpy(T.pad_batch(data.test_src, np.arange(24), suffix=T.EOS))
+    with torch.no_grad():
+        cached = M.translate(model, src, 5, 0.6, 5.0, 0.1, 40, cached=True)
+        recomputed = M.translate(model, src, 5, 0.6, 5.0, 0.1, 40, cached=False)
+        limit = torch.full((len(src),), 40)
+        greedy = B.greedy_search(M.GNMTStepper(model, src, 1), len(src), limit, T.BOS, T.EOS)
+        beam1 = B.beam_search(M.GNMTStepper(model, src, 1), len(src), 1, limit, T.BOS, T.EOS)
+    assert cached == recomputed
+    assert beam1 == greedy
+    assert sum(map(len, cached)) > 3 * len(cached)
+
+
+def test_full_recipe_passes_the_closed_rules(tmp_path):
+    workload = GNMTWorkload()
+    small = dataclasses.replace(FULL, hidden=16)  # the same schedule, a model quick to build
+    parts = workload.build(small, RuntimeContext.create("cpu"), {})
+    hyper = {**workload.mlperf_hyperparameters(FULL, RuntimeContext.create("cpu")),
+             **parts.epoch_hyperparameters(3876)}
+    log = tmp_path / "closed.txt"
+    write_minimal_closed_log(log, "gnmt", FULL.global_batch_size, hyper, 0.241, 1.0)
+    assert check(log, "0.7.0").valid
+    del hyper["opt_learning_rate_remain_steps"]
+    write_minimal_closed_log(log, "gnmt", FULL.global_batch_size, hyper, 0.241, 1.0)
+    assert not check(log, "0.7.0").valid
+
+
+@pytest.mark.slow
+def test_mini_reaches_target_and_log_passes_ruleset_070(tmp_path, mini_root):
+    out = tmp_path / "run"
+    assert main(["run", "gnmt", "--data", str(mini_root), "--seed", "1", "--out", str(out)]) == 0
+    events = read_log(out / "mlperf_log.txt")
+    assert [e for e in events if e["key"] == "eval_accuracy"][-1]["value"] >= MINI.target
+    assert any(e["key"] == "opt_learning_rate_remain_steps" for e in events)
+    assert check(out / "mlperf_log.txt", "0.7.0").valid
