@@ -22,6 +22,7 @@ from trainperf.spec import (
     DataParts,
     EpochView,
     EvalPartial,
+    Logged,
     Metric,
     ModelParts,
     Recipe,
@@ -328,4 +329,18 @@ class WithAsset(Regression):
     def build(self, recipe: FakeRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         parts = super().build(recipe, ctx, assets)
         parts.model.load_state_dict(assets.state_dict("start checkpoint"))
+        return parts
+
+
+# -- hyperparameters with metadata, and ones counted in iterations of the opened data ---------------
+class EpochCountedHyperparameters(Regression):
+    """Logs a hyperparameter with metadata (the Transformer's max_sequence_length) and two that depend
+    on the steps per epoch, known once the data is open (GNMT's remain steps and decay interval)."""
+
+    def mlperf_hyperparameters(self, recipe: FakeRecipe, ctx: RuntimeContext) -> dict[str, Any]:
+        return {**super().mlperf_hyperparameters(recipe, ctx), "max_sequence_length": Logged(7, {"method": "discard"})}
+
+    def build(self, recipe: FakeRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
+        parts = super().build(recipe, ctx, assets)
+        parts.epoch_hyperparameters = lambda steps: {"remain_steps": 3 * steps, "decay_interval": steps // 2}
         return parts

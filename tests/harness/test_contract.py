@@ -437,3 +437,16 @@ def test_per_epoch_schedule_needs_the_epoch_length():
     assert schedule(10)(5) == 0.5
     with pytest.raises(TrainperfError, match="^fake: the LR schedule is in epochs and needs the steps per epoch$"):
         schedule(None)
+
+
+# -- hyperparameters: metadata, and values counted in iterations of the opened data ----------------
+def test_logged_metadata_and_epoch_counted_hyperparameters_reach_the_log(tmp_path):
+    result, records = _run(tmp_path, fakes.EpochCountedHyperparameters(scores=[1.0]))
+    assert result.status == "success"
+    length = next(r for r in records if r["key"] == "max_sequence_length")
+    assert length["value"] == 7 and length["metadata"]["method"] == "discard"
+    keys = [r["key"] for r in records]
+    # Logged once, when the data is open: after run_start, with the data's steps per epoch (4).
+    assert keys.count("remain_steps") == 1 and keys.index("remain_steps") > keys.index("run_start")
+    assert next(r["value"] for r in records if r["key"] == "remain_steps") == 12
+    assert next(r["value"] for r in records if r["key"] == "decay_interval") == 2

@@ -70,10 +70,12 @@ def test_reference_lr_schedule():
 def test_bucketed_batches_cover_every_sentence_in_ceil_n_over_b(mini_root):
     data = D.load(D.MINI_MERGES, mini_root)
     src, tgt = data.train_src.lengths + 1, data.train_tgt.lengths + 1
-    batches = batching.bucketed_batches(src, tgt, 128, 5, np.random.default_rng(0))
+    batches = batching.bucketed_batches(src, tgt, 128, MINI.buckets, np.random.default_rng(0))
     assert len(batches) == math.ceil(len(src) / 128)
     assert sorted(np.concatenate(batches).tolist()) == list(range(len(src)))
-    assert batching.padding(batches, src, tgt).fraction < 0.30  # measured: see the README
+    assert batching.padding(batches, src, tgt).fraction < 0.15  # measured: see the README
+    reference = batching.bucketed_batches(src, tgt, 128, FULL.buckets, np.random.default_rng(0))
+    assert batching.padding(reference, src, tgt).fraction > batching.padding(batches, src, tgt).fraction
 
 
 def test_model_layout_is_the_references():

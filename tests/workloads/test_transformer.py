@@ -203,8 +203,8 @@ def test_too_long_training_pairs_are_dropped_and_counted(tmp_path, mini_root):
     for name in D.TEST:
         shutil.copy(mini_root / name, root / name)
     long_line = " ".join(["Hund"] * 400) + "."
-    train = root / "train" / "synthetic.de-en"
-    with train.with_suffix(".en").open("a") as en, train.with_suffix(".de").open("a") as de:
+    train = root / "train"
+    with (train / "synthetic.de-en.en").open("a") as en, (train / "synthetic.de-en.de").open("a") as de:
         en.write(long_line + "\n")
         de.write("Kurz.\n")
     said: list[str] = []

@@ -32,6 +32,7 @@ from trainperf.spec import (
 from trainperf.workloads.gnmt import data as D
 from trainperf.workloads.gnmt import model as M
 from trainperf.workloads.wmt import batching, bleu
+from trainperf.workloads.wmt import parts as P
 from trainperf.workloads.wmt.text import BOS, EOS, PAD
 
 
@@ -75,10 +76,11 @@ class GNMTRecipe(Recipe):
 FULL = GNMTRecipe(name="reference", global_batch_size=8 * 128, max_epochs=8, target=0.24, eval_every=1,
                   eval_first=1, max_grad_norm=5.0)
 # The mini: hidden 128; at this size the reference's 1/sqrt(hidden) attention scale and zero forget-gate
-# bias left training stalled for epochs (a probe on this machine), so both are recipe deviations here.
+# bias left training stalled for epochs (a probe on this machine), so both are recipe deviations here;
+# 10 length buckets instead of 5 halve the padding of the short mini sentences (20.8 % -> 10.9 %).
 MINI = GNMTRecipe(name="mini", bpe_merges=D.MINI_MERGES, global_batch_size=128, max_epochs=8, target=0.50,
                   eval_every=1, eval_first=1, max_grad_norm=5.0, hidden=128, attention_scale=1.0, forget_bias=1.0,
-                  base_lr=3e-3, warmup_steps=100, eval_batch_size=250, max_decode_length=80)
+                  base_lr=3e-3, warmup_steps=100, eval_batch_size=250, max_decode_length=80, buckets=10)
 
 
 def schedule_steps(recipe: GNMTRecipe, steps_per_epoch: int) -> tuple[int, int]:
@@ -204,21 +206,15 @@ class GNMTWorkload(Workload[GNMTRecipe]):
 
         def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
             for rows in epoch_batches(view.epoch):
-                mine = batching.shard(rows, rank, world)
-                yield tuple(torch.from_numpy(a).to(device, non_blocking=True) for a in (
-                    D.T.pad_batch(data.train_src, mine, suffix=EOS), D.T.pad_batch(data.train_tgt, mine, prefix=BOS),
-                    D.T.pad_batch(data.train_tgt, mine, suffix=EOS)))
+                yield P.training_batch(data.train_src, data.train_tgt, batching.shard(rows, rank, world), device)
 
-        test_order = np.argsort(data.test_src.lengths, kind="stable")[rank::world]
+        order = P.test_share(data.test_src.lengths, rank, world)
         metric = bleu.metric(data.test_references, "gnmt")
         detokenize = D.Detokenizer(data.vocab)
 
         def evaluate(forward: Callable[[Any], list[list[int]]]) -> EvalPartial:
-            found: list[tuple[int, str]] = []
-            for start in range(0, len(test_order), recipe.eval_batch_size):
-                rows = test_order[start:start + recipe.eval_batch_size]
-                src = torch.from_numpy(D.T.pad_batch(data.test_src, rows, suffix=EOS)).to(device)
-                found += zip(rows.tolist(), (detokenize(ids) for ids in forward(src)), strict=True)
+            found = P.translate_share(data.test_src, order, recipe.eval_batch_size, forward,
+                                      lambda ids: [detokenize(x) for x in ids], device)
             return EvalPartial(metric=metric, objects={"translations": found})
 
         return DataParts(train_batches=train_batches, steps_per_epoch=len(first),

@@ -32,6 +32,7 @@ from trainperf.spec import (
 from trainperf.workloads.transformer import data as D
 from trainperf.workloads.transformer import model as M
 from trainperf.workloads.wmt import batching, bleu
+from trainperf.workloads.wmt import parts as P
 from trainperf.workloads.wmt.text import BOS, EOS, PAD
 
 
@@ -189,26 +190,15 @@ class TransformerWorkload(Workload[TransformerRecipe]):
 
         def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
             for rows in epoch_batches(view.epoch):
-                mine = batching.shard(rows, rank, world)
-                src = D.T.pad_batch(data.train_src, mine, suffix=EOS)
-                tgt_in = D.T.pad_batch(data.train_tgt, mine, prefix=BOS)
-                tgt_out = D.T.pad_batch(data.train_tgt, mine, suffix=EOS)
-                yield (torch.from_numpy(src).to(device, non_blocking=True),
-                       torch.from_numpy(tgt_in).to(device, non_blocking=True),
-                       torch.from_numpy(tgt_out).to(device, non_blocking=True))
+                yield P.training_batch(data.train_src, data.train_tgt, batching.shard(rows, rank, world), device)
 
-        # Evaluation: test sentences by length, dealt round-robin so every process decodes a similar mix.
-        test_order = np.argsort(data.test_src.lengths, kind="stable")[rank::world]
-        vocab = data.vocab
+        order = P.test_share(data.test_src.lengths, rank, world)
         metric = bleu.metric(data.test_references, self.scorer)
-        limit = D.MAX_LENGTH  # sources are cut to the model's positions (the test set has none this long)
 
         def evaluate(forward: Callable[[Any], list[list[int]]]) -> EvalPartial:
-            found: list[tuple[int, str]] = []
-            for start in range(0, len(test_order), recipe.eval_batch_size):
-                rows = test_order[start:start + recipe.eval_batch_size]
-                src = torch.from_numpy(D.T.pad_batch(data.test_src, rows, suffix=EOS)[:, :limit]).to(device)
-                found += zip(rows.tolist(), vocab.decode(forward(src)), strict=True)
+            # Sources are cut to the model's positions (newstest2014 has none this long).
+            found = P.translate_share(data.test_src, order, recipe.eval_batch_size, forward, data.vocab.decode,
+                                      device, max_source=D.MAX_LENGTH)
             return EvalPartial(metric=metric, objects={"translations": found})
 
         return DataParts(train_batches=train_batches, steps_per_epoch=steps, train_samples=per_epoch,

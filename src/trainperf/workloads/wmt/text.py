@@ -71,9 +71,6 @@ class Encoded:
         tokens = np.fromiter((t for s in sentences for t in s), dtype=np.int32, count=int(offsets[-1]))
         return cls(tokens, offsets)
 
-    def select(self, keep: np.ndarray) -> Encoded:
-        return Encoded.from_lists([self[int(i)] for i in np.flatnonzero(keep)])
-
     def save(self, folder: Path, name: str) -> None:
         np.save(folder / f"{name}.tokens.npy", self.tokens)
         np.save(folder / f"{name}.offsets.npy", self.offsets)

@@ -1,0 +1,40 @@
+"""What both translation workloads do with their prepared arrays: training batches as tensors, and
+each process's share of the test set decoded to text."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from trainperf.workloads.wmt.text import BOS, EOS, Encoded, pad_batch
+
+
+def training_batch(src: Encoded, tgt: Encoded, rows: np.ndarray, device: torch.device
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(source + EOS, BOS + target, target + EOS), padded, on the device."""
+    arrays = (pad_batch(src, rows, suffix=EOS), pad_batch(tgt, rows, prefix=BOS), pad_batch(tgt, rows, suffix=EOS))
+    return tuple(torch.from_numpy(a).to(device, non_blocking=True) for a in arrays)  # type: ignore[return-value]
+
+
+def test_share(lengths: np.ndarray, rank: int, world: int) -> np.ndarray:
+    """This process's test sentences: sorted by length and dealt round-robin, so that every process
+    decodes a similar mix and each batch holds sentences of similar length."""
+    return np.argsort(lengths, kind="stable")[rank::world]
+
+
+def translate_share(test_src: Encoded, order: np.ndarray, batch_size: int,
+                    forward: Callable[[torch.Tensor], list[list[int]]],
+                    to_text: Callable[[list[list[int]]], Sequence[str]], device: torch.device,
+                    max_source: int | None = None) -> list[tuple[int, str]]:
+    """(test sentence index, translation) for the sentences `order`, decoded `batch_size` at a time;
+    sources longer than `max_source` tokens are cut (the model's positions)."""
+    found: list[tuple[int, str]] = []
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        src = pad_batch(test_src, rows, suffix=EOS)
+        if max_source is not None:
+            src = src[:, :max_source]
+        found += zip(rows.tolist(), to_text(forward(torch.from_numpy(src).to(device))), strict=True)
+    return found
