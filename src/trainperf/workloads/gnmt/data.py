@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from trainperf import prepared
@@ -121,14 +120,7 @@ def generate_mini(root: Path, say: Callable[[str], None], seed: int = 20261124) 
         f"reference prepares WMT16 (Moses tokenization, {MINI_MERGES:,} joint BPE merges, {len(counts):,} tokens)")
 
 
-@dataclass
-class Prepared:
-    vocab: list[str]
-    train_src: T.Encoded
-    train_tgt: T.Encoded
-    test_src: T.Encoded
-    test_references: list[str]
-    dropped: int
+Prepared = T.PreparedCorpus[list[str]]
 
 
 def prepare(scale: str, root: Path, say: Callable[[str], None]) -> None:

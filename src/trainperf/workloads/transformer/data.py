@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -113,14 +112,7 @@ def generate_mini(root: Path, say: Callable[[str], None], seed: int = 20261123) 
     say(f"wrote {len(pairs):,} synthetic training pairs and {len(test)} test pairs to {root} (WMT text layout)")
 
 
-@dataclass
-class Prepared:
-    vocab: T.Vocabulary
-    train_src: T.Encoded
-    train_tgt: T.Encoded
-    test_src: T.Encoded
-    test_references: list[str]
-    dropped: int
+Prepared = T.PreparedCorpus[T.Vocabulary]
 
 
 def prepare(scale: str, root: Path, say: Callable[[str], None]) -> None:

@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -82,6 +83,22 @@ class Encoded:
                        np.load(folder / f"{name}.offsets.npy"))
         except (OSError, ValueError) as exc:
             raise TrainperfError(f"{folder}: cannot read the encoded {name} ({exc}); run prepare again") from None
+
+
+V = TypeVar("V")
+
+
+@dataclass
+class PreparedCorpus(Generic[V]):
+    """A translation workload's prepared data: its vocabulary (of the workload's kind), the encoded
+    training pairs, the encoded test sources with their raw references, and the pairs dropped."""
+
+    vocab: V
+    train_src: Encoded
+    train_tgt: Encoded
+    test_src: Encoded
+    test_references: list[str]
+    dropped: int
 
 
 def pad_batch(data: Encoded, rows: np.ndarray, prefix: int | None = None, suffix: int | None = None) -> np.ndarray:
