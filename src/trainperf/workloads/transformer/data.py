@@ -116,7 +116,7 @@ Prepared = T.PreparedCorpus[T.Vocabulary]
 
 
 def prepare(scale: str, root: Path, say: Callable[[str], None]) -> None:
-    if scale == "mini" and not (root / "train").is_dir():
+    if scale == "mini" and source_problems(root):  # never generated, or interrupted before the test files
         root.mkdir(parents=True, exist_ok=True)
         generate_mini(root, say)
     found = source_problems(root)
