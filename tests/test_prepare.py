@@ -40,10 +40,14 @@ def test_mini_preparation_outputs_have_the_umask_permissions(tmp_path, name, uma
 
 
 def _changed(path: Path) -> None:
-    """A valid, different source: its last line once more (every source so far is line-oriented)."""
-    text = path.read_bytes()
-    last = text.rstrip(b"\n").rsplit(b"\n", 1)[-1]
-    path.write_bytes(text + last + b"\n")
+    """A valid, different source: its last line once more (every source so far is line-oriented); the
+    other side of a parallel corpus (x.en / x.de) changes with it, or the pair would be invalid."""
+    other = path.with_name(path.name[:-3] + {".en": ".de", ".de": ".en"}[path.name[-3:]]) \
+        if path.name[-3:] in (".en", ".de") else None
+    for side in [path] + ([other] if other is not None and other.is_file() else []):
+        text = side.read_bytes()
+        last = text.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+        side.write_bytes(text + last + b"\n")
 
 
 @pytest.mark.slow

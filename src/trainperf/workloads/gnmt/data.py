@@ -133,9 +133,12 @@ def prepare(scale: str, root: Path, say: Callable[[str], None]) -> None:
         raise TrainperfError(found[0])
     params = {"max_length": MAX_LENGTH}
     record = T.read_json(root / PREPARED / "stamp.json")
-    if record is not None and prepared.stale(record.get("stamp"), files, FORMAT, params, root / PREPARED) is None:
-        say(f"{root / PREPARED}: already prepared")
-        return
+    if record is not None:
+        why = prepared.stale(record.get("stamp"), files, FORMAT, params, root / PREPARED)
+        if why is None:
+            say(f"{root / PREPARED}: already prepared")
+            return
+        say(f"{why}: preparing again")
     vocab = read_vocabulary(files["vocab"])
     index = {tok: i for i, tok in enumerate(vocab)}
     src_lines, tgt_lines = T.read_parallel(files["train.en"], files["train.de"])

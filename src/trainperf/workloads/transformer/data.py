@@ -123,10 +123,12 @@ def prepare(scale: str, root: Path, say: Callable[[str], None]) -> None:
     if found:
         raise TrainperfError(found[0])
     record = T.read_json(root / PREPARED / "stamp.json")
-    if record is not None and prepared.stale(record.get("stamp"), sources(root), FORMAT, _params(scale),
-                                             root / PREPARED) is None:
-        say(f"{root / PREPARED}: already prepared")
-        return
+    if record is not None:
+        why = prepared.stale(record.get("stamp"), sources(root), FORMAT, _params(scale), root / PREPARED)
+        if why is None:
+            say(f"{root / PREPARED}: already prepared")
+            return
+        say(f"{why}: preparing again")
     params = _params(scale)
     english: list[str] = []
     german: list[str] = []
