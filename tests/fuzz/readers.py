@@ -238,6 +238,32 @@ def _read_coco(path: Path) -> object:
     return C.read_instances(root, "train2017")
 
 
+@cache
+def _english() -> bytes:
+    from trainperf.workloads.wmt import synthetic
+
+    return "".join(en + "\n" for en, _ in synthetic.corpus(20, seed=3)).encode()
+
+
+def _read_parallel(path: Path) -> object:
+    from trainperf.workloads.wmt import synthetic
+    from trainperf.workloads.wmt import text as T
+
+    german = path.with_name("corpus.de")  # the valid other side: the mutated one may not match it
+    german.write_text("".join(de + "\n" for _, de in synthetic.corpus(20, seed=3)), encoding="utf-8")
+    return T.read_parallel(path, german)
+
+
+def _vocab_bpe() -> bytes:
+    return b"die\nder\nHund\nKat@@\nze\n.\n,\n"
+
+
+def _read_vocab_bpe(path: Path) -> object:
+    from trainperf.workloads.gnmt import data as D
+
+    return D.read_vocabulary(path)
+
+
 READERS: list[Reader] = [
     Reader("imagenet jpeg", "n0_0.JPEG", _jpeg, _decode),
     Reader("imagenet png named JPEG", "n0_1.JPEG", _png, _decode),
@@ -245,6 +271,8 @@ READERS: list[Reader] = [
            outputs=("train-ratings.csv", "test-ratings.csv", "test-negative.csv", "trainperf_ncf.json")),
     Reader("criteo day", "day_0", _criteo_day, _parse_day),
     Reader("coco instances json", "instances_train2017.json", _coco_instances, _read_coco),
+    Reader("wmt parallel text", "corpus.en", _english, _read_parallel),
+    Reader("gnmt vocab.bpe", "vocab.bpe.32000", _vocab_bpe, _read_vocab_bpe),
     Reader("criteo day.gz", "day_0.gz", _gz(_criteo_day), _parse_gz_day),
     Reader("mlperf log header", "result_0.txt", _mlperf_log, _log_header),
     Reader("mlperf log (check)", "result_0.txt", _mlperf_log, _check_log, budget=0.1),  # the official checker
