@@ -33,7 +33,7 @@ from trainperf.workloads.gnmt import data as D
 from trainperf.workloads.gnmt import model as M
 from trainperf.workloads.wmt import batching, bleu
 from trainperf.workloads.wmt import parts as P
-from trainperf.workloads.wmt.text import BOS, EOS, PAD
+from trainperf.workloads.wmt.text import PAD
 
 
 @dataclass(frozen=True)
@@ -178,20 +178,13 @@ class GNMTWorkload(Workload[GNMTRecipe]):
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=forward,
                           lr_schedule=schedule, epoch_hyperparameters=epoch_hyperparameters)
 
-    def _synthetic(self, rows: int, length: int, vocab: int, device: torch.device, seed: int) -> torch.Tensor:
-        gen = torch.Generator(device=device).manual_seed(seed)
-        return torch.randint(EOS + 1, vocab, (rows, length), device=device, generator=gen)
-
     def synthetic_batch(self, recipe: GNMTRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        vocab = bare_model(model).embed.num_embeddings
-        rows = recipe.global_batch_size // ctx.world_size
-        length = 30  # a typical WMT16 sentence in BPE tokens
-        src = self._synthetic(rows, length, vocab, ctx.device, 0)
-        tgt = self._synthetic(rows, length, vocab, ctx.device, 1)
-        return src, torch.cat([torch.full_like(tgt[:, :1], BOS), tgt[:, :-1]], 1), tgt
+        # 30 tokens: a typical WMT16 sentence in BPE tokens.
+        return P.synthetic_training_batch(recipe.global_batch_size // ctx.world_size, 30,
+                                          bare_model(model).embed.num_embeddings, ctx.device)
 
     def synthetic_eval_batch(self, recipe: GNMTRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        return self._synthetic(min(recipe.eval_batch_size, 8), 8, bare_model(model).embed.num_embeddings,
+        return P.random_tokens(min(recipe.eval_batch_size, 8), 8, bare_model(model).embed.num_embeddings,
                                ctx.device, 2)
 
     def load_data(self, recipe: GNMTRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:

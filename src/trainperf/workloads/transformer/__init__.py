@@ -33,7 +33,7 @@ from trainperf.workloads.transformer import data as D
 from trainperf.workloads.transformer import model as M
 from trainperf.workloads.wmt import batching, bleu
 from trainperf.workloads.wmt import parts as P
-from trainperf.workloads.wmt.text import BOS, EOS, PAD
+from trainperf.workloads.wmt.text import PAD
 
 
 @dataclass(frozen=True)
@@ -153,22 +153,14 @@ class TransformerWorkload(Workload[TransformerRecipe]):
                           lr_schedule=lambda steps: lr_factor(recipe),
                           loss_units=lambda batch: (batch[2] != PAD).sum())
 
-    def _synthetic(self, rows: int, length: int, vocab: int, device: torch.device, seed: int) -> torch.Tensor:
-        gen = torch.Generator(device=device).manual_seed(seed)
-        return torch.randint(EOS + 1, vocab, (rows, length), device=device, generator=gen)
-
     def synthetic_batch(self, recipe: TransformerRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        vocab = bare_model(model).embed.num_embeddings
         length = 32  # a typical WMT sentence in subwords
         rows = max(1, recipe.global_batch_size // ctx.world_size // length)
-        src = self._synthetic(rows, length, vocab, ctx.device, 0)
-        tgt = self._synthetic(rows, length, vocab, ctx.device, 1)
-        tgt_in = torch.cat([torch.full_like(tgt[:, :1], BOS), tgt[:, :-1]], 1)
-        return src, tgt_in, tgt
+        return P.synthetic_training_batch(rows, length, bare_model(model).embed.num_embeddings, ctx.device)
 
     def synthetic_eval_batch(self, recipe: TransformerRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        vocab = bare_model(model).embed.num_embeddings
-        return self._synthetic(min(recipe.eval_batch_size, 8), 8, vocab, ctx.device, 2)
+        return P.random_tokens(min(recipe.eval_batch_size, 8), 8, bare_model(model).embed.num_embeddings,
+                               ctx.device, 2)
 
     def batch_samples(self, batch: Any) -> int:
         return int(batch[0].shape[0])

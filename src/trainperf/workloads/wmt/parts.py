@@ -38,3 +38,16 @@ def translate_share(test_src: Encoded, order: np.ndarray, batch_size: int,
             src = src[:, :max_source]
         found += zip(rows.tolist(), to_text(forward(torch.from_numpy(src).to(device))), strict=True)
     return found
+
+
+def random_tokens(rows: int, length: int, vocab: int, device: torch.device, seed: int) -> torch.Tensor:
+    """Random word ids (no specials) for synthetic batches: warm-up and throughput runs only."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return torch.randint(EOS + 1, vocab, (rows, length), device=device, generator=gen)
+
+
+def synthetic_training_batch(rows: int, length: int, vocab: int, device: torch.device
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(source, BOS + target, target) of `rows` random sentences of `length` tokens."""
+    src, tgt = random_tokens(rows, length, vocab, device, 0), random_tokens(rows, length, vocab, device, 1)
+    return src, torch.cat([torch.full_like(tgt[:, :1], BOS), tgt[:, :-1]], 1), tgt
