@@ -91,6 +91,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     return outcome.code
 
 
+def cmd_make_phase1(args: argparse.Namespace) -> int:
+    from trainperf.workloads.bert import data as bert_data
+    from trainperf.workloads.bert.phase1 import make_phase1
+
+    out = Path(args.out) if args.out else bert_data.PACKAGE
+    make_phase1(out, args.steps, lambda line: print(line, flush=True), seed=args.seed)
+    return 0
+
+
 def _warn(text: str) -> None:
     print(text, file=sys.stderr)
 
@@ -382,6 +391,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="report.html", help="HTML file to write (default: report.html)")
     p.add_argument("--markdown", action="store_true", help="also write a Markdown version and its PNGs beside it")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("make-phase1", help="train the mini BERT's phase-1 checkpoint (shipped in the package)")
+    p.add_argument("--steps", type=int, default=6000, help="phase-1 training steps (default: 6000)")
+    p.add_argument("--seed", type=int, default=1, help="random seed (default: 1, the shipped checkpoint's)")
+    p.add_argument("--out", metavar="DIR", help="folder for vocab.txt, phase1.pt, phase1.json (default: the package's)")
+    p.set_defaults(func=cmd_make_phase1)
 
     p = sub.add_parser("check", help="run the official MLPerf compliance checker on a log")
     p.add_argument("log")

@@ -16,6 +16,7 @@ _WORKLOADS: dict[str, str] = {
     "retinanet": "trainperf.workloads.retinanet:RetinaNetWorkload",
     "transformer": "trainperf.workloads.transformer:TransformerWorkload",
     "gnmt": "trainperf.workloads.gnmt:GNMTWorkload",
+    "bert": "trainperf.workloads.bert:BertWorkload",
 }
 
 

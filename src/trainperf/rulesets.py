@@ -21,6 +21,11 @@ RULESETS: dict[str, str] = {
 WORKLOAD_RULESETS: dict[str, str] = {"retinanet": "2.0.0"}
 WORKLOAD_KEY = "trainperf_workload"
 
+# Benchmarks whose convergence the RCP checker reads in training samples from the train_samples record
+# (its --bert_train_samples mode): BERT logs no epochs, and NVIDIA's published logs put the pass count,
+# not samples, in eval_accuracy's epoch_num.
+RCP_TRAIN_SAMPLES: frozenset[str] = frozenset({"bert"})
+
 # Benchmarks no official :::MLLOG ruleset knows: trainperf's own rules file for the official checker.
 OWN_RULES: dict[str, Path] = {"ncf": Path(__file__).parent / "results" / "rules" / "ncf.yaml"}
 

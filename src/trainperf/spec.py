@@ -279,6 +279,7 @@ class Recipe:
     cuda_graphs: bool = False  # capture the model's forward and backward once, replay them (GPU only)
     fused_optimizer: bool = False  # torch's fused optimizer kernels where they exist (else foreach)
     async_eval: bool = False  # score evaluations in the background while training goes on
+    packing: bool = False  # several short sequences in one row, attention kept within each (BERT)
 
     # Values a field may take, for fields restricted to a set (checked by `validate`).
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {}

@@ -264,6 +264,46 @@ def _read_vocab_bpe(path: Path) -> object:
     return D.read_vocabulary(path)
 
 
+def _bert_rows() -> dict[str, np.ndarray]:
+    from trainperf.workloads.bert import batches as B
+
+    return B.random_rows(4, 32, 5, 50, np.random.default_rng(0))
+
+
+@cache
+def _bert_tfrecord() -> bytes:
+    """Pretraining examples in the reference's TFRecord form (protobuf Examples by the tfrecord package)."""
+    from tfrecord.writer import TFRecordWriter
+
+    from trainperf.workloads.bert import batches as B
+    from trainperf.workloads.bert import records as R
+
+    rows, buf = _bert_rows(), io.BytesIO()
+    for i in range(4):
+        example = TFRecordWriter.serialize_tf_example(
+            {key: (np.asarray(rows[key][i]).reshape(-1).tolist(), "int") for key in B.KEYS}
+            | {"masked_lm_weights": ((rows["masked_lm_positions"][i] > 0).astype(float).tolist(), "float")})
+        R.write_record(buf, example)
+    return buf.getvalue()
+
+
+def _read_bert_tfrecord(path: Path) -> object:
+    from trainperf.workloads.bert import data as D
+
+    return D.tfrecord_to_rows(path)
+
+
+@cache
+def _bert_vocab() -> bytes:
+    return b"[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n##s\nword\n"
+
+
+def _read_bert_vocab(path: Path) -> object:
+    from trainperf.workloads.bert import corpus
+
+    return corpus.Tokenizer(path).encode(["the words"])
+
+
 READERS: list[Reader] = [
     Reader("imagenet jpeg", "n0_0.JPEG", _jpeg, _decode),
     Reader("imagenet png named JPEG", "n0_1.JPEG", _png, _decode),
@@ -273,6 +313,8 @@ READERS: list[Reader] = [
     Reader("coco instances json", "instances_train2017.json", _coco_instances, _read_coco),
     Reader("wmt parallel text", "corpus.en", _english, _read_parallel),
     Reader("gnmt vocab.bpe", "vocab.bpe.32000", _vocab_bpe, _read_vocab_bpe),
+    Reader("bert tfrecord", "part-00000-of-00500", _bert_tfrecord, _read_bert_tfrecord),
+    Reader("bert vocab.txt", "vocab.txt", _bert_vocab, _read_bert_vocab),
     Reader("criteo day.gz", "day_0.gz", _gz(_criteo_day), _parse_gz_day),
     Reader("mlperf log header", "result_0.txt", _mlperf_log, _log_header),
     Reader("mlperf log (check)", "result_0.txt", _mlperf_log, _check_log, budget=0.1),  # the official checker

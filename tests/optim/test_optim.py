@@ -99,3 +99,29 @@ def test_lars_foreach_equals_the_per_parameter_loop():
         runs.append([p.detach().clone() for p in params])
     for a, b in zip(*runs, strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_lamb_foreach_equals_the_per_parameter_loop():
+    """The multi-tensor LAMB gives the reference loop's weights over several steps, with an excluded
+    group (LayerNorm/bias), a zero-weight tensor and weight decay."""
+    from trainperf.optim import LAMB
+
+    torch.manual_seed(0)
+    shapes = [(8, 4), (4,), (16,), (3, 3, 2)]
+    start = [torch.randn(s) for s in shapes]
+    start[1].zero_()
+    runs = []
+    for foreach in (False, True):
+        params = [torch.nn.Parameter(w.clone()) for w in start]
+        opt = LAMB([{"params": params[:2], "weight_decay": 0.01},
+                    {"params": params[2:], "lamb_exclude": True, "weight_decay": 0.0}],
+                   lr=0.01, betas=(0.88, 0.88), eps=1e-6, foreach=foreach)
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(5):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=gen)
+            opt.step()
+        runs.append([p.detach().clone() for p in params])
+    for a, b in zip(*runs, strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+    assert not torch.equal(runs[0][0], start[0])

@@ -24,7 +24,7 @@ from mlperf_logging.compliance_checker import mlp_compliance
 
 from trainperf.errors import TrainperfError
 from trainperf.results.logs import for_official_checker, read_records
-from trainperf.rulesets import WORKLOAD_KEY, ruleset_for
+from trainperf.rulesets import RCP_TRAIN_SAMPLES, WORKLOAD_KEY, ruleset_for
 
 
 @dataclass
@@ -199,12 +199,13 @@ def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True) -> 
         notes.append(f"too few runs for olympic scoring; mean of converged runs {result.mean:.3f} minutes")
     result.note = "; ".join(notes)
     if rcp:
-        result.rcp = rcp_verdict(folder, ruleset, first["division"])
+        result.rcp = rcp_verdict(folder, ruleset, first["division"], benchmark in RCP_TRAIN_SAMPLES)
     return result
 
 
-def rcp_verdict(folder: Path, ruleset: str, division: str | None) -> str:
-    """The official rcp_checker's verdict on convergence speed (closed division only)."""
+def rcp_verdict(folder: Path, ruleset: str, division: str | None, train_samples: bool = False) -> str:
+    """The official rcp_checker's verdict on convergence speed (closed division only); with
+    `train_samples`, convergence is read from the train_samples records (the checker's bert mode)."""
     if division != "closed":
         return "n/a (open division)"
     from mlperf_logging.rcp_checker import rcp_checker
@@ -212,7 +213,7 @@ def rcp_verdict(folder: Path, ruleset: str, division: str | None) -> str:
     try:
         with _quiet():
             # The pruned RCPs are what the official CLI checks by default.
-            ok, message, _norm = rcp_checker.check_directory(str(folder), "training", ruleset, False, False,
+            ok, message, _norm = rcp_checker.check_directory(str(folder), "training", ruleset, False, train_samples,
                                                              rcp_pass="pruned_rcps")
     except Exception as exc:  # noqa: BLE001 - the checker fails in many ways when it has no RCPs
         return f"n/a (the rcp_checker could not run: {type(exc).__name__} {exc})"

@@ -2,7 +2,7 @@
 
 Switches live in the recipe (so `--set`, the CLI flags, `bench`, `scale` and `ablate` all reach them
 and every result records them): precision, channels_last, compile, cuda_graphs, fused_optimizer,
-async_eval. `SWITCHES` is the one list of them. A workload declares which apply to it; asking for one
+async_eval, packing. `SWITCHES` is the one list of them. A workload declares which apply to it; asking for one
 it does not support, or one the device cannot run, is a clear error, never a silent no-op.
 """
 
@@ -36,6 +36,8 @@ class Switch:
 
 # The ablation ladder adds them in this order: cheap, always-safe switches first, compilation last.
 SWITCHES: tuple[Switch, ...] = (
+    Switch("packing", "--packing", "pack several short sequences into one row (block-diagonal attention)", False,
+           True, "packing"),
     Switch("channels_last", "--channels-last", "NHWC memory layout for convolutions", False, True,
            "channels_last"),
     Switch("precision", "--precision", "autocast precision (fp16 adds loss scaling)", "fp32", "bf16", "bf16",

@@ -1,0 +1,276 @@
+"""BERT-Large phase-2 pretraining (MLPerf key `bert`, ruleset 1.0.0): from the phase-1 checkpoint to
+masked-LM accuracy 0.720 on the 10,000 held-out sequences, evaluated every N training samples by the
+v1.0 formula. Mini: a small BERT from a phase-1 checkpoint shipped in the package, on the standard
+library's English in the same HDF5 format, to a calibrated accuracy."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainperf.errors import TrainperfError
+from trainperf.optim import LAMB
+from trainperf.rulesets import RULESETS
+from trainperf.spec import (
+    Assets,
+    DataParts,
+    EpochView,
+    EvalPartial,
+    Metric,
+    ModelParts,
+    Recipe,
+    RuntimeContext,
+    Workload,
+    bare_model,
+)
+from trainperf.workloads.bert import batches as B
+from trainperf.workloads.bert import data as D
+from trainperf.workloads.bert import model as M
+
+
+def eval_interval(global_batch_size: int) -> int:
+    """The v1.0 rules' evaluation interval in training samples:
+    floor(0.05 * (230.23 * GBS + 3,000,000) / 25,000) * 25,000."""
+    return math.floor(0.05 * (230.23 * global_batch_size + 3_000_000) / 25_000) * 25_000
+
+
+@dataclass(frozen=True)
+class BertRecipe(Recipe):
+    # LAMB and the reference schedule (opt_learning_rate_training_steps = train_steps).
+    base_lr: float = 4e-4
+    train_steps: int = 8103
+    warmup_steps: int = 0
+    start_warmup_step: int = 0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    weight_decay: float = 0.01
+    eps: float = 1e-6
+    # The model (BERT-Large; a checkpoint must have these sizes).
+    hidden: int = 1024
+    layers: int = 24
+    heads: int = 16
+    intermediate: int = 4096
+    dropout: float = 0.1
+    vocab_size: int = 30522  # for a model built without a checkpoint (synthetic benchmarks)
+    max_seq_length: int = 512  # synthetic batches' length (real ones: the shards')
+    max_predictions: int = 76
+    max_per_row: int = 3  # sequences per packed row (packing=true)
+    eval_batch_size: int = 64
+    cache_shards: bool = False  # keep every training shard in memory after its first read
+    # The phase-1 state dict: "" = DIR/phase1/model.ckpt-28252.pt, "shipped" = the mini checkpoint in the
+    # package (its vocabulary and SHA-256 checked), "none" = random initialisation, else a path.
+    checkpoint: str = ""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.base_lr <= 0 or self.train_steps < 1 or self.warmup_steps < 0:
+            raise TrainperfError("recipe: need base_lr > 0, train_steps >= 1 and warmup_steps >= 0")
+        if self.hidden % self.heads:
+            raise TrainperfError(f"recipe: hidden {self.hidden} must be divisible by heads {self.heads}")
+        if min(self.max_per_row, self.eval_batch_size, self.max_predictions, self.layers) < 1:
+            raise TrainperfError("recipe: need max_per_row, eval_batch_size, max_predictions and layers >= 1")
+        if not 0 <= self.dropout < 1:
+            raise TrainperfError("recipe: need 0 <= dropout < 1")
+
+
+def _rcp(gbs: int, lr: float, steps: int, warmup: int, start: int, b1: float, b2: float, wd: float) -> BertRecipe:
+    """A full recipe at one of the RCP points (mlperf_logging's rcps_bert.json, ruleset 2.0.0 file)."""
+    return BertRecipe(name=f"gbs{gbs}", global_batch_size=gbs, max_epochs=0, target=0.720, eval_every=1,
+                      eval_first=1, eval_every_samples=eval_interval(gbs), log_epoch_num="samples",
+                      max_samples=steps * gbs, max_grad_norm=1.0, base_lr=lr, train_steps=steps, warmup_steps=warmup,
+                      start_warmup_step=start, beta1=b1, beta2=b2, weight_decay=wd)
+
+
+FULL_RECIPES = {r.name: r for r in (
+    _rcp(256, 3.5e-4, 13700, 0, 0, 0.9, 0.999, 0.01),
+    _rcp(1536, 2e-3, 2254, 0, 0, 0.66, 0.996, 0.01),
+    _rcp(4096, 2.4e-3, 855, 0, 0, 0.66, 0.998, 0.01),
+    _rcp(8192, 0.00288293, 600, 287, -76, 0.88, 0.88, 0.0166629),
+    _rcp(16384, 3.3e-3, 600, 290, -100, 0.75, 0.9, 0.0166629),
+)}
+
+# The mini: a 2-layer, 128-wide BERT from the shipped phase-1 checkpoint, sequences of 128 tokens.
+# Budget 40,000 samples (625 steps of 64, where the LR reaches 0); evaluation every 3,200 samples.
+# Dropout 0: at this size and budget it only slowed learning, and cost 30 % of a CPU step.
+MINI = BertRecipe(name="mini", global_batch_size=64, max_epochs=0, target=0.305, eval_every=1, eval_first=1,
+                  eval_every_samples=3200, log_epoch_num="samples", max_samples=40_000, max_grad_norm=1.0,
+                  base_lr=2e-3, train_steps=625, warmup_steps=0, start_warmup_step=0, beta1=0.9, beta2=0.999,
+                  weight_decay=0.01, hidden=128, layers=2, heads=4, intermediate=512, dropout=0.0, vocab_size=4096,
+                  max_seq_length=D.MINI.max_seq_length, max_predictions=D.MINI.max_predictions, eval_batch_size=250,
+                  cache_shards=True, checkpoint="shipped")
+
+
+def checkpoint_manifest() -> dict[str, Any]:
+    path = D.PACKAGE / "phase1.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TrainperfError(f"{path}: cannot read the mini phase-1 manifest ({exc})") from None
+
+
+class BertWorkload(Workload[BertRecipe]):
+    name = "bert"
+    benchmark = "bert"
+    ruleset = RULESETS[benchmark]
+    metric = Metric("mlm_accuracy", higher_is_better=True)
+    summary = ("BERT-Large phase 2 from the phase-1 checkpoint, masked-LM accuracy (mini: a small BERT from a "
+               "shipped checkpoint on the standard library's docstrings)")
+    mlperf_runs = 10
+    speedups = frozenset({"precision", "compile", "fused_optimizer", "packing", "async_eval"})
+
+    def recipes(self, scale: str) -> dict[str, BertRecipe]:
+        return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
+
+    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
+        return D.problems(scale, data_dir)
+
+    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
+        if scale == "mini":
+            D.prepare_mini(data_dir, say)
+        else:
+            D.prepare_full(data_dir, say)
+
+    def mlperf_hyperparameters(self, recipe: BertRecipe, ctx: RuntimeContext) -> dict[str, Any]:
+        return {
+            "opt_base_learning_rate": recipe.base_lr, "opt_epsilon": recipe.eps,
+            "opt_learning_rate_training_steps": recipe.train_steps,
+            "opt_learning_rate_warmup_steps": recipe.warmup_steps, "num_warmup_steps": recipe.warmup_steps,
+            "start_warmup_step": recipe.start_warmup_step, "opt_lamb_beta_1": recipe.beta1,
+            "opt_lamb_beta_2": recipe.beta2, "opt_lamb_weight_decay_rate": recipe.weight_decay,
+        }
+
+    def assets(self, recipe: BertRecipe, data_dir: Path | None) -> dict[str, Path]:
+        found = {}
+        if recipe.checkpoint == "shipped":
+            found["phase-1 checkpoint"] = D.PACKAGE / "phase1.pt"
+            found["mini vocabulary"] = D.PACKAGE / "vocab.txt"
+        elif recipe.checkpoint not in ("", "none"):
+            found["phase-1 checkpoint"] = Path(recipe.checkpoint).expanduser()
+        elif recipe.checkpoint == "" and data_dir is not None:
+            found["phase-1 checkpoint"] = data_dir / D.FULL_CHECKPOINT
+        if recipe.checkpoint != "shipped" and data_dir is not None and (data_dir / "vocab.txt").is_file():
+            found["vocabulary"] = data_dir / "vocab.txt"
+        return found
+
+    def notes(self, recipe: BertRecipe, scale: str) -> list[str]:
+        if recipe.packing:
+            return ["packing=true: several sequences share a row (block-diagonal attention); the sample count, "
+                    "cadence and budget stay in sequences"]
+        return []
+
+    def build(self, recipe: BertRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
+        cfg = M.BertConfig(vocab_size=recipe.vocab_size, hidden=recipe.hidden, layers=recipe.layers, heads=recipe.heads,
+                           intermediate=recipe.intermediate, max_positions=max(512, recipe.max_seq_length),
+                           dropout=recipe.dropout)
+        state = None
+        if "phase-1 checkpoint" in assets:
+            where = assets["phase-1 checkpoint"]
+            if "mini vocabulary" in assets:
+                verify_mini_checkpoint(where, assets["mini vocabulary"])
+            state = M.normalize_state_dict(assets.state_dict("phase-1 checkpoint"))
+            found = M.config_from_state_dict(state, recipe.heads, recipe.dropout, str(where))
+            cfg = M.BertConfig(**{**cfg.__dict__, "vocab_size": found.vocab_size, "max_positions": found.max_positions})
+            for key in ("hidden", "layers", "intermediate"):
+                if getattr(found, key) != getattr(cfg, key):
+                    raise TrainperfError(f"{where}: the checkpoint's {key} is {getattr(found, key)}, the recipe's "
+                                         f"{getattr(cfg, key)} (--set {key}=… or another checkpoint)")
+        for name in ("vocabulary", "mini vocabulary"):
+            if name in assets:
+                words = len(D.corpus.read_vocabulary(assets[name]))
+                if words != cfg.vocab_size:
+                    raise TrainperfError(f"{assets[name]}: {words} words, the checkpoint's embeddings have "
+                                         f"{cfg.vocab_size} rows (a vocabulary of another model)")
+        torch.manual_seed(ctx.stream_seed("init"))
+        model = M.BertForPreTraining(cfg)
+        if state is not None:
+            M.load_checkpoint(model, state, str(assets["phase-1 checkpoint"]))
+        model = model.to(ctx.device)
+        optimizer = LAMB(M.parameter_groups(model, recipe.weight_decay), lr=recipe.base_lr,
+                         betas=(recipe.beta1, recipe.beta2), eps=recipe.eps, foreach=recipe.fused_optimizer)
+        schedule = M.lr_factor(recipe.base_lr, recipe.warmup_steps, recipe.start_warmup_step, recipe.train_steps)
+
+        def loss_fn(model: nn.Module, batch: B.PretrainingBatch) -> torch.Tensor:
+            return M.pretraining_loss(model(batch.tensors), batch.tensors)
+
+        def forward(model: nn.Module, batch: B.PretrainingBatch) -> torch.Tensor:
+            mlm, _nsp = model(batch.tensors)
+            return M.mlm_correct(mlm, batch.tensors["masked_lm_ids"])
+
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=forward,
+                          lr_schedule=lambda steps: schedule)
+
+    def _rows_per_process(self, recipe: BertRecipe, ctx: RuntimeContext) -> int:
+        return recipe.global_batch_size // ctx.world_size
+
+    def _collate(self, recipe: BertRecipe, rows: dict[str, np.ndarray], device: torch.device) -> B.PretrainingBatch:
+        if recipe.packing:
+            return B.packed(rows, device, recipe.max_per_row)
+        return B.plain(rows, device)
+
+    def synthetic_batch(self, recipe: BertRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
+        vocab = bare_model(model).config.vocab_size
+        rows = B.random_rows(self._rows_per_process(recipe, ctx), recipe.max_seq_length, recipe.max_predictions,
+                             vocab, np.random.default_rng(ctx.stream_seed("synthetic")))
+        return self._collate(recipe, rows, ctx.device)
+
+    def synthetic_eval_batch(self, recipe: BertRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
+        vocab = bare_model(model).config.vocab_size
+        rows = B.random_rows(min(recipe.eval_batch_size, 8), recipe.max_seq_length, recipe.max_predictions, vocab,
+                             np.random.default_rng(ctx.stream_seed("synthetic eval")))
+        return B.plain(rows, ctx.device)
+
+    def batch_samples(self, batch: Any) -> int:
+        return batch.samples
+
+    def split_batch(self, batch: Any, parts: int) -> list[Any]:
+        return batch.split(parts)
+
+    def load_data(self, recipe: BertRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
+        listed = D.training_shards(data_dir)
+        stream = D.ShardStream(listed, ctx.rank, ctx.world_size, self._rows_per_process(recipe, ctx),
+                               ctx.stream_seed("shards"))
+        device = ctx.device
+        evaluation = D.read_eval(data_dir)
+        n_eval = len(evaluation["input_ids"])
+        share = ctx.shard(n_eval)
+        eval_batches = [B.plain({k: v[s: min(s + recipe.eval_batch_size, share.stop)] for k, v in evaluation.items()},
+                        device) for s in range(share.start, share.stop, recipe.eval_batch_size)]
+
+        def train_batches(view: EpochView) -> Iterator[B.PretrainingBatch]:
+            for rows in stream.batches(view.epoch, cache=recipe.cache_shards):
+                yield self._collate(recipe, rows, device)
+
+        def evaluate(forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
+            total = torch.zeros(2, dtype=torch.float64, device=device)
+            for batch in eval_batches:
+                total += forward(batch)
+            return EvalPartial(metric=_accuracy, sums={"counts": total})
+
+        # train_samples is left to the harness (the samples trained, logged at run_stop, as NVIDIA's
+        # BERT and the RCP checker's bert mode read it).
+        return DataParts(train_batches=train_batches, steps_per_epoch=stream.steps, train_samples=None,
+                         eval_samples=n_eval, evaluate=evaluate)
+
+
+def _accuracy(combined: dict[str, Any]) -> float:
+    correct, count = combined["counts"].tolist()
+    if count <= 0:
+        raise TrainperfError("bert evaluation: no masked positions in the evaluation set")
+    return correct / count
+
+
+def verify_mini_checkpoint(checkpoint: Path, vocab: Path) -> None:
+    """The shipped phase-1 checkpoint and vocabulary are the ones its manifest names (SHA-256)."""
+    manifest = checkpoint_manifest()
+    for path, key in ((checkpoint, "checkpoint_sha256"), (vocab, "vocab_sha256")):
+        if path.parent == D.PACKAGE and D.sha256(path) != manifest.get(key):
+            raise TrainperfError(f"{path}: SHA-256 differs from {D.PACKAGE / 'phase1.json'} (a damaged or "
+                                 "replaced file; `trainperf make-phase1` rebuilds both)")
