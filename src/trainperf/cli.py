@@ -92,11 +92,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_make_phase1(args: argparse.Namespace) -> int:
-    from trainperf.workloads.bert import data as bert_data
-    from trainperf.workloads.bert.phase1 import make_phase1
-
-    out = Path(args.out) if args.out else bert_data.PACKAGE
-    make_phase1(out, args.steps, lambda line: print(line, flush=True), seed=args.seed)
+    workload = registry.get("bert")
+    out = Path(args.out) if args.out else Path(sys.modules[type(workload).__module__].__file__).parent / "mini"
+    workload.make_phase1(out, args.steps, lambda line: print(line, flush=True), seed=args.seed)
     return 0
 
 

@@ -419,3 +419,13 @@ def test_mini_reaches_target_and_log_passes_ruleset_100(tmp_path, mini_root):
     assert evals[-1]["value"] >= MINI.target
     assert [e["metadata"]["epoch_num"] for e in evals] == [MINI.eval_every_samples * (i + 1) for i in range(len(evals))]
     assert check(out / "mlperf_log.txt", "1.0.0").valid
+
+
+@pytest.mark.slow
+def test_make_phase1_writes_a_checkpoint_its_manifest_vouches_for(tmp_path):
+    assert main(["make-phase1", "--steps", "2", "--out", str(tmp_path)]) == 0
+    manifest = json.loads((tmp_path / "phase1.json").read_text())
+    assert manifest["checkpoint_sha256"] == D.sha256(tmp_path / "phase1.pt")
+    assert manifest["vocab_sha256"] == D.sha256(tmp_path / "vocab.txt") and manifest["steps"] == 2
+    state = torch.load(tmp_path / "phase1.pt", weights_only=True)
+    assert state["bert.embeddings.word_embeddings.weight"].shape == (manifest["vocab_size"], MINI.hidden)

@@ -260,6 +260,13 @@ class BertWorkload(Workload[BertRecipe]):
                          eval_samples=n_eval, evaluate=evaluate)
 
 
+    def make_phase1(self, out: Path, steps: int, say: Callable[[str], None], seed: int) -> dict[str, Any]:
+        """`trainperf make-phase1`: the mini's shipped phase-1 checkpoint (see phase1.py)."""
+        from trainperf.workloads.bert.phase1 import make_phase1
+
+        return make_phase1(out, steps, say, seed=seed)
+
+
 def _accuracy(combined: dict[str, Any]) -> float:
     correct, count = combined["counts"].tolist()
     if count <= 0:

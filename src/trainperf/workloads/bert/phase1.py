@@ -33,7 +33,6 @@ PHASE1_LR = 1e-2  # LAMB; probes: 4e-3 and AdamW 2e-3 learned no faster over 800
 
 def make_phase1(out: Path, steps: int, say: Callable[[str], None], seed: int = SEED,
                 work: Path | None = None) -> dict[str, Any]:
-    from trainperf.runtime.step import TrainStep
     from trainperf.workloads.bert import MINI, BertWorkload
 
     owned = work is None
@@ -55,8 +54,20 @@ def make_phase1(out: Path, steps: int, say: Callable[[str], None], seed: int = S
                                      max_predictions=PHASE1.max_predictions, cache_shards=True)
         ctx = RuntimeContext.create("cpu", seed=seed)
         parts = workload.build(recipe, ctx, Assets({}))
-        step = TrainStep(parts, None, recipe, ctx.device, ctx=ctx, split=workload.split_batch,
-                         count=workload.batch_samples)
+        params = [p for group in parts.optimizer.param_groups for p in group["params"]]
+        schedule = torch.optim.lr_scheduler.LambdaLR(parts.optimizer, parts.lr_schedule(None))
+
+        def step(batch: Any) -> torch.Tensor:
+            # Phase 1 is not a timed run: a plain fp32 step (the harness's step, without its options).
+            parts.optimizer.zero_grad(set_to_none=True)
+            loss = parts.loss_fn(parts.model, batch)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)
+            parts.optimizer.step()
+            schedule.step()
+            return loss.detach()
+
+        parts.model.train()
         data = workload.load_data(recipe, phase1, ctx)
         done, epoch, t0 = 0, 0, time.perf_counter()
         loss_sum = torch.zeros(())
@@ -92,12 +103,15 @@ def make_phase1(out: Path, steps: int, say: Callable[[str], None], seed: int = S
 
 def evaluate(workload: Any, recipe: Any, parts: Any, data_dir: Path, ctx: RuntimeContext) -> float:
     """MLM accuracy of a model on a prepared dataset's evaluation set (phase-2 shape)."""
-    from trainperf.runtime import speedups
     from trainperf.workloads.bert import _accuracy
 
     phase2 = dataclasses.replace(recipe, max_seq_length=D.MINI.max_seq_length)
     data = workload.load_data(phase2, data_dir, ctx)
     parts.model.eval()
-    forward = speedups.evaluate_with(parts, phase2, ctx.device)
+
+    def forward(batch: Any) -> torch.Tensor:
+        with torch.no_grad():
+            return parts.eval_forward(parts.model, batch)
+
     partial = data.evaluate(forward)
     return float(_accuracy(partial.sums))
