@@ -400,7 +400,8 @@ class _TimedLoop:
             self.ctx.barrier()
         self.run_stop_ms = self.clock.now_ms()
         if not self.train_samples_logged and self._data is not None:
-            # train_samples left to the harness (data produced during the run, or BERT, whose RCP check reads it): the samples trained, as NVIDIA's BERT logs.
+            # Left to the harness (data produced during the run, or a workload whose RCP check reads it):
+            # the samples trained, as NVIDIA's BERT logs them.
             self.log.event(C.TRAIN_SAMPLES, self.samples, time_ms=self.run_stop_ms)
             self.train_samples_logged = True
         metadata = {"status": status}
