@@ -17,6 +17,7 @@ _WORKLOADS: dict[str, str] = {
     "transformer": "trainperf.workloads.transformer:TransformerWorkload",
     "gnmt": "trainperf.workloads.gnmt:GNMTWorkload",
     "bert": "trainperf.workloads.bert:BertWorkload",
+    "rnnt": "trainperf.workloads.rnnt:RNNTWorkload",
 }
 
 

@@ -1,0 +1,328 @@
+"""RNN-T on LibriSpeech (MLPerf key `rnnt`, ruleset 1.0.0), and its mini scale on synthetic speech
+written as a LibriSpeech tree. Word error rate of batched greedy decoding with the EMA weights over
+dev-clean, scored off the training path; the transducer loss is trainperf's own (loss.py)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainperf.errors import TrainperfError
+from trainperf.optim import LAMB, ema
+from trainperf.rulesets import RULESETS
+from trainperf.spec import (
+    Assets,
+    DataParts,
+    EpochView,
+    EvalPartial,
+    Metric,
+    ModelParts,
+    Recipe,
+    RuntimeContext,
+    Workload,
+    bare_model,
+    per_epoch_schedule,
+)
+from trainperf.workloads.rnnt import data as D
+from trainperf.workloads.rnnt import model as M
+from trainperf.workloads.rnnt.features import FeatureConfig, Featurizer, speed_perturb
+from trainperf.workloads.rnnt.loss import transducer_loss
+
+
+@dataclass(frozen=True)
+class RNNTRecipe(Recipe):
+    # global_batch_size in utterances; LAMB with the reference's policy (model.lr_factor).
+    base_lr: float = 4e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-9
+    weight_decay: float = 1e-3
+    warmup_epochs: int = 6
+    hold_epochs: int = 40
+    decay: float = 0.935  # per epoch after warmup + hold (logged as opt_lamb_learning_rate_decay_poly_power)
+    min_lr: float = 1e-5
+    ema: float = 0.999  # the evaluation model's weights: an exponential moving average
+    init_scale: float = 0.5
+    # model
+    pieces: int = 1023  # the sentencepiece model's size (librispeech<pieces>.model)
+    enc_hidden: int = 1024
+    pre_layers: int = 2
+    post_layers: int = 3
+    pred_hidden: int = 512
+    pred_layers: int = 2
+    joint_hidden: int = 512
+    enc_dropout: float = 0.1
+    pred_dropout: float = 0.3
+    joint_dropout: float = 0.3
+    # data
+    train_subsets: str = ",".join(D.FULL_TRAIN)
+    max_duration: float = 16.7  # seconds; longer training utterances are dropped
+    buckets: int = 6
+    in_memory: bool = False  # keep decoded training audio in memory after its first read
+    loader_threads: int = 8  # FLAC decoding threads (libsndfile releases the GIL)
+    eval_batch_size: int = 64
+    max_symbols: int = 300  # greedy decoding's cap per utterance
+
+    def validate(self) -> None:
+        super().validate()
+        if min(self.pieces, self.enc_hidden, self.pre_layers, self.post_layers, self.pred_hidden, self.pred_layers,
+               self.joint_hidden, self.buckets, self.eval_batch_size, self.max_symbols, self.loader_threads) < 1:
+            raise TrainperfError("recipe: model sizes, buckets, eval_batch_size, max_symbols and loader_threads "
+                                 "must be >= 1")
+        if not 0 <= self.ema < 1 or self.base_lr <= 0 or not 0 < self.decay <= 1 or self.min_lr < 0:
+            raise TrainperfError("recipe: need 0 <= ema < 1, base_lr > 0, 0 < decay <= 1, min_lr >= 0")
+        if not self.train_subsets.strip(","):
+            raise TrainperfError("recipe field train_subsets: name at least one LibriSpeech subset")
+
+    @property
+    def subsets(self) -> list[str]:
+        return [s for s in self.train_subsets.split(",") if s]
+
+
+def _rcp(name: str, gbs: int, lr: float, hold: int, decay: float, warmup: int, beta1: float, beta2: float,
+         ema_factor: float, scale: float, accum: int) -> RNNTRecipe:
+    return RNNTRecipe(name=name, global_batch_size=gbs, max_epochs=100, target=0.058, eval_every=1, eval_first=1,
+                      max_grad_norm=1.0, base_lr=lr, hold_epochs=hold, decay=decay, warmup_epochs=warmup,
+                      beta1=beta1, beta2=beta2, ema=ema_factor, init_scale=scale, grad_accum_steps=accum)
+
+
+# The reference's train.sh (GBS 1024 on 8 GPUs x 16 x accumulation 8), then the RCP points of
+# mlperf_logging's rcps_rnnt.json (2.0.0), with their gradient accumulation. The RCPs ran with one
+# duration bucket; ruleset 1.0.0 fixes six, which these recipes use.
+FULL_RECIPES: dict[str, RNNTRecipe] = {
+    "reference": RNNTRecipe(name="reference", global_batch_size=1024, max_epochs=100, target=0.058, eval_every=1,
+                            eval_first=1, max_grad_norm=1.0, grad_accum_steps=8),
+    "bs512": _rcp("bs512", 512, 0.0062, 11, 0.915, 1, 0.9, 0.9985, 0.994, 0.45, 2),
+    "bs1024": _rcp("bs1024", 1024, 0.007447, 17, 0.9037, 3, 0.9, 0.999, 0.992, 0.5, 4),
+    "bs1536": _rcp("bs1536", 1536, 0.0072, 26, 0.92, 5, 0.9, 0.999, 0.995, 0.5, 4),
+    "bs2048": _rcp("bs2048", 2048, 0.007, 33, 0.939, 6, 0.9, 0.999, 0.995, 0.5, 16),
+    "bs3072": _rcp("bs3072", 3072, 0.009, 40, 0.94, 9, 0.9, 0.995, 0.985, 0.35, 24),
+    "bs6144": _rcp("bs6144", 6144, 0.014, 40, 0.97, 16, 0.82, 0.98, 0.96, 0.5, 4),
+}
+
+# The mini: synthetic speech (synthetic.py), 64 sentencepiece pieces asked for (the unigram trainer
+# keeps 49 on its 24-word vocabulary), a one-layer encoder of 128 on each side of the time stacking.
+# Probes on this machine: the loss sits at the language-model plateau (~11 nats per utterance) until
+# ~600-900 steps whatever the batch, so small batches (8) reach the target soonest; LAMB 6e-3 with one
+# warmup epoch broke out at epoch 3 (4e-3: epoch 4, no warmup: epoch 5; batch 32 at 1e-2: not in 12).
+MINI = RNNTRecipe(name="mini", global_batch_size=8, max_epochs=10, target=0.25, eval_every=1, eval_first=1,
+                  max_grad_norm=1.0, base_lr=6e-3, warmup_epochs=1, hold_epochs=4, decay=0.8, ema=0.99,
+                  fused_optimizer=True, init_scale=0.5, pieces=64, enc_hidden=128, pre_layers=1, post_layers=1, pred_hidden=64,
+                  pred_layers=1, joint_hidden=128, enc_dropout=0.0, pred_dropout=0.0, joint_dropout=0.0,
+                  train_subsets="train-clean-100", in_memory=True, loader_threads=2, eval_batch_size=128)
+
+
+class RNNTWorkload(Workload[RNNTRecipe]):
+    name = "rnnt"
+    benchmark = "rnnt"
+    ruleset = RULESETS[benchmark]
+    metric = Metric("wer", higher_is_better=False)
+    summary = "RNN-T on LibriSpeech, word error rate on dev-clean (mini: synthetic speech in a LibriSpeech tree)"
+    mlperf_runs = 10
+    speedups = frozenset({"precision", "fused_optimizer", "async_eval"})
+    host_scoring = "process"  # word edit distance is pure Python
+    loss_units_name = "utterances"
+
+    def recipes(self, scale: str) -> dict[str, RNNTRecipe]:
+        return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
+
+    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
+        recipe = self.recipe(scale)
+        if scale == "mini" and not (data_dir / D.EVAL_SUBSET).is_dir():
+            return [f"{data_dir}: mini dataset not generated yet (trainperf prepare rnnt)"]
+        return D.problems(data_dir, recipe.subsets, recipe.pieces)
+
+    def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
+        recipe = self.recipe(scale)
+        return {s: data_dir / s for s in [*recipe.subsets, D.EVAL_SUBSET]}
+
+    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
+        recipe = self.recipe(scale)
+        if scale == "mini":
+            from trainperf.workloads.rnnt import synthetic
+
+            synthetic.generate(data_dir, say)
+        D.prepare(data_dir, recipe.subsets, recipe.pieces, say)
+
+    def mlperf_hyperparameters(self, recipe: RNNTRecipe, ctx: RuntimeContext) -> dict[str, Any]:
+        feats = FeatureConfig()
+        return {
+            "model_weights_initialization_scale": recipe.init_scale, "opt_base_learning_rate": recipe.base_lr,
+            "opt_lamb_epsilon": recipe.eps, "opt_lamb_learning_rate_decay_poly_power": recipe.decay,
+            "opt_lamb_learning_rate_hold_epochs": recipe.hold_epochs,
+            "opt_learning_rate_warmup_epochs": recipe.warmup_epochs, "opt_weight_decay": recipe.weight_decay,
+            "opt_lamb_beta_1": recipe.beta1, "opt_lamb_beta_2": recipe.beta2,
+            "opt_gradient_clip_norm": recipe.max_grad_norm or float("inf"),
+            "opt_learning_rate_alt_decay_func": True, "opt_learning_rate_alt_warmup_func": True,
+            "opt_lamb_learning_rate_min": recipe.min_lr, "data_train_max_duration": recipe.max_duration,
+            "data_train_num_buckets": recipe.buckets,
+            "data_speed_perturbaton_min": feats.speed_min, "data_speed_perturbaton_max": feats.speed_max,
+            "data_spec_augment_freq_n": feats.freq_masks, "data_spec_augment_freq_min": 0,
+            "data_spec_augment_freq_max": feats.freq_max, "data_spec_augment_time_n": feats.time_masks,
+            "data_spec_augment_time_min": 0, "data_spec_augment_time_max": feats.time_max,
+            "model_eval_ema_factor": recipe.ema, "eval_max_prediction_symbols": recipe.max_symbols,
+        }
+
+    def initialized_tensors(self, recipe: RNNTRecipe, model: nn.Module) -> list[str]:
+        return list(M.INITIALIZED)
+
+    def assets(self, recipe: RNNTRecipe, data_dir: Path | None) -> dict[str, Path]:
+        # The model's output size is the sentencepiece model's; a synthetic benchmark without data uses
+        # recipe.pieces.
+        return {} if data_dir is None else {"sentencepiece model": D.spm_path(data_dir, recipe.pieces)}
+
+    def _config(self, recipe: RNNTRecipe, pieces: int) -> M.RNNTConfig:
+        return M.RNNTConfig(pieces=pieces, enc_hidden=recipe.enc_hidden, pre_layers=recipe.pre_layers,
+                            post_layers=recipe.post_layers, pred_hidden=recipe.pred_hidden,
+                            pred_layers=recipe.pred_layers, joint_hidden=recipe.joint_hidden,
+                            enc_dropout=recipe.enc_dropout, pred_dropout=recipe.pred_dropout,
+                            joint_dropout=recipe.joint_dropout, init_scale=recipe.init_scale)
+
+    def build(self, recipe: RNNTRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
+        pieces = recipe.pieces
+        if "sentencepiece model" in assets:
+            pieces = load_tokenizer(assets["sentencepiece model"]).get_piece_size()
+        torch.manual_seed(ctx.stream_seed("init"))
+        model = M.RNNT(self._config(recipe, pieces)).to(ctx.device)
+        impl = {"foreach": recipe.fused_optimizer}
+        optimizer = LAMB(model.parameters(), lr=recipe.base_lr, betas=(recipe.beta1, recipe.beta2), eps=recipe.eps,
+                         weight_decay=recipe.weight_decay, **impl)
+        averaged = ema(model, recipe.ema)
+        blank = model.cfg.blank
+
+        def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+            feats, frames, tokens, labels = batch
+            logits, enc_frames = model(feats, frames, tokens)
+            return transducer_loss(logits, tokens, enc_frames, labels, blank)
+
+        def forward(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> list[list[int]]:
+            net = model.module if isinstance(model, torch.optim.swa_utils.AveragedModel) else bare_model(model)
+            return M.greedy_decode(net, batch[0], batch[1], recipe.max_symbols)
+
+        def schedule(steps_per_epoch: int) -> Callable[[int], float]:
+            return M.lr_factor(recipe.base_lr, steps_per_epoch, recipe.warmup_epochs, recipe.hold_epochs,
+                               recipe.decay, recipe.min_lr)
+
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=forward,
+                          lr_schedule=per_epoch_schedule(self.name, schedule), eval_model=averaged,
+                          after_step=lambda step: averaged.update_parameters(model))
+
+    def _per_rank(self, recipe: RNNTRecipe, ctx: RuntimeContext) -> int:
+        if recipe.global_batch_size % ctx.world_size:
+            raise TrainperfError(f"global_batch_size {recipe.global_batch_size} is not a multiple of "
+                                 f"{ctx.world_size} processes")
+        return recipe.global_batch_size // ctx.world_size
+
+    def synthetic_batch(self, recipe: RNNTRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
+        # A typical LibriSpeech training utterance: 12.3 s (410 stacked frames), 70 pieces.
+        net = bare_model(model)
+        gen = ctx.generator("synthetic")
+        b = self._per_rank(recipe, ctx)
+        frames, labels = (410, 70) if net.cfg.enc_hidden >= 512 else (60, 8)
+        feats = torch.randn(b, frames, net.cfg.features, generator=gen, device=ctx.device)
+        tokens = torch.randint(0, net.cfg.pieces, (b, labels), generator=gen, device=ctx.device)
+        full = torch.full((b,), frames, device=ctx.device)
+        return feats, full, tokens, torch.full((b,), labels, device=ctx.device)
+
+    def synthetic_eval_batch(self, recipe: RNNTRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
+        feats, frames, _tokens, _labels = self.synthetic_batch(recipe, ctx, model)
+        return feats[:4, :40], frames[:4].clamp_max(40)
+
+    def load_data(self, recipe: RNNTRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
+        tokenizer = load_tokenizer(D.spm_path(data_dir, recipe.pieces))
+        cfg = FeatureConfig()
+        train, _dropped = D.load_split(data_dir, recipe.subsets, tokenizer, recipe.max_duration, cfg.trim_db,
+                                       recipe.in_memory)
+        dev, _ = D.load_split(data_dir, [D.EVAL_SUBSET], tokenizer, 0.0, cfg.trim_db, True)
+        featurize = Featurizer(cfg, ctx.device)
+        device, rank, world = ctx.device, ctx.rank, ctx.world_size
+        self._per_rank(recipe, ctx)  # the global batch splits evenly
+        seed = ctx.stream_seed("batches")
+        pool = ThreadPoolExecutor(max_workers=recipe.loader_threads) if recipe.loader_threads > 1 else None
+        steps = len(train) // recipe.global_batch_size
+        if steps == 0:
+            raise TrainperfError(f"{len(train)} training utterances: fewer than one global batch of "
+                                 f"{recipe.global_batch_size}")
+
+        def host_batches(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray]]:
+            # Decoding and speed perturbation (per utterance, as the reference's data pipeline does
+            # them) run on the host in the prefetch thread, overlapped with the training step.
+            rng = np.random.default_rng([seed, epoch])
+            speeds = np.random.default_rng([seed, epoch, rank, 1])
+            for rows in D.bucketed_batches(train.durations, recipe.global_batch_size, recipe.buckets, rng):
+                mine = D.shard(rows, rank, world)
+                waves = D.read_many(train, mine, pool)
+                rates = speeds.uniform(cfg.speed_min, cfg.speed_max, len(mine))
+                moved = [speed_perturb(torch.from_numpy(w), float(r)) for w, r in zip(waves, rates, strict=True)]
+                padded, lengths = _pad_waves(moved, torch.device("cpu"))
+                yield padded, lengths, mine
+
+        def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, ...]]:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(int(np.random.default_rng([seed, view.epoch, rank, 2]).integers(2**62)))
+            for padded, lengths, rows in D.prefetch(host_batches(view.epoch)):
+                feats, frames = featurize(padded.to(device, non_blocking=True), lengths.to(device), True, gen)
+                tokens, labels = _pad_tokens([train.tokens[i] for i in rows], device)
+                yield feats, frames, tokens, labels
+
+        share = list(ctx.shard(len(dev)))
+        share.sort(key=lambda i: dev.durations[i])  # similar lengths batched together: less padding
+        references = list(dev.transcripts)
+        eval_gen = torch.Generator(device=device)
+
+        def evaluate(forward: Callable[[Any], list[list[int]]]) -> EvalPartial:
+            eval_gen.manual_seed(ctx.stream_seed("eval dither", per_rank=True))
+            found: list[tuple[int, str]] = []
+            for start in range(0, len(share), recipe.eval_batch_size):
+                rows = share[start: start + recipe.eval_batch_size]
+                padded, lengths = _pad_waves([torch.from_numpy(dev.audio(i)) for i in rows], device)
+                feats, frames = featurize(padded, lengths, False, eval_gen)
+                for i, ids in zip(rows, forward((feats, frames)), strict=True):
+                    found.append((i, tokenizer.decode(ids)))
+            return EvalPartial(metric=functools.partial(word_error_rate, references=references),
+                               objects={"transcripts": found})
+
+        return DataParts(train_batches=train_batches, steps_per_epoch=steps, train_samples=steps *
+                         recipe.global_batch_size, eval_samples=len(dev), evaluate=evaluate)
+
+
+def load_tokenizer(path: Path) -> Any:
+    import sentencepiece as spm
+
+    try:
+        return spm.SentencePieceProcessor(model_file=str(path))
+    except (OSError, RuntimeError) as exc:
+        raise TrainperfError(f"{path}: not a sentencepiece model ({str(exc).splitlines()[0][:80]})") from None
+
+
+def word_error_rate(combined: dict[str, Any], references: list[str]) -> float:
+    """Total word edits / total reference words over the whole evaluation set (torchmetrics' WER)."""
+    from torchmetrics.functional.text import word_error_rate as wer
+
+    found = dict(combined["transcripts"])
+    if len(found) != len(references):
+        raise ValueError(f"{len(found)} transcripts for {len(references)} evaluation utterances")
+    return float(wer([found[i] for i in range(len(references))], references))
+
+
+def _pad_waves(waves: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    lengths = torch.tensor([w.shape[-1] for w in waves], device=device)
+    padded = torch.nn.utils.rnn.pad_sequence([w.to(device).float() for w in waves], batch_first=True)
+    return padded, lengths
+
+
+def _pad_tokens(rows: list[np.ndarray], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    longest = max(len(r) for r in rows)
+    out = np.zeros((len(rows), longest), dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
+    return torch.from_numpy(out).to(device), torch.from_numpy(lengths).to(device)

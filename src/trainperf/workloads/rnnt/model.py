@@ -1,0 +1,188 @@
+"""The MLPerf RNN-T: an LSTM transducer (encoder, prediction network, joint), batched greedy decoding,
+and the reference's learning-rate policy.
+
+Encoder: `pre_rnn` LSTM over the 240 stacked features, time stacking x2 (pairs of frames
+concatenated), `post_rnn` LSTM. Prediction network: embedding of the previous piece (an all-zero
+vector before the first), `dec_rnn` LSTM. Joint: `joint_enc` and `joint_pred` projections summed,
+ReLU, dropout, `joint_net` to pieces + blank (the blank is the last class). Initialisation as the
+reference's: PyTorch defaults, the LSTMs' input-hidden forget-gate bias set to 1 and their
+hidden-hidden one to 0, then every LSTM weight and bias scaled by `init_scale`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+# The tensors the closed rules require a weights_initialization event for, by module name.
+INITIALIZED = ("pre_rnn", "post_rnn", "pred_embed", "dec_rnn", "joint_pred", "joint_enc", "joint_net")
+
+
+@dataclass(frozen=True)
+class RNNTConfig:
+    features: int = 240
+    pieces: int = 1023  # sentencepiece pieces; classes = pieces + 1 (blank last)
+    enc_hidden: int = 1024
+    pre_layers: int = 2
+    post_layers: int = 3
+    stack_time: int = 2
+    pred_hidden: int = 512
+    pred_layers: int = 2
+    joint_hidden: int = 512
+    enc_dropout: float = 0.1
+    pred_dropout: float = 0.3
+    joint_dropout: float = 0.3
+    forget_bias: float = 1.0
+    init_scale: float = 0.45
+
+    @property
+    def classes(self) -> int:
+        return self.pieces + 1
+
+    @property
+    def blank(self) -> int:
+        return self.pieces
+
+
+def _lstm(inputs: int, hidden: int, layers: int, dropout: float, forget_bias: float, scale: float) -> nn.LSTM:
+    lstm = nn.LSTM(inputs, hidden, layers, batch_first=True, dropout=dropout if layers > 1 else 0.0)
+    with torch.no_grad():
+        for name, p in lstm.named_parameters():
+            if name.startswith("bias_ih"):
+                p[hidden: 2 * hidden].fill_(forget_bias)
+            elif name.startswith("bias_hh"):
+                p[hidden: 2 * hidden].zero_()
+            p.mul_(scale)
+    return lstm
+
+
+class RNNT(nn.Module):
+    def __init__(self, cfg: RNNTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.pre_rnn = _lstm(cfg.features, cfg.enc_hidden, cfg.pre_layers, cfg.enc_dropout, cfg.forget_bias,
+                             cfg.init_scale)
+        self.post_rnn = _lstm(cfg.enc_hidden * cfg.stack_time, cfg.enc_hidden, cfg.post_layers, cfg.enc_dropout,
+                              cfg.forget_bias, cfg.init_scale)
+        self.enc_dropout = nn.Dropout(cfg.enc_dropout)
+        self.pred_embed = nn.Embedding(cfg.pieces, cfg.pred_hidden)
+        self.dec_rnn = _lstm(cfg.pred_hidden, cfg.pred_hidden, cfg.pred_layers, cfg.pred_dropout, cfg.forget_bias,
+                             cfg.init_scale)
+        self.pred_dropout = nn.Dropout(cfg.pred_dropout)
+        self.joint_enc = nn.Linear(cfg.enc_hidden, cfg.joint_hidden)
+        self.joint_pred = nn.Linear(cfg.pred_hidden, cfg.joint_hidden)
+        self.joint_net = nn.Sequential(nn.ReLU(), nn.Dropout(cfg.joint_dropout), nn.Linear(cfg.joint_hidden,
+                                                                                           cfg.classes))
+
+    def encode(self, feats: torch.Tensor, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T, features) -> (B, ceil(T / stack), enc_hidden) and the valid encoder frames."""
+        x, _ = self.pre_rnn(feats)
+        x = self.enc_dropout(x)
+        b, t, h = x.shape
+        k = self.cfg.stack_time
+        pad = (-t) % k
+        x = nn.functional.pad(x, (0, 0, 0, pad)).reshape(b, (t + pad) // k, h * k)
+        x, _ = self.post_rnn(x)
+        return self.enc_dropout(x), torch.div(frames + k - 1, k, rounding_mode="floor")
+
+    def predict(self, tokens: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None,
+                start: bool = True) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Prediction network over `tokens` (B, U); with `start`, the all-zero start input goes first
+        (output (B, U+1, H))."""
+        x = self.pred_embed(tokens.clamp_min(0))
+        if start:
+            x = torch.cat([x.new_zeros(x.shape[0], 1, x.shape[2]), x], dim=1)
+        y, state = self.dec_rnn(x, state)
+        return self.pred_dropout(y), state
+
+    def joint(self, enc: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
+        """enc (B, T, He), pred (B, U1, Hp) -> logits (B, T, U1, classes)."""
+        return self.joint_net(self.joint_enc(enc)[:, :, None, :] + self.joint_pred(pred)[:, None, :, :])
+
+    def forward(self, feats: torch.Tensor, frames: torch.Tensor, tokens: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        enc, enc_frames = self.encode(feats, frames)
+        pred, _ = self.predict(tokens)
+        return self.joint(enc, pred), enc_frames
+
+
+@torch.no_grad()
+def greedy_decode(model: RNNT, feats: torch.Tensor, frames: torch.Tensor, max_symbols: int = 300,
+                  max_per_frame: int = 30) -> list[list[int]]:
+    """Batched greedy decoding: at every encoder frame each utterance emits its most likely piece
+    until the blank wins (at most `max_per_frame` pieces per frame, `max_symbols` per utterance)."""
+    enc, enc_frames = model.encode(feats, frames)
+    b, t_max, _ = enc.shape
+    blank = model.cfg.blank
+    dev = enc.device
+    enc_proj = model.joint_enc(enc)
+    last = torch.full((b, 1), -1, dtype=torch.long, device=dev)
+    pred, state = _predict_step(model, last, None)
+    out = torch.full((b, max_symbols), -1, dtype=torch.long, device=dev)
+    emitted = torch.zeros(b, dtype=torch.long, device=dev)
+    for t in range(t_max):
+        active = (enc_frames > t) & (emitted < max_symbols)
+        for _ in range(max_per_frame):
+            logits = model.joint_net(enc_proj[:, t] + model.joint_pred(pred))
+            best = logits.argmax(-1)
+            emit = active & (best != blank)
+            if not bool(emit.any()):
+                break
+            out[emit, emitted[emit].clamp_max(max_symbols - 1)] = best[emit]
+            emitted = emitted + emit.long()
+            new_pred, new_state = _predict_step(model, torch.where(emit, best, 0)[:, None], state)
+            keep = emit[:, None]
+            pred = torch.where(keep, new_pred, pred)
+            state = tuple(torch.where(keep[None], new, old) for new, old in zip(new_state, state, strict=True))
+            active = emit & (emitted < max_symbols)
+    rows = out.tolist()
+    return [[x for x in row if x >= 0] for row in rows]
+
+
+def _predict_step(model: RNNT, token: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None
+                  ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """One prediction-network step; token -1 is the all-zero start input."""
+    x = model.pred_embed(token.clamp_min(0))
+    x = torch.where((token >= 0)[..., None], x, torch.zeros_like(x))
+    y, state = model.dec_rnn(x, state)
+    return y[:, 0], state
+
+
+def lr_factor(base_lr: float, steps_per_epoch: int, warmup_epochs: int, hold_epochs: int, decay: float,
+              min_lr: float) -> Callable[[int], float]:
+    """The reference's policy as a multiplier of base_lr at optimizer step `step` (from 1): linear
+    warmup over warmup_epochs, held for hold_epochs, then x decay per epoch; never below min_lr."""
+    warmup = warmup_epochs * steps_per_epoch
+    hold = hold_epochs * steps_per_epoch
+    floor = min_lr / base_lr
+
+    def factor(step: int) -> float:
+        s = step - 1  # the reference's step counter starts at 0
+        if s < warmup:
+            a = (s + 1) / (warmup + 1)
+        elif s < warmup + hold:
+            a = 1.0
+        else:
+            # the reference counts epochs from 1: the first decayed epoch already has one factor
+            a = decay ** (s // steps_per_epoch + 1 - warmup_epochs - hold_epochs)
+        return max(a, floor)
+
+    return factor
+
+
+def param_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def joint_bytes(batch: int, frames: int, labels: int, classes: int, bytes_per: int = 4) -> int:
+    """Bytes of one joint output, the tensor that dominates RNN-T's memory."""
+    return batch * frames * (labels + 1) * classes * bytes_per
+
+
+def expected_frames(seconds: float) -> int:
+    """Encoder frames of an utterance: 10 ms features, stacked x3, then x2 in the encoder."""
+    return math.ceil(math.ceil(seconds * 100) / 3 / 2)
