@@ -33,7 +33,7 @@ from trainperf.spec import (
 )
 from trainperf.workloads.rnnt import data as D
 from trainperf.workloads.rnnt import model as M
-from trainperf.workloads.rnnt.features import FeatureConfig, Featurizer, speed_perturb
+from trainperf.workloads.rnnt.features import FeatureConfig, Featurizer, max_frames, speed_perturb
 from trainperf.workloads.rnnt.loss import transducer_loss
 
 
@@ -70,6 +70,10 @@ class RNNTRecipe(Recipe):
     loader_threads: int = 8  # FLAC decoding threads (libsndfile releases the GIL)
     eval_batch_size: int = 64
     max_symbols: int = 300  # greedy decoding's cap per utterance
+    # The shape of `bench --synthetic` batches: a mean LibriSpeech training utterance (12.3 s, ~70 of
+    # the 1,023 pieces); the mini's are 1.2 s and 3 pieces.
+    synthetic_seconds: float = 12.3
+    synthetic_pieces: int = 70
 
     def validate(self) -> None:
         super().validate()
@@ -110,14 +114,16 @@ FULL_RECIPES: dict[str, RNNTRecipe] = {
 
 # The mini: synthetic speech (synthetic.py), 64 sentencepiece pieces asked for (the unigram trainer
 # keeps 49 on its 24-word vocabulary), a one-layer encoder of 128 on each side of the time stacking.
-# Probes on this machine: the loss sits at the language-model plateau (~11 nats per utterance) until
-# ~600-900 steps whatever the batch, so small batches (8) reach the target soonest; LAMB 6e-3 with one
-# warmup epoch broke out at epoch 3 (4e-3: epoch 4, no warmup: epoch 5; batch 32 at 1e-2: not in 12).
+# Probes on this machine: the loss sits on the language-model plateau (~11 nats per utterance, the
+# encoder ignored) for the first ~600-900 steps, so the smallest batch that keeps a step efficient (8)
+# reaches the target soonest; batch 32 had not left the plateau after 500 steps (Adam 3e-3 or 1e-2,
+# LAMB 1e-2). LAMB 6e-3 with one warmup epoch left it in epoch 3 (4e-3: epoch 4; no warmup: epoch 5).
 MINI = RNNTRecipe(name="mini", global_batch_size=8, max_epochs=10, target=0.25, eval_every=1, eval_first=1,
                   max_grad_norm=1.0, base_lr=6e-3, warmup_epochs=1, hold_epochs=4, decay=0.8, ema=0.99,
-                  fused_optimizer=True, init_scale=0.5, pieces=64, enc_hidden=128, pre_layers=1, post_layers=1, pred_hidden=64,
-                  pred_layers=1, joint_hidden=128, enc_dropout=0.0, pred_dropout=0.0, joint_dropout=0.0,
-                  train_subsets="train-clean-100", in_memory=True, loader_threads=2, eval_batch_size=128)
+                  fused_optimizer=True, init_scale=0.5, pieces=64, enc_hidden=128, pre_layers=1, post_layers=1,
+                  pred_hidden=64, pred_layers=1, joint_hidden=128, enc_dropout=0.0, pred_dropout=0.0, joint_dropout=0.0,
+                  train_subsets="train-clean-100", in_memory=True, loader_threads=2, eval_batch_size=128,
+                  synthetic_seconds=1.2, synthetic_pieces=3)
 
 
 class RNNTWorkload(Workload[RNNTRecipe]):
@@ -155,7 +161,8 @@ class RNNTWorkload(Workload[RNNTRecipe]):
     def mlperf_hyperparameters(self, recipe: RNNTRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         feats = FeatureConfig()
         return {
-            "model_weights_initialization_scale": recipe.init_scale, "opt_base_learning_rate": recipe.base_lr,
+            "opt_name": "lamb", "model_weights_initialization_scale": recipe.init_scale,
+            "opt_base_learning_rate": recipe.base_lr,
             "opt_lamb_epsilon": recipe.eps, "opt_lamb_learning_rate_decay_poly_power": recipe.decay,
             "opt_lamb_learning_rate_hold_epochs": recipe.hold_epochs,
             "opt_learning_rate_warmup_epochs": recipe.warmup_epochs, "opt_weight_decay": recipe.weight_decay,
@@ -222,11 +229,11 @@ class RNNTWorkload(Workload[RNNTRecipe]):
         return recipe.global_batch_size // ctx.world_size
 
     def synthetic_batch(self, recipe: RNNTRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        # A typical LibriSpeech training utterance: 12.3 s (410 stacked frames), 70 pieces.
         net = bare_model(model)
         gen = ctx.generator("synthetic")
         b = self._per_rank(recipe, ctx)
-        frames, labels = (410, 70) if net.cfg.enc_hidden >= 512 else (60, 8)
+        frames = max_frames(recipe.synthetic_seconds, FeatureConfig())
+        labels = recipe.synthetic_pieces
         feats = torch.randn(b, frames, net.cfg.features, generator=gen, device=ctx.device)
         tokens = torch.randint(0, net.cfg.pieces, (b, labels), generator=gen, device=ctx.device)
         full = torch.full((b,), frames, device=ctx.device)

@@ -69,7 +69,7 @@ def scan_subset(root: Path, subset: str) -> list[tuple[Path, str]]:
     if not folder.is_dir():
         raise TrainperfError(f"{folder}: missing (a LibriSpeech subset: <speaker>/<chapter>/*.flac + *.trans.txt)")
     out: list[tuple[Path, str]] = []
-    chapters = sorted({p.parent for p in folder.glob("*/*/*.trans.txt")} | {p.parent for p in folder.glob("*/*/*.flac")})
+    chapters = sorted({p.parent for pattern in ("*/*/*.trans.txt", "*/*/*.flac") for p in folder.glob(pattern)})
     for chapter in chapters:
         listing = chapter / f"{chapter.parent.name}-{chapter.name}.trans.txt"
         if not listing.is_file():
