@@ -304,6 +304,63 @@ def _read_bert_vocab(path: Path) -> object:
     return corpus.Tokenizer(path).encode(["the words"])
 
 
+@cache
+def _flac() -> bytes:
+    import soundfile
+
+    buf = io.BytesIO()
+    tone = np.sin(np.arange(1600) * 0.3).astype(np.float32) * 0.5
+    soundfile.write(buf, tone, 16_000, format="FLAC", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def _read_flac(path: Path) -> object:
+    from trainperf.workloads.rnnt import data as D
+
+    return D.read_audio(path)
+
+
+@cache
+def _transcripts() -> bytes:
+    return b"19-198-0000 NORTHANGER ABBEY\n19-198-0001 THIS LITTLE WORK WAS FINISHED IN THE YEAR EIGHTEEN O THREE\n"
+
+
+def _read_transcripts(path: Path) -> object:
+    from trainperf.workloads.rnnt import data as D
+
+    return D.read_transcripts(path)
+
+
+@cache
+def _manifest() -> bytes:
+    entry = {"transcript": "northanger abbey", "original_duration": 1.5,
+             "files": [{"fname": "dev-clean/19/198/19-198-0000.flac", "sample_rate": 16000, "num_samples": 24000,
+                        "duration": 1.5}]}
+    return json.dumps([entry, entry]).encode()
+
+
+def _read_manifest(path: Path) -> object:
+    from trainperf.workloads.rnnt import data as D
+
+    return D.read_manifest(path)
+
+
+@cache
+def _spm_model() -> bytes:
+    from trainperf.workloads.rnnt import data as D
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "librispeech32.model"
+        D.train_sentencepiece(["the cat sat on the mat", "a dog ran in the park", "the end"] * 20, out, 32)
+        return out.read_bytes()
+
+
+def _read_spm_model(path: Path) -> object:
+    from trainperf.workloads.rnnt import load_tokenizer
+
+    return load_tokenizer(path).encode("the cat")
+
+
 READERS: list[Reader] = [
     Reader("imagenet jpeg", "n0_0.JPEG", _jpeg, _decode),
     Reader("imagenet png named JPEG", "n0_1.JPEG", _png, _decode),
@@ -315,6 +372,10 @@ READERS: list[Reader] = [
     Reader("gnmt vocab.bpe", "vocab.bpe.32000", _vocab_bpe, _read_vocab_bpe),
     Reader("bert tfrecord", "part-00000-of-00500", _bert_tfrecord, _read_bert_tfrecord),
     Reader("bert vocab.txt", "vocab.txt", _bert_vocab, _read_bert_vocab),
+    Reader("librispeech flac", "19-198-0000.flac", _flac, _read_flac),
+    Reader("librispeech trans.txt", "19-198.trans.txt", _transcripts, _read_transcripts),
+    Reader("rnnt manifest", "librispeech-dev-clean.json", _manifest, _read_manifest),
+    Reader("sentencepiece model", "librispeech1023.model", _spm_model, _read_spm_model),
     Reader("criteo day.gz", "day_0.gz", _gz(_criteo_day), _parse_gz_day),
     Reader("mlperf log header", "result_0.txt", _mlperf_log, _log_header),
     Reader("mlperf log (check)", "result_0.txt", _mlperf_log, _check_log, budget=0.1),  # the official checker

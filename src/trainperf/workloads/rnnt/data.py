@@ -144,10 +144,14 @@ def train_sentencepiece(transcripts: Sequence[str], out: Path, pieces: int) -> N
 
     with AtomicOutput(out.with_suffix("")) as tmp:
         tmp.mkdir()
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(transcripts), model_prefix=str(tmp / "m"), vocab_size=pieces,
-            model_type="unigram", character_coverage=1.0, bos_id=-1, eos_id=-1, hard_vocab_limit=False,
-            num_threads=min(8, os.cpu_count() or 1), minloglevel=2)
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(transcripts), model_prefix=str(tmp / "m"), vocab_size=pieces,
+                model_type="unigram", character_coverage=1.0, bos_id=-1, eos_id=-1, hard_vocab_limit=False,
+                num_threads=min(8, os.cpu_count() or 1), minloglevel=2)
+        except RuntimeError as exc:  # the trainer's checks (too few pieces for the characters, say)
+            reason = str(exc).splitlines()[0].rsplit("] ", 1)[-1][:160]
+            raise TrainperfError(f"{out}: cannot train {pieces} sentencepiece pieces ({reason})") from None
         (tmp / "m.model").replace(out)
         for leftover in tmp.iterdir():
             leftover.unlink()
