@@ -206,8 +206,8 @@ class Featurizer:
 
 def padding_fraction(lengths: list[np.ndarray]) -> float:
     """Padded share of the samples in batches of these lengths (each batch padded to its longest)."""
-    total = sum(int(x.size) * int(x.max()) for x in lengths if x.size)
-    real = sum(int(x.sum()) for x in lengths)
+    total = sum(float(x.size) * float(x.max()) for x in lengths if x.size)
+    real = sum(float(x.sum()) for x in lengths)
     return 0.0 if total == 0 else 1.0 - real / total
 
 
