@@ -11,7 +11,6 @@ hidden-hidden one to 0, then every LSTM weight and bias scaled by `init_scale`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -173,16 +172,3 @@ def lr_factor(base_lr: float, steps_per_epoch: int, warmup_epochs: int, hold_epo
 
     return factor
 
-
-def param_count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-def joint_bytes(batch: int, frames: int, labels: int, classes: int, bytes_per: int = 4) -> int:
-    """Bytes of one joint output, the tensor that dominates RNN-T's memory."""
-    return batch * frames * (labels + 1) * classes * bytes_per
-
-
-def expected_frames(seconds: float) -> int:
-    """Encoder frames of an utterance: 10 ms features, stacked x3, then x2 in the encoder."""
-    return math.ceil(math.ceil(seconds * 100) / 3 / 2)
