@@ -712,6 +712,8 @@ class Workload(ABC, Generic[R]):
     assets_in_data: ClassVar[bool] = False
     # What ModelParts.loss_units counts, as `bench` names its rate ("target tokens": tokens/s).
     loss_units_name: ClassVar[str] = "loss units"
+    # What one sample is called where it matters to a reader of `bench` ("utterances": utterances/s).
+    sample_name: ClassVar[str] = "samples"
 
     @abstractmethod
     def recipes(self, scale: str) -> dict[str, R]:

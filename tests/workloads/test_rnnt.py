@@ -390,6 +390,13 @@ def test_two_processes_reach_the_target_like_one(tmp_path):
     assert [r["key"] for r in records].count("run_start") == 1
 
 
+def test_bench_reports_utterances_per_second(capsys):
+    mini_data("rnnt")
+    assert main(["bench", "rnnt", "--steps", "3", "--warmup", "1", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "utterances/s" in out and "data loading" in out
+
+
 def test_synthetic_batches_have_the_recipes_shape():
     workload = RNNTWorkload()
     ctx = RuntimeContext.create("cpu")

@@ -64,6 +64,7 @@ class BenchResult:
     mfu: float | None
     speedups: dict[str, Any]
     device: str
+    sample_name: str = "samples"  # what one sample is called in the workload's field (utterances)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -184,6 +185,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         data_share=waits / total, peak_memory_mb=memory, peak_memory_kind=memory_kind, flops_per_sample=flops,
         achieved_tflops=achieved, peak_tflops=peak, peak_source=source,
         mfu=achieved / peak if peak else None, speedups=speedups.enabled(recipe), device=str(dev),
+        sample_name=workload.sample_name,
     )
 
 
@@ -201,7 +203,7 @@ def describe(result: BenchResult) -> str:
         f"{result.workload} {result.scale} on {result.device} ({'synthetic data' if result.synthetic else 'real data'}"
         f", batch {result.batch_size}, {result.steps} timed steps after {result.warmup} warm-up)",
         f"  switches: {switches}",
-        f"  throughput: {result.samples_per_s:.1f} samples/s"
+        f"  throughput: {result.samples_per_s:.1f} {result.sample_name}/s"
         + (f" ({result.units_per_s:,.0f} {result.units}/s)" if result.units_per_s is not None else ""),
         f"  step time: p50 {result.step_time_p50_ms:.2f} ms, p90 {result.step_time_p90_ms:.2f} ms",
         f"  data loading: {result.data_share:.1%} of the time",

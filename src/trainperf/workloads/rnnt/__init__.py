@@ -135,7 +135,7 @@ class RNNTWorkload(Workload[RNNTRecipe]):
     mlperf_runs = 10
     speedups = frozenset({"precision", "fused_optimizer", "async_eval"})
     host_scoring = "process"  # word edit distance is pure Python
-    loss_units_name = "utterances"
+    sample_name = "utterances"
 
     def recipes(self, scale: str) -> dict[str, RNNTRecipe]:
         return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
