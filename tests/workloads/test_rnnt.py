@@ -344,7 +344,7 @@ def test_full_path_runs_end_to_end_on_a_tiny_librispeech(tmp_path, capsys):
     assert main(["prepare", "rnnt", "--scale", "full", "--data", str(root)]) == 0
     assert D.spm_path(root, 1023).is_file()
     assert main(["prepare", "rnnt", "--scale", "full", "--data", str(root)]) == 0  # nothing to redo
-    assert "already written" in capsys.readouterr().out
+    assert "already prepared" in capsys.readouterr().out
     out = tmp_path / "run"
     code = main(["run", "rnnt", "--scale", "full", "--data", str(root), "--recipe", "bs512", "--quiet", "--out",
                  str(out), "--device", "cpu", "--seed", "2", "--division", "open", *TINY])

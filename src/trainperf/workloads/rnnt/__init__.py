@@ -148,7 +148,7 @@ class RNNTWorkload(Workload[RNNTRecipe]):
 
     def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
         recipe = self.recipe(scale)
-        return {s: data_dir / s for s in [*recipe.subsets, D.EVAL_SUBSET]}
+        return D.sources(data_dir, [*recipe.subsets, D.EVAL_SUBSET])
 
     def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
         recipe = self.recipe(scale)

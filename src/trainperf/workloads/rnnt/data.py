@@ -56,8 +56,8 @@ def read_transcripts(path: Path) -> dict[str, str]:
         utt, sep, text = line.strip().partition(" ")
         if not sep or not text.strip() or not utt.startswith(path.name.removesuffix(".trans.txt") + "-"):
             raise TrainperfError(f"{path}:{number}: expected '<speaker>-<chapter>-<n> TRANSCRIPT', got {line[:60]!r}")
-        if utt in found:
-            raise TrainperfError(f"{path}:{number}: utterance {utt} listed twice")
+        if utt in found and found[utt] != " ".join(text.split()):
+            raise TrainperfError(f"{path}:{number}: utterance {utt} listed twice with different transcripts")
         found[utt] = " ".join(text.split())
     return found
 
@@ -172,58 +172,69 @@ def read_manifest(path: Path) -> list[dict[str, Any]]:
     return entries
 
 
-def problems(root: Path, train: Sequence[str], pieces: int) -> list[str]:
-    again = f"trainperf prepare rnnt --data {root}"
-    found: list[str] = []
+def sources(root: Path, subsets: Sequence[str]) -> dict[str, Path]:
+    """What a preparation derives from: every chapter's transcript file of the subsets (a changed
+    transcript, or a chapter added or removed, makes the manifests and the piece model stale). The
+    FLAC files are not fingerprinted: a replaced recording of another length goes unnoticed."""
+    found: dict[str, Path] = {}
+    for subset in subsets:
+        for path in sorted((root / subset).glob("*/*/*.trans.txt")):
+            found[str(path.relative_to(root))] = path
+    return found
+
+
+def _why_stale(root: Path, train: Sequence[str], pieces: int) -> str | None:
+    """Why the recorded preparation no longer matches (None: it matches, or there is none yet)."""
     stamp = root / "librispeech-prepared.json"
-    wanted = [*train, EVAL_SUBSET]
-    for subset in wanted:
-        if not manifest_path(root, subset).is_file():
-            found.append(f"{manifest_path(root, subset)}: missing ({again})")
-    if not spm_path(root, pieces).is_file():
-        found.append(f"{spm_path(root, pieces)}: missing ({again})")
-    if found:
-        return found
     try:
         record = json.loads(stamp.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return [f"{stamp}: missing or unreadable ({again})"]
-    sources = {s: root / s for s in wanted if (root / s).is_dir()}
-    why = prepared.stale(record.get("stamp"), sources, FORMAT, {"pieces": pieces, "train": list(train)}, stamp)
+        return None
+    return prepared.stale(record.get("stamp"), sources(root, [*train, EVAL_SUBSET]), FORMAT,
+                          {"pieces": pieces, "train": list(train)}, stamp)
+
+
+def problems(root: Path, train: Sequence[str], pieces: int) -> list[str]:
+    again = f"trainperf prepare rnnt --data {root}"
+    wanted = [*train, EVAL_SUBSET]
+    found = [f"{manifest_path(root, s)}: missing ({again})" for s in wanted if not manifest_path(root, s).is_file()]
+    if not spm_path(root, pieces).is_file():
+        found.append(f"{spm_path(root, pieces)}: missing ({again})")
+    if not found and not (root / "librispeech-prepared.json").is_file():
+        found.append(f"{root / 'librispeech-prepared.json'}: missing ({again})")
+    if found:
+        return found
+    why = _why_stale(root, train, pieces)
     return [f"{why}; run {again}"] if why else []
 
 
 def prepare(root: Path, train: Sequence[str], pieces: int, say: Callable[[str], None]) -> None:
-    """Manifests of the training subsets and dev-clean, and the sentencepiece model (atomic; a subset
-    whose manifest exists is not read again)."""
+    """Manifests of the training subsets and dev-clean, and the sentencepiece model, each written
+    atomically. An interrupted preparation keeps the manifests it finished; a stale one (a transcript
+    changed since) is redone whole."""
     wanted = [*train, EVAL_SUBSET]
+    if not problems(root, train, pieces):
+        say(f"{root}: already prepared ({', '.join(wanted)}; {spm_path(root, pieces).name})")
+        return
+    why = _why_stale(root, train, pieces)
+    if why:
+        say(f"{why}: preparing again")
     for subset in wanted:
         path = manifest_path(root, subset)
-        if path.is_file() and not _stale(root, wanted, train, pieces):
-            say(f"{path}: already written")
+        if path.is_file() and not why:
+            say(f"{path}: kept from an interrupted preparation")
             continue
         write_json_atomic(path, build_manifest(root, subset, say))
         say(f"{path}: written")
     model = spm_path(root, pieces)
-    if not model.is_file() or _stale(root, wanted, train, pieces):
+    if not model.is_file() or why:
         texts = [e["transcript"] for s in train for e in read_manifest(manifest_path(root, s))]
         say(f"training the sentencepiece model ({pieces} pieces) on {len(texts):,} transcripts")
         train_sentencepiece(texts, model, pieces)
-    sources = {s: root / s for s in wanted}
-    write_json_atomic(root / "librispeech-prepared.json",
-                      {"stamp": prepared.stamp(sources, FORMAT, {"pieces": pieces, "train": list(train)})})
+    params = {"pieces": pieces, "train": list(train)}
+    stamp = prepared.stamp(sources(root, wanted), FORMAT, params)
+    write_json_atomic(root / "librispeech-prepared.json", {"stamp": stamp})
     say(f"{root}: prepared ({', '.join(wanted)}; {model.name})")
-
-
-def _stale(root: Path, wanted: Sequence[str], train: Sequence[str], pieces: int) -> bool:
-    stamp = root / "librispeech-prepared.json"
-    try:
-        record = json.loads(stamp.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False  # a first preparation, or one interrupted after some manifests: keep those
-    sources = {s: root / s for s in wanted}
-    return prepared.stale(record.get("stamp"), sources, FORMAT, {"pieces": pieces, "train": list(train)},
-                          stamp) is not None
 
 
 # ---------------------------------------------------------------------------------------------
