@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from trainperf.errors import TrainperfError
 from trainperf.spec import Cadence
+from trainperf.workloads.unet3d import data as D
 from trainperf.workloads.unet3d import inference as I
 from trainperf.workloads.unet3d import model as M
 
@@ -106,3 +109,98 @@ def test_cadence_is_the_v1_rule_in_reference_epochs(samples, first, every, budge
     cadence = Cadence(every=20, first=1000, max_epochs=10000, reference_epoch_samples=168).resolve(samples)
     assert (cadence.first, cadence.every, cadence.max_epochs) == (first, every, budget)
     assert first == math.ceil(1000 * 168 / samples) and every == math.ceil(20 * 168 / samples)
+
+
+# ---------------------------------------------------------------------------------------------
+# data: the preprocessed layout, bad input, patches, augmentation, NIfTI preprocessing
+# ---------------------------------------------------------------------------------------------
+def _write_case(root, case, shape=(1, 16, 16, 16), label_shape=None, classes=(0, 1, 2)):
+    rng = np.random.default_rng(int(case))
+    np.save(root / f"case_{case}_x.npy", rng.standard_normal(shape).astype(np.float32))
+    np.save(root / f"case_{case}_y.npy", rng.choice(classes, label_shape or shape).astype(np.uint8))
+
+
+def test_the_evaluation_split_and_checksums_are_the_references():
+    assert len(D.EVAL_CASES) == 42 and len(set(D.EVAL_CASES)) == 42 and D.EVAL_CASES[-1] == "00207"
+    sums = D.checksums()
+    assert len(sums) == 420 and all(len(v) == 32 for v in sums.values())
+    assert {k[5:10] for k in sums} == {f"{n:05d}" for n in range(210)}
+
+
+def test_bad_cases_are_one_line_naming_the_case(tmp_path):
+    for case in ("00001", "00002"):
+        _write_case(tmp_path, case)
+    cases = D.list_cases(tmp_path)
+    assert list(cases) == ["00001", "00002"]
+    train, evaluation = D.split(cases, ("00002",))
+    assert train == ["00001"] and evaluation == ["00002"]
+    with pytest.raises(TrainperfError, match="evaluation case 00003 has no files"):
+        D.split(cases, ("00002", "00003"))
+    _write_case(tmp_path, "00004", label_shape=(1, 16, 16, 15))
+    with pytest.raises(TrainperfError, match=r"case 00004: image shape \(16, 16, 16\) and label shape \(16, 16, 15\)"):
+        D.load_case("00004", *D.list_cases(tmp_path)["00004"])
+    _write_case(tmp_path, "00005", classes=(0, 1, 3))
+    with pytest.raises(TrainperfError, match=r"case 00005: label holds classes \[3\]"):
+        D.load_case("00005", *D.list_cases(tmp_path)["00005"])
+    (tmp_path / "case_00006_x.npy").write_bytes(b"not numpy")
+    (tmp_path / "case_00006_y.npy").write_bytes(b"not numpy")
+    with pytest.raises(TrainperfError, match="case 00006: cannot read"):
+        D.load_case("00006", *D.list_cases(tmp_path)["00006"])
+    (tmp_path / "case_00007_y.npy").write_bytes(b"")
+    with pytest.raises(TrainperfError, match="case 00007 has no image"):
+        D.list_cases(tmp_path)
+
+
+def test_foreground_patches_hold_foreground():
+    label = np.zeros((1, 64, 64, 64), np.uint8)
+    label[0, 50:56, 5:9, 40:44] = 2  # a small tumour far from the centre
+    label[0, 10:14, 10:14, 10:14] = 1
+    label[0, 30, 30, 30] = 1  # a third, one-voxel kidney component: not among the two largest
+    case = D.Case(np.zeros((1, 64, 64, 64), np.float32), label, D.foreground_boxes(label))
+    assert sorted(case.boxes) == [1, 2] and len(case.boxes[1]) == 2 and len(case.boxes[2]) == 1
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        image, patch = D.sample_patch(case, 16, 1.0, rng)
+        assert image.shape == patch.shape == (1, 16, 16, 16) and patch.max() > 0
+    hits = sum(D.sample_patch(case, 16, 0.0, rng)[1].max() > 0 for _ in range(200))
+    assert hits < 60  # random patches mostly miss the small structures
+
+
+def test_augmentation_flips_image_and_label_together():
+    gen = torch.Generator().manual_seed(0)
+    images = torch.arange(8 * 4 * 4 * 4, dtype=torch.float32).reshape(8, 1, 4, 4, 4)
+    labels = images.clone().long()
+    out, lab = D.augment(images, labels, gen)
+    plain = (out - lab.float()).abs()  # no brightness or noise drawn: identical; else still a flipped copy
+    flipped = [not torch.equal(lab[i], labels[i]) for i in range(8)]
+    assert any(flipped) and not all(flipped)
+    assert int((plain.flatten(1).max(1).values < 1e-6).sum()) >= 4
+
+
+def _nifti(path, data, affine):
+    nibabel = pytest.importorskip("nibabel")
+    img = nibabel.Nifti1Image(data, affine)
+    nibabel.save(img, str(path))
+
+
+def test_nifti_preprocessing_on_a_tiny_case(tmp_path):
+    case = tmp_path / "case_00010"
+    case.mkdir()
+    image = np.full((10, 20, 30), 101.0, np.float32)
+    image[0] = 1000.0  # clipped to 304 -> (304 - 101) / 76.9
+    label = np.zeros((10, 20, 30), np.uint8)
+    label[4:6, 8:12, 10:20] = 1
+    affine = np.diag([3.2, 2.4, 2.4, 1.0])
+    _nifti(case / "imaging.nii.gz", image, affine)
+    _nifti(case / "segmentation.nii.gz", label, affine)
+    x, y = D.preprocess_case(case)
+    assert x.shape == y.shape == (1, 128, 128, 128) and x.dtype == np.float32 and y.dtype == np.uint8
+    # resampled to 20 x 40 x 60 (spacing halved), then edge-padded to 128 on every axis
+    assert int((y > 0).sum()) == 4 * 8 * 20
+    assert x.max() == pytest.approx((304 - 101) / 76.9) and float(np.median(x)) == pytest.approx(0.0)
+    _nifti(case / "imaging.nii.gz", image, np.array([[2.0, 1.0, 0, 0], [0, 2.0, 0, 0], [0, 0, 2.0, 0], [0, 0, 0, 1]]))
+    with pytest.raises(TrainperfError, match="case 00010: imaging.nii.gz has an oblique affine"):
+        D.preprocess_case(case)
+    _nifti(case / "imaging.nii.gz", image[:, :, :29], affine)
+    with pytest.raises(TrainperfError, match="case 00010: imaging shape"):
+        D.preprocess_case(case)
