@@ -18,6 +18,7 @@ _WORKLOADS: dict[str, str] = {
     "gnmt": "trainperf.workloads.gnmt:GNMTWorkload",
     "bert": "trainperf.workloads.bert:BertWorkload",
     "rnnt": "trainperf.workloads.rnnt:RNNTWorkload",
+    "unet3d": "trainperf.workloads.unet3d:UNet3DWorkload",
 }
 
 

@@ -204,3 +204,92 @@ def test_nifti_preprocessing_on_a_tiny_case(tmp_path):
     _nifti(case / "imaging.nii.gz", image[:, :, :29], affine)
     with pytest.raises(TrainperfError, match="case 00010: imaging shape"):
         D.preprocess_case(case)
+
+
+# ---------------------------------------------------------------------------------------------
+# the workload: recipes and closed rules, preparation from NIfTI, the mini end to end
+# ---------------------------------------------------------------------------------------------
+def test_full_recipes_are_the_rcp_points_and_pass_the_closed_rules(tmp_path):
+    import json
+    from pathlib import Path
+
+    import mlperf_logging
+
+    from tests.conftest import write_minimal_closed_log
+    from trainperf.results import scoring
+    from trainperf.results.compliance import check
+    from trainperf.spec import RuntimeContext
+    from trainperf.workloads.unet3d import FULL_RECIPES, UNet3DWorkload
+
+    rcps = json.loads((Path(mlperf_logging.__file__).parent / "rcp_checker" / "training_1.0.0"
+                       / "rcps_unet3d.json").read_text())
+    by_batch = {v["BS"]: v["Hyperparams"] for v in rcps.values()}
+    workload = UNet3DWorkload()
+    ctx = RuntimeContext.create("cpu")
+    for recipe in FULL_RECIPES.values():
+        hyper = workload.mlperf_hyperparameters(recipe, ctx)
+        for key, value in by_batch[recipe.global_batch_size].items():
+            assert hyper[key] == value, (recipe.name, key)
+        log = tmp_path / f"{recipe.name}.txt"
+        write_minimal_closed_log(log, "unet3d", recipe.global_batch_size, hyper, 0.91, 1000, train_samples=168,
+                                 eval_samples=42)
+        assert check(log, "1.0.0").valid, recipe.name
+    write_minimal_closed_log(log, "unet3d", 2, hyper, 0.91, 1000, train_samples=160, eval_samples=42)
+    assert not check(log, "1.0.0").valid  # the rules fix 168 training cases
+    assert workload.mlperf_runs == 40 and scoring.max_dropped("unet3d") == 4
+
+
+def test_lr_warmup_is_the_references():
+    from trainperf.workloads.unet3d import FULL_RECIPES, lr_factor
+
+    recipe = FULL_RECIPES["reference"]
+    f = lr_factor(recipe, steps_per_epoch=84)
+    assert f(1) * 0.8 == pytest.approx(1e-4 + (0.8 - 1e-4) / 200)  # epoch 1 of 200
+    assert f(84) == f(1) and f(85) * 0.8 == pytest.approx(1e-4 + (0.8 - 1e-4) * 2 / 200)
+    assert f(200 * 84) == pytest.approx(1.0) and f(10**6) == 1.0
+    import dataclasses
+
+    decayed = lr_factor(dataclasses.replace(recipe, warmup_epochs=0, decay_epochs=(3, 5), decay_factor=0.5), 10)
+    assert [decayed(s) for s in (30, 31, 50, 51)] == [1.0, 0.5, 0.5, 0.25]
+
+
+def test_prepare_from_raw_nifti_is_resumable_and_names_what_is_missing(tmp_path, capsys):
+    from trainperf.cli import main
+
+    root = tmp_path / "kits19"
+    affine = np.diag([3.2, 2.4, 2.4, 1.0])
+    for case in ("case_00000", "case_00001"):
+        (root / case).mkdir(parents=True)
+        image = np.full((8, 10, 12), 50.0, np.float32)
+        label = np.zeros((8, 10, 12), np.uint8)
+        label[3:5, 3:6, 4:8] = 1
+        _nifti(root / case / "imaging.nii.gz", image, affine)
+        _nifti(root / case / "segmentation.nii.gz", label, affine)
+    code = main(["prepare", "unet3d", "--scale", "full", "--data", str(root)])
+    said = capsys.readouterr()
+    assert code != 0 and "evaluation case 00003 has no files" in said.out + said.err
+    assert "Traceback" not in said.out + said.err
+    x = np.load(root / "case_00001_x.npy")
+    assert x.shape == (1, 128, 128, 128) and np.load(root / "case_00001_y.npy").dtype == np.uint8
+    assert not list(root.glob(".*partial"))
+    main(["prepare", "unet3d", "--scale", "full", "--data", str(root)])
+    assert "2 already preprocessed" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_mini_reaches_its_target_and_passes_the_checker(tmp_path):
+    import json
+
+    from tests.conftest import mini_data
+    from trainperf.cli import main
+    from trainperf.results.compliance import check
+    from trainperf.workloads.unet3d import MINI
+
+    mini_data("unet3d")
+    out = tmp_path / "run"
+    assert main(["run", "unet3d", "--seed", "0", "--out", str(out), "--quiet", "--device", "cpu"]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "success" and result["final_metric"] >= MINI.target
+    assert result["evaluations"][0]["value"] < MINI.target  # a climb, not a first-evaluation hit
+    assert result["train_samples"] == 32 and result["eval_samples"] == 8
+    assert check(out / "mlperf_log.txt", "1.0.0").valid

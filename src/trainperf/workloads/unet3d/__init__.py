@@ -1,0 +1,241 @@
+"""3D U-Net on KiTS19 (MLPerf key `unet3d`, ruleset 1.0.0), and its mini scale on synthetic CT-like
+volumes in the reference's preprocessed layout. Mean Dice of kidney and tumour per case over the
+evaluation cases by sliding-window inference, the cases sharded across processes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainperf.errors import TrainperfError
+from trainperf.rulesets import RULESETS
+from trainperf.spec import (
+    Assets,
+    DataParts,
+    EpochView,
+    EvalPartial,
+    Metric,
+    ModelParts,
+    Recipe,
+    RuntimeContext,
+    Workload,
+    per_epoch_schedule,
+)
+from trainperf.workloads.unet3d import data as D
+from trainperf.workloads.unet3d import model as M
+from trainperf.workloads.unet3d.inference import gaussian_importance, sliding_window
+
+
+@dataclass(frozen=True)
+class UNet3DRecipe(Recipe):
+    # global_batch_size in patches; an epoch is one patch per training case (the last global batch
+    # filled with random cases: the rules count it padded).
+    channels: tuple[int, ...] = M.REFERENCE_CHANNELS
+    patch: int = 128
+    oversampling: float = 0.4
+    # SGD with Nesterov momentum; the LR rises linearly from init_lr to base_lr over warmup_epochs
+    # (per epoch, as the reference), then is multiplied by decay_factor at each decay boundary.
+    base_lr: float = 0.8
+    init_lr: float = 1e-4
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    warmup_epochs: int = 200
+    decay_epochs: tuple[int, ...] = ()
+    decay_factor: float = 1.0
+    overlap: float = 0.5
+    eval_windows: int = 4  # windows per forward pass of the sliding-window inference
+    eval_cases: str = "reference"  # the reference's 42, or a comma-separated list of case ids
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.channels or min(self.channels) < 1 or self.patch < 2 ** len(self.channels):
+            raise TrainperfError("recipe: channels must be >= 1 and patch divisible by 2 ** len(channels)")
+        if self.patch % 2 ** len(self.channels):
+            raise TrainperfError(f"recipe field patch={self.patch}: must be divisible by 2 ** {len(self.channels)}")
+        if not 0 <= self.oversampling <= 1 or not 0 <= self.overlap < 1 or self.eval_windows < 1:
+            raise TrainperfError("recipe: need 0 <= oversampling <= 1, 0 <= overlap < 1, eval_windows >= 1")
+        if self.base_lr <= 0 or self.init_lr < 0 or self.warmup_epochs < 0 or not 0 < self.decay_factor <= 1:
+            raise TrainperfError("recipe: need base_lr > 0, init_lr >= 0, warmup_epochs >= 0, 0 < decay_factor <= 1")
+
+    @property
+    def evaluation_cases(self) -> tuple[str, ...]:
+        if self.eval_cases == "reference":
+            return D.EVAL_CASES
+        return tuple(f"{int(c):05d}" for c in self.eval_cases.split(",") if c.strip())
+
+
+def _full(name: str, gbs: int, lr: float, warmup: int) -> UNet3DRecipe:
+    # The v1.0 rules' cadence in epochs of 168 samples: first evaluation at 1000, every 20, 10000 at most.
+    return UNet3DRecipe(name=name, global_batch_size=gbs, max_epochs=10_000, target=0.908, eval_every=20,
+                        eval_first=1000, cadence_epoch_samples=168, base_lr=lr, warmup_epochs=warmup)
+
+
+# The reference's run_and_time.sh (batch 2, LR 0.8, 200 warmup epochs), then the RCP points of
+# mlperf_logging's rcps_unet3d.json (1.0.0).
+FULL_RECIPES: dict[str, UNet3DRecipe] = {
+    "reference": _full("reference", 2, 0.8, 200),
+    "bs32": _full("bs32", 32, 4.0, 1000),
+    "bs56": _full("bs56", 56, 2.0, 1000),
+    "bs80": _full("bs80", 80, 1.5, 1000),
+}
+
+MINI = UNet3DRecipe(name="mini", global_batch_size=4, max_epochs=60, target=0.8, eval_every=2, eval_first=4,
+                    channels=(8, 16, 32), patch=32, base_lr=0.05, init_lr=1e-3, warmup_epochs=2,
+                    eval_windows=8, eval_cases=",".join(str(i) for i in range(32, 40)))
+
+
+class UNet3DWorkload(Workload[UNet3DRecipe]):
+    name = "unet3d"
+    benchmark = "unet3d"
+    ruleset = RULESETS[benchmark]
+    metric = Metric("mean_dice", higher_is_better=True)
+    summary = ("3D U-Net on KiTS19, mean Dice of kidney and tumour by sliding-window inference (mini: synthetic "
+               "CT-like volumes in the reference's layout)")
+    mlperf_runs = 40
+    speedups = frozenset({"precision", "channels_last", "compile", "fused_optimizer"})
+
+    def recipes(self, scale: str) -> dict[str, UNet3DRecipe]:
+        return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
+
+    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
+        if scale == "mini" and not (data_dir / "trainperf_unet3d_mini.json").is_file():
+            return [f"{data_dir}: mini dataset not generated yet (trainperf prepare unet3d)"]
+        try:
+            cases = D.list_cases(data_dir)
+            D.split(cases, self.recipe(scale).evaluation_cases)
+        except TrainperfError as exc:
+            return [str(exc)]
+        return []
+
+    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
+        if scale == "mini":
+            from trainperf.workloads.unet3d import synthetic
+
+            synthetic.generate(data_dir, say)
+            return
+        from trainperf.workloads.unet3d import prepare
+
+        prepare.prepare_full(data_dir, say)
+
+    def mlperf_hyperparameters(self, recipe: UNet3DRecipe, ctx: RuntimeContext) -> dict[str, Any]:
+        shape = [recipe.patch] * 3
+        return {
+            "opt_name": "sgd", "opt_base_learning_rate": recipe.base_lr, "opt_momentum": recipe.momentum,
+            "opt_learning_rate_warmup_epochs": recipe.warmup_epochs, "opt_initial_learning_rate": recipe.init_lr,
+            "opt_learning_rate_decay_boundary_epochs": list(recipe.decay_epochs),
+            "opt_learning_rate_decay_factor": recipe.decay_factor, "opt_weight_decay": recipe.weight_decay,
+            "oversampling": recipe.oversampling, "training_input_shape": shape, "validation_input_shape": shape,
+            "validation_overlap": recipe.overlap,
+        }
+
+    def build(self, recipe: UNet3DRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
+        torch.manual_seed(ctx.stream_seed("init"))
+        model = M.UNet3D(recipe.channels).to(ctx.device)
+        impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+        optimizer = torch.optim.SGD(model.parameters(), lr=recipe.base_lr, momentum=recipe.momentum, nesterov=True,
+                                    weight_decay=recipe.weight_decay, **impl)
+
+        def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            images, labels = batch
+            return M.dice_ce_loss(model(images), labels)
+
+        def forward(model: nn.Module, windows: torch.Tensor) -> torch.Tensor:
+            return model(windows)
+
+        def schedule(steps_per_epoch: int) -> Callable[[int], float]:
+            return lr_factor(recipe, steps_per_epoch)
+
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=forward,
+                          lr_schedule=per_epoch_schedule(self.name, schedule))
+
+    def synthetic_batch(self, recipe: UNet3DRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
+        gen = ctx.generator("synthetic")
+        b = max(1, recipe.global_batch_size // ctx.world_size)
+        size = (b, 1, recipe.patch, recipe.patch, recipe.patch)
+        images = torch.randn(size, generator=gen, device=ctx.device)
+        labels = torch.randint(0, D.CLASSES, size, generator=gen, device=ctx.device).to(torch.uint8)
+        return images, labels
+
+    def synthetic_eval_batch(self, recipe: UNet3DRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
+        return self.synthetic_batch(recipe, ctx, model)[0][:1]
+
+    def load_data(self, recipe: UNet3DRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
+        cases = D.list_cases(data_dir)
+        train_ids, eval_ids = D.split(cases, recipe.evaluation_cases)
+        if not train_ids:
+            raise TrainperfError(f"{data_dir}: no training cases besides the {len(eval_ids)} evaluation cases")
+        # The whole dataset in memory (the reference's loader reads every file each epoch; NVIDIA's
+        # submissions cache it), each training case's foreground boxes found once.
+        train = []
+        for case in train_ids:
+            image, label = D.load_case(case, *cases[case])
+            if min(image.shape[1:]) < recipe.patch:
+                raise TrainperfError(f"case {case}: shape {image.shape[1:]} is smaller than the {recipe.patch}^3 patch")
+            train.append(D.Case(image, label, D.foreground_boxes(label)))
+        mine = [eval_ids[i] for i in ctx.shard(len(eval_ids))]
+        evaluation = [(c, *D.load_case(c, *cases[c])) for c in mine]
+        device, rank, world = ctx.device, ctx.rank, ctx.world_size
+        gbs = recipe.global_batch_size
+        per_rank = gbs // world
+        steps = -(-len(train) // gbs)
+        seed = ctx.stream_seed("patches")
+        importance = gaussian_importance(recipe.patch).to(device)
+
+        def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            order_rng = np.random.default_rng([seed, view.epoch])
+            order = order_rng.permutation(len(train))
+            extra = order_rng.integers(0, len(train), steps * gbs - len(train))  # the padded last batch
+            order = np.concatenate([order, extra])
+            rng = np.random.default_rng([seed, view.epoch, rank])
+            gen = torch.Generator(device=device)
+            gen.manual_seed(int(rng.integers(2**62)))
+            for step in range(steps):
+                rows = order[step * gbs + rank * per_rank: step * gbs + (rank + 1) * per_rank]
+                patches = [D.sample_patch(train[i], recipe.patch, recipe.oversampling, rng) for i in rows]
+                images = torch.from_numpy(np.stack([p[0] for p in patches])).to(device, non_blocking=True)
+                labels = torch.from_numpy(np.stack([p[1] for p in patches])).to(device, non_blocking=True)
+                yield D.augment(images, labels, gen)
+
+        def evaluate(forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
+            total = torch.zeros(3, dtype=torch.float64, device=device)
+            for _case, image, label in evaluation:
+                scores, bounds = sliding_window(torch.from_numpy(image).to(device), forward, recipe.patch,
+                                                D.CLASSES, recipe.overlap, batch=recipe.eval_windows,
+                                                importance=importance)
+                kept = label[0, bounds[0][0]: bounds[0][1], bounds[1][0]: bounds[1][1], bounds[2][0]: bounds[2][1]]
+                dice = M.case_dice(scores.argmax(0), torch.from_numpy(kept).to(device))
+                total += torch.cat([dice.double(), torch.ones(1, dtype=torch.float64, device=device)])
+            return EvalPartial(metric=_mean_dice, sums={"dice": total})
+
+        return DataParts(train_batches=train_batches, steps_per_epoch=steps, train_samples=len(train),
+                         eval_samples=len(eval_ids), evaluate=evaluate)
+
+
+def lr_factor(recipe: UNet3DRecipe, steps_per_epoch: int) -> Callable[[int], float]:
+    """The LR multiplier at optimizer step `step` (from 1): epoch e (from 1) of the warmup runs at
+    init_lr + (base_lr - init_lr) * e / warmup_epochs (the reference sets it at each epoch's start),
+    then base_lr times decay_factor per boundary passed."""
+
+    def factor(step: int) -> float:
+        epoch = (step - 1) // steps_per_epoch + 1
+        if epoch <= recipe.warmup_epochs:
+            lr = recipe.init_lr + (recipe.base_lr - recipe.init_lr) * epoch / recipe.warmup_epochs
+        else:
+            lr = recipe.base_lr * recipe.decay_factor ** sum(epoch > b for b in recipe.decay_epochs)
+        return lr / recipe.base_lr
+
+    return factor
+
+
+def _mean_dice(combined: dict[str, Any]) -> float:
+    kidney, tumour, count = combined["dice"].tolist()
+    if count <= 0:
+        raise TrainperfError("unet3d evaluation: no evaluation cases")
+    return (kidney + tumour) / (2 * count)
+
