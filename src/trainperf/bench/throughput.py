@@ -203,7 +203,7 @@ def describe(result: BenchResult) -> str:
         f"{result.workload} {result.scale} on {result.device} ({'synthetic data' if result.synthetic else 'real data'}"
         f", batch {result.batch_size}, {result.steps} timed steps after {result.warmup} warm-up)",
         f"  switches: {switches}",
-        f"  throughput: {result.samples_per_s:.1f} {result.sample_name}/s"
+        f"  throughput: {_rate(result.samples_per_s)} {result.sample_name}/s"
         + (f" ({result.units_per_s:,.0f} {result.units}/s)" if result.units_per_s is not None else ""),
         f"  step time: p50 {result.step_time_p50_ms:.2f} ms, p90 {result.step_time_p90_ms:.2f} ms",
         f"  data loading: {result.data_share:.1%} of the time",
@@ -212,3 +212,8 @@ def describe(result: BenchResult) -> str:
         f"  achieved: {result.achieved_tflops:.3f} TFLOP/s; peak {result.peak_tflops or 0:.2f} TFLOP/s "
         f"({result.peak_source}); MFU {mfu}",
     ])
+
+
+def _rate(value: float) -> str:
+    # Full-size models on a CPU run below 0.1 samples/s: keep three significant digits there.
+    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"

@@ -98,6 +98,7 @@ class UNet3DWorkload(Workload[UNet3DRecipe]):
     summary = ("3D U-Net on KiTS19, mean Dice of kidney and tumour by sliding-window inference (mini: synthetic "
                "CT-like volumes in the reference's layout)")
     mlperf_runs = 40
+    sample_name = "patches"
     speedups = frozenset({"precision", "channels_last", "compile", "fused_optimizer"})
 
     def recipes(self, scale: str) -> dict[str, UNet3DRecipe]:

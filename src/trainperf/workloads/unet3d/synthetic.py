@@ -5,7 +5,10 @@ case_XXXXX_x.npy / case_XXXXX_y.npy so the real loader reads them.
 Each case: air around a body ellipsoid of soft tissue with a fat rim; a spine (bone) behind; a liver
 and a spleen (decoys whose intensities overlap the kidney's medulla); two kidneys, each an enhancing
 cortex around a darker medulla (label 1); a tumour blob on one kidney (label 2), hypodense and
-textured; correlated noise; volume size and anatomy scale vary as voxel spacing does across scanners.
+textured; decoys that defeat intensity thresholding: an aorta as bright as the kidney cortex and
+two or three bowel loops with the tumour's density and texture, away from the kidneys (so a voxel's
+class depends on its context, as in real CT); correlated noise; volume size and anatomy scale vary
+as voxel spacing does across scanners.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from trainperf.files import AtomicOutput, write_json_atomic
 from trainperf.workloads.unet3d import data as D
 
 HU = {"air": -1000.0, "fat": -90.0, "soft": 40.0, "liver": 110.0, "spleen": 120.0, "cortex": 230.0,
-      "medulla": 130.0, "tumour": -40.0, "bone": 700.0}
+      "medulla": 130.0, "tumour": -40.0, "bone": 700.0, "aorta": 230.0}
 
 
 def _norm(hu: np.ndarray) -> np.ndarray:
@@ -49,6 +52,14 @@ def make_case(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     hu[_ellipsoid(grid, liver_c, np.array([9, 8, 7]) * scale * rng.uniform(0.9, 1.1, 3))] = HU["liver"]
     spleen_c = centre + np.array([rng.uniform(-4, 4), 0.02 * shape[1], 0.25 * shape[2]])
     hu[_ellipsoid(grid, spleen_c, np.array([5, 4, 3.5]) * scale)] = HU["spleen"]
+    aorta_c = centre + np.array([0, 0.12 * shape[1], rng.uniform(-1, 1)])
+    hu[_ellipsoid(grid, aorta_c, np.array([shape[0], 2.2, 2.2]) * [1, scale, scale])] = HU["aorta"]
+    texture = gaussian_filter(rng.standard_normal(shape).astype(np.float32), 1.0) * 60
+    for _ in range(int(rng.integers(2, 4))):
+        bc = centre + np.array([rng.uniform(-8, 8), -rng.uniform(0.12, 0.22) * shape[1],
+                                rng.uniform(-0.15, 0.15) * shape[2]])
+        bowel = _ellipsoid(grid, bc, rng.uniform(3.5, 5.5) * scale * rng.uniform(0.8, 1.2, 3))
+        hu[bowel] = HU["tumour"] + texture[bowel]
     tumour_side = int(rng.integers(2))
     for side, sign in enumerate((-1, 1)):
         kc = centre + np.array([rng.uniform(-3, 3), 0.12 * shape[1], sign * 0.16 * shape[2]])
@@ -63,7 +74,6 @@ def make_case(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
             radius = rng.uniform(3.5, 5.5) * scale
             tc = kc + direction * radii * 0.85
             tumour = _ellipsoid(grid, tc, np.full(3, radius) * rng.uniform(0.8, 1.2, 3))
-            texture = gaussian_filter(rng.standard_normal(shape).astype(np.float32), 1.0) * 60
             hu[tumour] = HU["tumour"] + texture[tumour]
             label[tumour] = 2
     noise = gaussian_filter(rng.standard_normal(shape).astype(np.float32), 0.8) * rng.uniform(25, 45) * 2
