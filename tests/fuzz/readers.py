@@ -361,6 +361,55 @@ def _read_spm_model(path: Path) -> object:
     return load_tokenizer(path).encode("the cat")
 
 
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+@cache
+def _kits_image() -> bytes:
+    return _npy(np.random.default_rng(0).standard_normal((1, 6, 5, 4)).astype(np.float32))
+
+
+@cache
+def _kits_label() -> bytes:
+    return _npy((np.arange(120).reshape(1, 6, 5, 4) % 3).astype(np.uint8))
+
+
+def _read_kits_image(path: Path) -> object:
+    from trainperf.workloads.unet3d import data as D
+
+    label = path.parent / "case_00000_y.npy"
+    label.write_bytes(_kits_label())
+    return D.load_case("00000", path, label)
+
+
+def _read_kits_label(path: Path) -> object:
+    from trainperf.workloads.unet3d import data as D
+
+    image = path.parent / "case_00000_x.npy"
+    image.write_bytes(_kits_image())
+    return D.load_case("00000", image, path)
+
+
+@cache
+def _nifti() -> bytes:
+    import nibabel
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "imaging.nii.gz"
+        nibabel.save(nibabel.Nifti1Image(np.arange(60, dtype=np.int16).reshape(3, 4, 5),
+                                         np.diag([0.8, 0.7, 0.7, 1.0])), str(out))
+        return out.read_bytes()
+
+
+def _read_nifti(path: Path) -> object:
+    from trainperf.workloads.unet3d import data as D
+
+    return D.read_nifti(path, "00000")
+
+
 READERS: list[Reader] = [
     Reader("imagenet jpeg", "n0_0.JPEG", _jpeg, _decode),
     Reader("imagenet png named JPEG", "n0_1.JPEG", _png, _decode),
@@ -376,6 +425,9 @@ READERS: list[Reader] = [
     Reader("librispeech trans.txt", "19-198.trans.txt", _transcripts, _read_transcripts),
     Reader("rnnt manifest", "librispeech-dev-clean.json", _manifest, _read_manifest),
     Reader("sentencepiece model", "librispeech1023.model", _spm_model, _read_spm_model),
+    Reader("kits19 case image .npy", "case_00000_x.npy", _kits_image, _read_kits_image),
+    Reader("kits19 case label .npy", "case_00000_y.npy", _kits_label, _read_kits_label),
+    Reader("kits19 nifti", "imaging.nii.gz", _nifti, _read_nifti),
     Reader("criteo day.gz", "day_0.gz", _gz(_criteo_day), _parse_gz_day),
     Reader("mlperf log header", "result_0.txt", _mlperf_log, _log_header),
     Reader("mlperf log (check)", "result_0.txt", _mlperf_log, _check_log, budget=0.1),  # the official checker

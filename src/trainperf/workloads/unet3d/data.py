@@ -83,8 +83,9 @@ def load_case(case: str, image_path: Path, label_path: Path) -> tuple[np.ndarray
     try:
         image = np.load(image_path, allow_pickle=False)
         label = np.load(label_path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise TrainperfError(f"case {case}: cannot read {image_path.name} / {label_path.name} ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - a damaged .npy header raises EOFError, SyntaxError, TokenError...
+        detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise TrainperfError(f"case {case}: cannot read {image_path.name} / {label_path.name} ({detail})") from None
     if image.ndim == 3:
         image = image[None]
     if label.ndim == 3:
