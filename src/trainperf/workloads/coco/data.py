@@ -31,6 +31,7 @@ from torch.utils.data import Dataset
 
 from trainperf.errors import TrainperfError, shown
 from trainperf.files import AtomicOutput
+from trainperf.workloads.coco.masks import check_segmentation
 
 MINI_FORMAT_VERSION = 1
 MANIFEST = "trainperf_coco.json"
@@ -72,6 +73,9 @@ class CocoIndex:
     category_names: list[str]
     skipped: int = 0  # annotations whose box was empty once clamped to its image
     crowd: int = 0  # crowd annotations (not trained on; COCOeval ignores their matches)
+    # With masks: per image, each box's checked segmentation (polygons or RLE, see masks.py).
+    segmentations: list[list[Any]] | None = None
+    no_mask: int = 0  # annotations dropped because every polygon had fewer than 3 points
 
     def __len__(self) -> int:
         return len(self.image_ids)
@@ -79,20 +83,22 @@ class CocoIndex:
     def without_empty_images(self) -> CocoIndex:
         """For training: images with no box left are dropped (the references do)."""
         keep = [i for i, b in enumerate(self.boxes) if len(b)]
+        segmentations = None if self.segmentations is None else [self.segmentations[i] for i in keep]
         return CocoIndex(self.root, self.split, self.annotation_file, [self.image_ids[i] for i in keep],
                          [self.files[i] for i in keep], [self.sizes[i] for i in keep],
                          [self.boxes[i] for i in keep], [self.labels[i] for i in keep], self.category_ids,
-                         self.category_names, self.skipped, self.crowd)
+                         self.category_names, self.skipped, self.crowd, segmentations, self.no_mask)
 
 
 def _fail(path: Path, what: str) -> TrainperfError:
     return TrainperfError(f"{path}: {what}")
 
 
-def read_instances(root: Path, split: str, category_ids: list[int] | None = None, layout: Layout = COCO2017
-                   ) -> CocoIndex:
+def read_instances(root: Path, split: str, category_ids: list[int] | None = None, layout: Layout = COCO2017,
+                   masks: bool = False) -> CocoIndex:
     """Read and check a split's instances file and the images it names. `category_ids` fixes the
-    label order (val uses train's)."""
+    label order (val uses train's). With `masks`, every kept annotation's segmentation is checked and
+    kept too (`masks.check_segmentation`)."""
     path = layout.annotation_file(root, split)
     if not path.is_file():
         raise _fail(path, f"missing (expected a COCO instances file for {split}/)")
@@ -130,8 +136,8 @@ def read_instances(root: Path, split: str, category_ids: list[int] | None = None
         image_ids.append(image["id"])
         files.append(image_dir / image["file_name"])
         sizes.append((image["height"], image["width"]))
-    per_image: list[list[tuple[list[float], int]]] = [[] for _ in image_ids]
-    skipped = crowd = 0
+    per_image: list[list[tuple[list[float], int, Any]]] = [[] for _ in image_ids]
+    skipped = crowd = no_mask = 0
     for ann in data["annotations"]:
         if not isinstance(ann, dict):
             raise _fail(path, f"annotation {shown(str(ann))}: expected an object")
@@ -153,12 +159,21 @@ def read_instances(root: Path, split: str, category_ids: list[int] | None = None
         if x1 <= x0 or y1 <= y0:
             skipped += 1
             continue
-        per_image[row].append(([x0, y0, x1, y1], label_of[ann["category_id"]]))
-    boxes = [np.array([b for b, _ in anns], dtype=np.float32).reshape(-1, 4) for anns in per_image]
-    labels = [np.array([lab for _, lab in anns], dtype=np.int64) for anns in per_image]
+        segmentation = None
+        if masks:
+            if "segmentation" not in ann:
+                raise _fail(path, f"annotation {ann_id}: no segmentation (this workload trains masks)")
+            segmentation = check_segmentation(ann["segmentation"], ann_id, height, width, path)
+            if segmentation is None:
+                no_mask += 1
+                continue
+        per_image[row].append(([x0, y0, x1, y1], label_of[ann["category_id"]], segmentation))
+    boxes = [np.array([a[0] for a in anns], dtype=np.float32).reshape(-1, 4) for anns in per_image]
+    labels = [np.array([a[1] for a in anns], dtype=np.int64) for anns in per_image]
     return CocoIndex(root=root, split=split, annotation_file=path, image_ids=image_ids, files=files, sizes=sizes,
                      boxes=boxes, labels=labels, category_ids=list(category_ids),
-                     category_names=[categories.get(c, str(c)) for c in category_ids], skipped=skipped, crowd=crowd)
+                     category_names=[categories.get(c, str(c)) for c in category_ids], skipped=skipped, crowd=crowd,
+                     segmentations=[[a[2] for a in anns] for anns in per_image] if masks else None, no_mask=no_mask)
 
 
 def _is_int(value: Any) -> bool:

@@ -1,4 +1,5 @@
-"""COCO box AP, the detection workloads' metric, by pycocotools (the references' implementation).
+"""COCO box AP, the detection workloads' metric, and mask AP (Mask R-CNN's second metric), by
+pycocotools (the references' implementation).
 
 Detections travel as float64 arrays of rows (image_id, x, y, width, height, score, category_id) in
 original image pixels and COCO category ids — what `COCO.loadRes` reads —, one array per image: cheap
@@ -31,30 +32,57 @@ def _ground_truth(annotation_file: str, backend: str) -> Any:
         return COCO(annotation_file)
 
 
-def box_ap(totals: dict[str, Any], annotation_file: str, image_ids: list[int], backend: str = "pycocotools"
-           ) -> float:
-    """AP@[0.50:0.95] (COCOeval's stats[0]) of `totals["detections"]` over `image_ids`."""
-    parts = [np.asarray(r, dtype=np.float64).reshape(-1, 7) for r in totals["detections"]]
-    rows = np.concatenate(parts) if parts else np.zeros((0, 7))
-    if rows.shape[0] == 0:
-        return 0.0
+def _evaluate(annotation_file: str, image_ids: list[int], backend: str, iou_type: str, results: Any) -> float:
     gt = _ground_truth(annotation_file, backend)
     with contextlib.redirect_stdout(io.StringIO()):
         if backend == "faster-coco-eval":
             from faster_coco_eval import COCOeval_faster as COCOeval
         else:
             from pycocotools.cocoeval import COCOeval
-        evaluation = COCOeval(gt, gt.loadRes(rows), "bbox")
+        evaluation = COCOeval(gt, gt.loadRes(results), iou_type)
         evaluation.params.imgIds = list(image_ids)
         evaluation.evaluate()
         evaluation.accumulate()
         evaluation.summarize()
-    return float(max(evaluation.stats[0], 0.0))  # -1 when no ground truth box exists
+    return float(max(evaluation.stats[0], 0.0))  # -1 when no ground truth exists
 
 
-def metric(annotation_file: Path, image_ids: list[int], backend: str = "pycocotools") -> functools.partial:
+def _rows(totals: dict[str, Any]) -> np.ndarray:
+    parts = [np.asarray(r, dtype=np.float64).reshape(-1, 7) for r in totals["detections"]]
+    return np.concatenate(parts) if parts else np.zeros((0, 7))
+
+
+def box_ap(totals: dict[str, Any], annotation_file: str, image_ids: list[int], backend: str = "pycocotools"
+           ) -> float:
+    """AP@[0.50:0.95] (COCOeval's stats[0]) of `totals["detections"]` over `image_ids`."""
+    rows = _rows(totals)
+    if rows.shape[0] == 0:
+        return 0.0
+    return _evaluate(annotation_file, image_ids, backend, "bbox", rows)
+
+
+def box_and_mask_ap(totals: dict[str, Any], annotation_file: str, image_ids: list[int],
+                    backend: str = "pycocotools") -> dict[str, float]:
+    """{"BBOX": box AP, "SEGM": mask AP} (Mask R-CNN's two metrics, named as its MLPerf log names
+    them): `totals["masks"]` holds, per image, one compressed RLE (`masks.encode`) per row of
+    `totals["detections"]`."""
+    rows = _rows(totals)
+    rles = [rle for part in totals["masks"] for rle in part]
+    if len(rles) != rows.shape[0]:
+        raise ValueError(f"{len(rles)} masks for {rows.shape[0]} detections")
+    if rows.shape[0] == 0:
+        return {"BBOX": 0.0, "SEGM": 0.0}
+    segm = [{"image_id": int(r[0]), "category_id": int(r[6]), "score": float(r[5]), "segmentation": rle}
+            for r, rle in zip(rows, rles, strict=True)]
+    return {"BBOX": _evaluate(annotation_file, image_ids, backend, "bbox", rows),
+            "SEGM": _evaluate(annotation_file, image_ids, backend, "segm", segm)}
+
+
+def metric(annotation_file: Path, image_ids: list[int], backend: str = "pycocotools", masks: bool = False
+           ) -> functools.partial:
     """The EvalPartial metric for a split: picklable, so that it can run in a worker process."""
-    return functools.partial(box_ap, annotation_file=str(annotation_file), image_ids=list(image_ids), backend=backend)
+    return functools.partial(box_and_mask_ap if masks else box_ap, annotation_file=str(annotation_file),
+                             image_ids=list(image_ids), backend=backend)
 
 
 def detection_rows(image_id: int, boxes_xyxy: np.ndarray, scores: np.ndarray, category_ids: np.ndarray
