@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import mini_data, read_log, write_minimal_closed_log
+from tests.conftest import cut_short_run, mini_data, read_log, write_minimal_closed_log
 from trainperf.cli import main
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
@@ -366,14 +366,13 @@ def test_full_path_runs_end_to_end_on_a_tiny_librispeech(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_mini_reaches_its_target_and_passes_the_checker(tmp_path):
+def test_mini_runs_end_to_end_and_passes_the_checker(tmp_path):
+    """One epoch and its greedy-decoding evaluation in one process (the target: the two-process test
+    below, and the README's 10 seeds)."""
     mini_data("rnnt")
-    out = tmp_path / "run"
-    assert main(["run", "rnnt", "--seed", "0", "--out", str(out), "--quiet", "--device", "cpu"]) == 0
-    result = json.loads((out / "result.json").read_text())
-    assert result["status"] == "success" and result["final_metric"] <= MINI.target
-    assert result["evaluations"][0]["value"] > 0.5  # a real climb, not a first-evaluation hit
-    assert check(out / "mlperf_log.txt", "1.0.0").valid
+    result = cut_short_run(["rnnt", "--seed", "0", "--device", "cpu", "--set", "max_epochs=1"], tmp_path / "run",
+                           "1.0.0")
+    assert MINI.target < result["evaluations"][0]["value"] <= 1.5  # still on the language-model plateau
 
 
 @pytest.mark.slow
