@@ -4,6 +4,7 @@ COCOeval's `bbox` and `segm` passes, on synthetic COCO-sized data.
 
     python benchmarks/mask_scoring.py                       # 5,000 images of 480 x 640, 100 detections each
     python benchmarks/mask_scoring.py --images 500 --backend faster-coco-eval
+    python benchmarks/mask_scoring.py --images 500 --size 64x64  # the mini's images
 
 Ground truth: 3-12 objects per image (COCO val2017 averages 7.3), star-shaped polygons of 80
 categories. Detections (Mask R-CNN keeps at most 100 per image): for every object a jittered box
@@ -30,7 +31,7 @@ from torchvision.models.detection.roi_heads import paste_masks_in_image
 from trainperf.workloads.coco import masks as K
 from trainperf.workloads.coco import scoring
 
-HEIGHT, WIDTH, CATEGORIES = 480, 640, 80
+CATEGORIES = 80
 
 
 def star(rng: np.random.Generator, cx: float, cy: float, r: float) -> list[float]:
@@ -51,20 +52,21 @@ def mask_28(polygon: list[float], box: tuple[float, float, float, float], rng: n
     return np.clip(m + rng.normal(0, 0.1, m.shape), 0, 1).astype(np.float32)
 
 
-def build(images: int, per_image: int, seed: int, folder: Path):
+def build(images: int, per_image: int, seed: int, folder: Path, height: int, width: int):
     rng = np.random.default_rng(seed)
+    scale = min(height, width) / 480
     gt = {"images": [], "annotations": [], "categories": [{"id": c, "name": str(c)} for c in range(1, CATEGORIES + 1)]}
     predictions = []
     for image_id in range(1, images + 1):
-        gt["images"].append({"id": image_id, "file_name": f"{image_id}.jpg", "width": WIDTH, "height": HEIGHT})
+        gt["images"].append({"id": image_id, "file_name": f"{image_id}.jpg", "width": width, "height": height})
         boxes, scores, cats, probs = [], [], [], []
         for _ in range(int(rng.integers(3, 13))):
-            r = rng.uniform(10, 120)
-            cx, cy = rng.uniform(r, WIDTH - r), rng.uniform(r, HEIGHT - r)
+            r = rng.uniform(10, 120) * scale
+            cx, cy = rng.uniform(r, width - r), rng.uniform(r, height - r)
             polygon, cat = star(rng, cx, cy, r), int(rng.integers(1, CATEGORIES + 1))
             xs, ys = polygon[0::2], polygon[1::2]
             box = (min(xs), min(ys), max(xs), max(ys))
-            rle = K.to_rle([polygon], HEIGHT, WIDTH)
+            rle = K.to_rle([polygon], height, width)
             gt["annotations"].append({"id": len(gt["annotations"]) + 1, "image_id": image_id, "category_id": cat,
                                       "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]], "iscrowd": 0,
                                       "area": float(maskutils.area(rle)),
@@ -75,8 +77,8 @@ def build(images: int, per_image: int, seed: int, folder: Path):
             cats.append(cat)
             probs.append(mask_28(polygon, box, rng))
         while len(boxes) < per_image:
-            w, h = rng.uniform(8, 200, 2)
-            x, y = rng.uniform(0, WIDTH - w), rng.uniform(0, HEIGHT - h)
+            w, h = rng.uniform(8, 200, 2) * scale
+            x, y = rng.uniform(0, width - w), rng.uniform(0, height - h)
             boxes.append([x, y, x + w, y + h])
             scores.append(rng.uniform(0.05, 0.6))
             cats.append(int(rng.integers(1, CATEGORIES + 1)))
@@ -94,17 +96,19 @@ def main() -> None:
     parser.add_argument("--per-image", type=int, default=100)
     parser.add_argument("--backend", default="pycocotools", choices=scoring.BACKENDS)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", default="480x640", help="HEIGHTxWIDTH of the images")
     args = parser.parse_args()
+    height, width = (int(v) for v in args.size.split("x"))
     torch.set_num_threads(1)  # scoring runs in one background process beside training
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        annotation_file, predictions = build(args.images, args.per_image, args.seed, Path(tmp))
-        print(f"synthetic data: {args.images} images of {HEIGHT} x {WIDTH}, {args.per_image} detections each "
+        annotation_file, predictions = build(args.images, args.per_image, args.seed, Path(tmp), height, width)
+        print(f"synthetic data: {args.images} images of {height} x {width}, {args.per_image} detections each "
               f"(built in {time.perf_counter() - start:.0f} s, not counted)")
         rows, rles, per_image_s = [], [], []
         for image_id, boxes, scores, cats, probs in predictions:
             start = time.perf_counter()
-            pasted = paste_masks_in_image(torch.from_numpy(probs)[:, None], torch.from_numpy(boxes), (HEIGHT, WIDTH))
+            pasted = paste_masks_in_image(torch.from_numpy(probs)[:, None], torch.from_numpy(boxes), (height, width))
             rles.append(K.encode((pasted[:, 0] > 0.5).numpy()))
             per_image_s.append(time.perf_counter() - start)
             rows.append(scoring.detection_rows(image_id, boxes, scores, cats))

@@ -29,7 +29,8 @@ def trainperf_run(workload, recipe, data_dir: Path, seed: int) -> tuple[float, b
     ctx = RuntimeContext.create("cpu")
     result = run(RunConfig(workload=workload, recipe=recipe, scale="mini", data_dir=data_dir, seed=seed,
                            log_path=None), ctx)
-    curve = " ".join(f"{e.epoch:g}:{e.value:.3f}" if isinstance(e.value, float) else f"{e.epoch:g}:{e.value}"
+    curve = " ".join(f"{e.epoch:g}:{e.value:.3f}" if isinstance(e.value, float) else
+                     f"{e.epoch:g}:(" + ", ".join(f"{k} {v:.3f}" for k, v in e.value.items()) + ")"
                      for e in result.evaluations)
     print(f"  evaluations (epoch:quality) {curve}", flush=True)
     return result.time_to_train_s, result.status == "success", result.epochs_to_target

@@ -19,6 +19,7 @@ _WORKLOADS: dict[str, str] = {
     "bert": "trainperf.workloads.bert:BertWorkload",
     "rnnt": "trainperf.workloads.rnnt:RNNTWorkload",
     "unet3d": "trainperf.workloads.unet3d:UNet3DWorkload",
+    "maskrcnn": "trainperf.workloads.maskrcnn:MaskRCNNWorkload",
 }
 
 

@@ -31,7 +31,7 @@ from torch.utils.data import Dataset
 
 from trainperf.errors import TrainperfError, shown
 from trainperf.files import AtomicOutput
-from trainperf.workloads.coco.masks import check_segmentation
+from trainperf.workloads.coco.masks import check_segmentation, rasterize
 
 MINI_FORMAT_VERSION = 1
 MANIFEST = "trainperf_coco.json"
@@ -226,9 +226,13 @@ class CocoDetection(Dataset):
         if tuple(image.shape[1:]) != (height, width):
             raise TrainperfError(f"{self.index.files[i]}: image is {image.shape[2]}x{image.shape[1]}, its annotation "
                                  f"says {width}x{height}")
-        image, boxes, labels = self.transform(image, torch.from_numpy(self.index.boxes[i]),
-                                              torch.from_numpy(self.index.labels[i]))
-        return image, {"boxes": boxes, "labels": labels}, i
+        boxes, labels = torch.from_numpy(self.index.boxes[i]), torch.from_numpy(self.index.labels[i])
+        if self.index.segmentations is None:
+            image, boxes, labels = self.transform(image, boxes, labels)
+            return image, {"boxes": boxes, "labels": labels}, i
+        masks = torch.from_numpy(rasterize(self.index.segmentations[i], height, width))
+        image, boxes, labels, masks = self.transform(image, boxes, labels, masks)
+        return image, {"boxes": boxes, "labels": labels, "masks": masks}, i
 
 
 def collate(samples: list[tuple[torch.Tensor, dict[str, torch.Tensor], int]]) -> tuple[Any, list, list[int]]:
@@ -279,14 +283,29 @@ def _background(rng: np.random.Generator, size: int) -> Image.Image:
     return img
 
 
-def _mini_image(rng: np.random.Generator, size: int, image_id: int, first_ann: int) -> tuple[Image.Image, list[dict]]:
+def _mini_image(rng: np.random.Generator, size: int, image_id: int, first_ann: int, overlap: bool = True
+                ) -> tuple[Image.Image, list[dict]]:
+    """One image of 1-4 shapes. With overlap, later shapes may cover earlier ones (whose polygons
+    then include hidden parts: fine for boxes); without, each shape's square is drawn where it
+    intersects no earlier one (up to 20 draws, else the shape is left out), so every polygon is its
+    object's visible mask."""
     img = _background(rng, size)
     draw = ImageDraw.Draw(img)
-    anns = []
-    for k in range(int(rng.integers(1, 5))):
+    anns: list[dict] = []
+    placed: list[tuple[float, float, float]] = []
+    for _ in range(int(rng.integers(1, 5))):
         category = int(rng.choice(list(MINI_CATEGORIES)))
         side = float(rng.uniform(0.16, 0.5) * size)
         x0, y0 = (float(v) for v in rng.uniform(0, size - side, 2))
+        if not overlap:
+            for _ in range(20):
+                if all(x0 + side <= px or px + ps <= x0 or y0 + side <= py or py + ps <= y0 for px, py, ps in placed):
+                    break
+                x0, y0 = (float(v) for v in rng.uniform(0, size - side, 2))
+            else:
+                continue
+            placed.append((x0, y0, side))
+        k = len(anns)
         polygon = _shape_polygon(MINI_CATEGORIES[category], x0, y0, side)
         colour = tuple(int(v) for v in rng.uniform(0, 255, 3))
         draw.polygon(polygon, fill=colour, outline=tuple(255 - c for c in colour))
@@ -300,7 +319,7 @@ def _mini_image(rng: np.random.Generator, size: int, image_id: int, first_ann: i
 
 
 def generate_mini(root: Path, layout: Layout, counts: tuple[int, int], size: int = 64, seed: int = 0,
-                  say: Callable[[str], None] = print) -> None:
+                  say: Callable[[str], None] = print, overlap: bool = True) -> None:
     """Write the mini dataset in the layout (JPEGs and COCO instances files), as one atomic folder: an
     interrupted generation leaves nothing that looks prepared."""
     rng = np.random.default_rng(seed)
@@ -311,7 +330,7 @@ def generate_mini(root: Path, layout: Layout, counts: tuple[int, int], size: int
             layout.annotation_file(tmp, split).parent.mkdir(parents=True, exist_ok=True)
             images, anns = [], []
             for _ in range(count):
-                img, objects = _mini_image(rng, size, next_image, next_ann)
+                img, objects = _mini_image(rng, size, next_image, next_ann, overlap)
                 name = f"{next_image:012d}.jpg"
                 img.save(layout.image_dir(tmp, split) / name, quality=92)
                 images.append({"id": next_image, "file_name": name, "width": size, "height": size})
@@ -322,17 +341,22 @@ def generate_mini(root: Path, layout: Layout, counts: tuple[int, int], size: int
                          "categories": [{"id": c, "name": n, "supercategory": "shape"}
                                         for c, n in MINI_CATEGORIES.items()]}
             layout.annotation_file(tmp, split).write_text(json.dumps(instances))
-        manifest = {"format_version": MINI_FORMAT_VERSION, "size": size, "counts": list(counts), "seed": seed}
+        manifest = _manifest(size, counts, seed, overlap)
         (tmp / MANIFEST).write_text(json.dumps(manifest))
     say(f"wrote {counts[0]} train and {counts[1]} val images ({size}x{size}, COCO format) to {root}")
 
 
-def mini_ready(root: Path, size: int, counts: tuple[int, int]) -> bool:
+def _manifest(size: int, counts: tuple[int, int], seed: int, overlap: bool) -> dict[str, Any]:
+    manifest = {"format_version": MINI_FORMAT_VERSION, "size": size, "counts": list(counts), "seed": seed}
+    return manifest if overlap else {**manifest, "overlap": False}
+
+
+def mini_ready(root: Path, size: int, counts: tuple[int, int], overlap: bool = True) -> bool:
     try:
         manifest = json.loads((root / MANIFEST).read_text())
     except (OSError, ValueError):
         return False
-    return manifest == {"format_version": MINI_FORMAT_VERSION, "size": size, "counts": list(counts), "seed": 0}
+    return manifest == _manifest(size, counts, 0, overlap)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,20 +376,22 @@ class DetectionData:
     train_images: int
     val_images: int
     classes: int
+    masks: bool = False  # instance segmentations read too (Mask R-CNN)
+    mini_overlap: bool = True  # whether the mini's shapes may cover each other
 
     def problems(self, scale: str, root: Path) -> list[str]:
         if scale == "mini":
-            ready = mini_ready(root, MINI_SIZE, MINI_COUNTS)
+            ready = mini_ready(root, MINI_SIZE, MINI_COUNTS, self.mini_overlap)
             return [] if ready else [f"{root}: mini dataset not generated yet (trainperf prepare {self.workload})"]
         return layout_problems(root, self.layout)
 
     def prepare(self, scale: str, root: Path, say: Callable[[str], None]) -> None:
         """mini: generate (once); full: check the tree, read both splits and report what was repaired."""
         if scale == "mini":
-            if mini_ready(root, MINI_SIZE, MINI_COUNTS):
+            if mini_ready(root, MINI_SIZE, MINI_COUNTS, self.mini_overlap):
                 say(f"mini dataset already present in {root}")
                 return
-            generate_mini(root, self.layout, MINI_COUNTS, MINI_SIZE, say=say)
+            generate_mini(root, self.layout, MINI_COUNTS, MINI_SIZE, say=say, overlap=self.mini_overlap)
             return
         problems = layout_problems(root, self.layout)
         if problems:
@@ -385,8 +411,9 @@ class DetectionData:
 
     def read(self, root: Path) -> tuple[CocoIndex, CocoIndex]:
         """Both splits, checked; val's labels follow train's categories."""
-        train = read_instances(root, self.layout.splits[0], layout=self.layout)
-        return train, read_instances(root, self.layout.splits[1], train.category_ids, layout=self.layout)
+        train = read_instances(root, self.layout.splits[0], layout=self.layout, masks=self.masks)
+        return train, read_instances(root, self.layout.splits[1], train.category_ids, layout=self.layout,
+                                     masks=self.masks)
 
 
 def synthetic_batch(n: int, size: int, labels: tuple[int, int], device: torch.device
@@ -430,6 +457,8 @@ def resident(train: CocoIndex, val: CocoIndex, ctx: Any, batch: int, hflip: bool
     width = train_x.shape[-1]
     boxes = [torch.from_numpy(b).to(device) for b in train.boxes]
     labels = [torch.from_numpy(lab - 1 + label_base).to(device) for lab in train.labels]
+    masks = None if train.segmentations is None else [
+        torch.from_numpy(rasterize(s, *hw)).to(device) for s, hw in zip(train.segmentations, train.sizes, strict=True)]
     order_gen, aug_gen = ctx.generator("order"), ctx.generator("augment", per_rank=True)
     n = len(train)
     steps = n // batch  # whole global batches: static shapes
@@ -447,6 +476,8 @@ def resident(train: CocoIndex, val: CocoIndex, ctx: Any, batch: int, hflip: bool
                 if f:
                     b = torch.stack([width - b[:, 2], b[:, 1], width - b[:, 0], b[:, 3]], dim=1)
                 targets.append({"boxes": b, "labels": labels[i]})
+                if masks is not None:
+                    targets[-1]["masks"] = masks[i].flip(-1) if f else masks[i]
             yield images(x), targets, idx.tolist()
 
     def val_batches() -> Any:
@@ -482,7 +513,7 @@ def streamed(train: CocoIndex, val: CocoIndex, ctx: Any, batch: int, workers: in
     shift = label_base - 1
 
     def to_device(targets: Targets) -> Targets:
-        return [{"boxes": t["boxes"].to(device, non_blocking=True),
+        return [{**{k: v.to(device, non_blocking=True) for k, v in t.items()},
                  "labels": (t["labels"] + shift).to(device, non_blocking=True)} for t in targets]
 
     def train_batches(epoch: int) -> Any:

@@ -74,7 +74,7 @@ class Detector(Workload[D]):
                                  f"{recipe.num_classes - self.background} (--set num_classes=N{background})")
         train = train.without_empty_images()
         loaders = self.loaders(recipe, train, val, ctx)
-        metric = scoring.metric(val.annotation_file, val.image_ids, recipe.coco_backend)
+        metric = scoring.metric(val.annotation_file, val.image_ids, recipe.coco_backend, masks=self.data.masks)
         return DataParts(train_batches=lambda view: loaders.train_batches(view.epoch),
                          steps_per_epoch=loaders.steps_per_epoch,
                          train_samples=loaders.steps_per_epoch * recipe.global_batch_size, eval_samples=len(val),

@@ -1,0 +1,164 @@
+"""Mask R-CNN from torchvision's detection building blocks, configured as the MLPerf reference
+(maskrcnn_benchmark, e2e_mask_rcnn_R_50_FPN_1x): a ResNet-50 body with frozen BatchNorm whose stem and
+res2 are frozen too, an FPN over C2-C5 with P6 by max-pooling (for the RPN only), one anchor size per
+level (32..512) at ratios 0.5/1/2, the RPN's thresholds, top-N and NMS, RoIAlign 7x7 / 14x14 with
+sampling ratio 2 over P2-P5 (canonical level 4 at 224 pixels), 512 RoIs per image at 25 %
+foreground, two FC-1024 layers, class-specific boxes (weights 10, 10, 5, 5), four 3x3 convolutions and a
+deconvolution to 28x28 class-specific masks; at test time score 0.05, NMS 0.5, 100 detections.
+Inputs are resized to a shorter side of 800 (longer at most 1333) and padded to a multiple of 32.
+
+The mini model keeps every part but the sizes: a small ResNet body trained from scratch (its
+BatchNorm trains), a narrow FPN and heads, anchors and RoIs sized to 64x64 images.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+from torchvision.models.detection import MaskRCNN
+from torchvision.models.detection.anchor_utils import AnchorGenerator
+from torchvision.models.detection.backbone_utils import BackboneWithFPN, resnet_fpn_backbone
+from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
+from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
+from torchvision.models.resnet import BasicBlock
+from torchvision.ops import MultiScaleRoIAlign
+
+FULL_ANCHOR_SIZES = ((32,), (64,), (128,), (256,), (512,))  # P2..P6
+RATIOS = (0.5, 1.0, 2.0)
+# The reference's input: BGR in 0..255 minus the Caffe2 ImageNet means, std 1 (its MSRA R-50 weights
+# expect it); torchvision's ImageNet weights expect RGB in 0..1 normalised by their own mean and std.
+BGR255_MEAN, BGR255_STD = (102.9801, 115.9465, 122.7717), (1.0, 1.0, 1.0)
+RGB_MEAN, RGB_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def maskrcnn_resnet50_fpn(num_classes: int, min_size: int = 800, max_size: int = 1333, candidates: int = 1000,
+                          bgr255: bool = True, backbone_weights: dict | None = None) -> MaskRCNN:
+    """The reference Mask R-CNN. `candidates`: the RPN's post-NMS proposals kept per image in training
+    (torchvision keeps them per image; the reference's config takes them over each GPU's batch).
+    `backbone_weights`: a torchvision-format resnet50 state dict (ImageNet)."""
+    backbone = resnet_fpn_backbone(backbone_name="resnet50", weights=None, trainable_layers=3)
+    if backbone_weights is not None:
+        body = {k: v for k, v in backbone_weights.items() if not k.startswith("fc.")}
+        backbone.body.load_state_dict(body)
+    stride_in_1x1(backbone.body)
+    mean, std = (BGR255_MEAN, BGR255_STD) if bgr255 else (RGB_MEAN, RGB_STD)
+    model = MaskRCNN(
+        backbone, num_classes, min_size=min_size, max_size=max_size, image_mean=list(mean), image_std=list(std),
+        rpn_anchor_generator=AnchorGenerator(FULL_ANCHOR_SIZES, (RATIOS,) * len(FULL_ANCHOR_SIZES)),
+        rpn_pre_nms_top_n_train=2000, rpn_pre_nms_top_n_test=1000, rpn_post_nms_top_n_train=candidates,
+        rpn_post_nms_top_n_test=1000, rpn_nms_thresh=0.7, rpn_fg_iou_thresh=0.7, rpn_bg_iou_thresh=0.3,
+        rpn_batch_size_per_image=256, rpn_positive_fraction=0.5,
+        box_roi_pool=MultiScaleRoIAlign(["0", "1", "2", "3"], 7, sampling_ratio=2),
+        box_score_thresh=0.05, box_nms_thresh=0.5, box_detections_per_img=100, box_fg_iou_thresh=0.5,
+        box_bg_iou_thresh=0.5, box_batch_size_per_image=512, box_positive_fraction=0.25,
+        bbox_reg_weights=(10.0, 10.0, 5.0, 5.0),
+        mask_roi_pool=MultiScaleRoIAlign(["0", "1", "2", "3"], 14, sampling_ratio=2))
+    reference_box_head_init(model)
+    return model
+
+
+def stride_in_1x1(body: nn.Module) -> None:
+    """The MSRA R-50 of the reference strides in each stage's first 1x1 convolution (ResNet v1);
+    torchvision's strides in the 3x3 (v1.5). Same tensors, so the move is a stride change only."""
+    for name in ("layer2", "layer3", "layer4"):
+        block = getattr(body, name)[0]
+        stride = block.conv2.stride
+        block.conv1.stride, block.conv2.stride = stride, (1, 1)
+
+
+def reference_box_head_init(model: MaskRCNN) -> None:
+    """maskrcnn_benchmark's box head initialisation where torchvision keeps nn.Linear's default: fc6
+    and fc7 by Caffe2's Xavier fill (kaiming_uniform with a=1), the class scores N(0, 0.01), the box
+    deltas N(0, 0.001), every bias 0. (The FPN, the RPN head and the mask head already agree.)"""
+    head, predictor = model.roi_heads.box_head, model.roi_heads.box_predictor
+    for fc in (head.fc6, head.fc7):
+        nn.init.kaiming_uniform_(fc.weight, a=1)
+        nn.init.zeros_(fc.bias)
+    nn.init.normal_(predictor.cls_score.weight, std=0.01)
+    nn.init.normal_(predictor.bbox_pred.weight, std=0.001)
+    nn.init.zeros_(predictor.cls_score.bias)
+    nn.init.zeros_(predictor.bbox_pred.bias)
+
+
+MINI_ANCHOR_SIZES = ((8,), (16,), (32,), (64,))  # P2..P5 of a 64x64 image
+
+
+class MiniBody(nn.Module):
+    """A ResNet body for 64x64 images: a stride-1 stem, then four stages of one basic block at strides
+    2, 4, 8 and 16 (C2-C5: the reference's levels, at a quarter of their stride)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU(inplace=True)
+        channels = width
+        for i, out in enumerate(mini_stages(width), start=1):
+            down = nn.Sequential(nn.Conv2d(channels, out, 1, stride=2, bias=False), nn.BatchNorm2d(out))
+            setattr(self, f"layer{i}", nn.Sequential(BasicBlock(channels, out, stride=2, downsample=down)))
+            channels = out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # only its layers are used (IntermediateLayerGetter)
+        raise NotImplementedError
+
+
+def mini_stages(width: int) -> tuple[int, int, int, int]:
+    return (width, 2 * width, 4 * width, 4 * width)
+
+
+def mini_maskrcnn(num_classes: int, image_size: int = 64, width: int = 16, fpn_channels: int = 32,
+                  representation: int = 128, candidates: int = 300, rois: int = 64, detections: int = 100,
+                  mask_channels: int = 32, mask_pool: int = 7) -> MaskRCNN:
+    """A small Mask R-CNN with the reference's structure, for 64x64 images, trained from scratch. Its
+    heads are where a CPU spends the time (every RoI through the box MLP, every positive RoI through
+    the mask convolutions): one mask convolution, RoIs pooled to `mask_pool` (masks of twice that)."""
+    body = MiniBody(width)
+    backbone = BackboneWithFPN(body, return_layers={f"layer{i}": str(i - 1) for i in range(1, 5)},
+                               in_channels_list=list(mini_stages(width)), out_channels=fpn_channels)
+    anchors = AnchorGenerator(MINI_ANCHOR_SIZES + ((96,),), (RATIOS,) * (len(MINI_ANCHOR_SIZES) + 1))
+    box_pool = MultiScaleRoIAlign(["0", "1", "2", "3"], 7, sampling_ratio=2, canonical_scale=56, canonical_level=4)
+    mask_roi_pool = MultiScaleRoIAlign(["0", "1", "2", "3"], mask_pool, sampling_ratio=2, canonical_scale=56,
+                                       canonical_level=4)
+    # num_classes goes to the predictors: torchvision wants None when they are given (its default box
+    # predictor assumes a 1024-wide head).
+    return MaskRCNN(
+        backbone, None, min_size=image_size, max_size=image_size, fixed_size=(image_size, image_size),
+        image_mean=list(RGB_MEAN), image_std=list(RGB_STD), rpn_anchor_generator=anchors,
+        rpn_pre_nms_top_n_train=150, rpn_pre_nms_top_n_test=150, rpn_post_nms_top_n_train=candidates,
+        rpn_post_nms_top_n_test=candidates, rpn_batch_size_per_image=128,
+        box_roi_pool=box_pool, box_head=TwoMLPHead(fpn_channels * 49, representation),
+        box_predictor=FastRCNNPredictor(representation, num_classes),
+        box_batch_size_per_image=rois, box_detections_per_img=detections, box_score_thresh=0.05,
+        mask_roi_pool=mask_roi_pool, mask_head=MaskRCNNHeads(fpn_channels, (mask_channels,), 1),
+        mask_predictor=MaskRCNNPredictor(mask_channels, mask_channels, num_classes))
+
+
+# The closed rules' (1.1.0+) names for the reference's tensors, by torchvision module prefix.
+_REFERENCE_NAMES = [
+    (re.compile(r"^backbone\.fpn\.inner_blocks\.(\d)\."), lambda m: f"FPN_inner_block{int(m.group(1)) + 1}"),
+    (re.compile(r"^backbone\.fpn\.layer_blocks\.(\d)\."), lambda m: f"FPN_layer_block{int(m.group(1)) + 1}"),
+    (re.compile(r"^rpn\.head\.conv\."), lambda m: "RPNHead_conv"),
+    (re.compile(r"^rpn\.head\.cls_logits\."), lambda m: "RPNHead_cls"),
+    (re.compile(r"^rpn\.head\.bbox_pred\."), lambda m: "RPNHead_bbox"),
+    (re.compile(r"^roi_heads\.box_head\.fc6\."), lambda m: "ROI_BOX_FEATURE_EXTRACTOR_fc6"),
+    (re.compile(r"^roi_heads\.box_head\.fc7\."), lambda m: "ROI_BOX_FEATURE_EXTRACTOR_fc7"),
+    (re.compile(r"^roi_heads\.box_predictor\.cls_score\."), lambda m: "ROI_BOX_PREDICTOR_cls"),
+    (re.compile(r"^roi_heads\.box_predictor\.bbox_pred\."), lambda m: "ROI_BOX_PREDICTOR_bbox"),
+    (re.compile(r"^roi_heads\.mask_head\.(\d)\."), lambda m: f"ROI_MASK_FEATURE_EXTRACTOR_fcn{int(m.group(1)) + 1}"),
+    (re.compile(r"^roi_heads\.mask_predictor\.conv5_mask\."), lambda m: "ROI_MASK_PREDICTOR_fcn5"),
+    (re.compile(r"^roi_heads\.mask_predictor\.mask_fcn_logits\."), lambda m: "ROI_MASK_PREDICTOR_fcn_logits"),
+]
+
+
+def reference_tensor_names(model: nn.Module) -> list[str]:
+    """The tensors the reference logs as initialised (`weights_initialization`): its heads' and FPN's,
+    once per module (the body starts from ImageNet weights and is not listed)."""
+    names: list[str] = []
+    for name, _ in model.named_parameters():
+        for pattern, rename in _REFERENCE_NAMES:
+            found = pattern.match(name)
+            if found and rename(found) not in names:
+                names.append(rename(found))
+    return names

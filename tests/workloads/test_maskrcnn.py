@@ -1,0 +1,268 @@
+"""Mask R-CNN: the reference configuration of torchvision's blocks, the full recipes against the closed
+rules and the RCP file, the LR policy and bias groups, the non-overlapping mini with its masks, the
+evaluation's RLE-encoded detections, and the two-metric target end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import mini_data, read_log, write_minimal_closed_log
+from trainperf.errors import TrainperfError
+from trainperf.results.compliance import check
+from trainperf.spec import RuntimeContext
+from trainperf.workloads.coco import data as C
+from trainperf.workloads.coco import masks as K
+from trainperf.workloads.maskrcnn import DATA, FULL_RECIPES, MINI, MaskRCNNWorkload, lr_factor, param_groups
+from trainperf.workloads.maskrcnn import model as M
+
+
+@pytest.fixture(scope="module")
+def reference() -> torch.nn.Module:
+    return M.maskrcnn_resnet50_fpn(81)
+
+
+def test_the_reference_configuration(reference):
+    rpn, heads = reference.rpn, reference.roi_heads
+    assert rpn._pre_nms_top_n == {"training": 2000, "testing": 1000}
+    assert rpn._post_nms_top_n == {"training": 1000, "testing": 1000} and rpn.nms_thresh == 0.7
+    assert (rpn.proposal_matcher.high_threshold, rpn.proposal_matcher.low_threshold) == (0.7, 0.3)
+    assert rpn.fg_bg_sampler.batch_size_per_image == 256 and rpn.fg_bg_sampler.positive_fraction == 0.5
+    assert rpn.anchor_generator.sizes == ((32,), (64,), (128,), (256,), (512,))
+    assert heads.fg_bg_sampler.batch_size_per_image == 512 and heads.fg_bg_sampler.positive_fraction == 0.25
+    assert heads.box_coder.weights == (10.0, 10.0, 5.0, 5.0)
+    assert (heads.score_thresh, heads.nms_thresh, heads.detections_per_img) == (0.05, 0.5, 100)
+    assert heads.box_roi_pool.output_size == (7, 7) and heads.mask_roi_pool.output_size == (14, 14)
+    assert heads.box_roi_pool.sampling_ratio == 2 and heads.mask_roi_pool.sampling_ratio == 2
+    transform = reference.transform
+    assert (transform.min_size, transform.max_size, transform.size_divisible) == ((800,), 1333, 32)
+    assert transform.image_mean == list(M.BGR255_MEAN) and transform.image_std == [1.0, 1.0, 1.0]
+    # FrozenBN everywhere in the body, stem and res2 frozen, res3-5 trained.
+    body = reference.backbone.body
+    assert not any(p.requires_grad for n, p in body.named_parameters() if n.startswith(("conv1", "layer1")))
+    assert all(p.requires_grad for n, p in body.named_parameters() if n.startswith(("layer2", "layer3", "layer4")))
+    assert sum(p.numel() for p in reference.parameters()) == 44_347_573
+    # The MSRA body strides in the 1x1 convolution; the box head starts as the reference's.
+    assert body.layer2[0].conv1.stride == (2, 2) and body.layer2[0].conv2.stride == (1, 1)
+    assert body.layer1[0].conv1.stride == (1, 1)
+    predictor = heads.box_predictor
+    assert float(predictor.bbox_pred.weight.detach().std()) == pytest.approx(0.001, rel=0.05)
+    assert float(predictor.cls_score.weight.detach().std()) == pytest.approx(0.01, rel=0.05)
+    assert not predictor.cls_score.bias.any() and not heads.box_head.fc6.bias.any()
+    with torch.no_grad():
+        features = reference.backbone.body(torch.zeros(1, 3, 64, 64))
+    assert [tuple(f.shape[-2:]) for f in features.values()] == [(16, 16), (8, 8), (4, 4), (2, 2)]
+
+
+def test_logged_tensor_names_are_the_closed_rules_list(reference):
+    import re
+
+    import mlperf_logging
+
+    rules = Path(mlperf_logging.__file__).parent / "compliance_checker" / "training_1.1.0" / "closed_maskrcnn.yaml"
+    listed = re.findall(r'"((?:FPN|RPNHead|ROI)_[A-Za-z0-9_]+)"', rules.read_text())
+    assert len(listed) == 21 and sorted(M.reference_tensor_names(reference)) == sorted(listed)
+
+
+@pytest.mark.parametrize("name", sorted(FULL_RECIPES))
+def test_full_recipes_pass_the_closed_rules(tmp_path, name):
+    recipe = FULL_RECIPES[name]
+    workload = MaskRCNNWorkload()
+    world = max(1, recipe.global_batch_size // 6) if name != "reference" else 8
+    ctx = RuntimeContext(device=torch.device("cpu"), world_size=world)
+    hyper = workload.mlperf_hyperparameters(recipe, ctx)
+    log = tmp_path / "closed.txt"
+    write_minimal_closed_log(log, "maskrcnn", recipe.global_batch_size, hyper, {"BBOX": 0.378, "SEGM": 0.342}, 14)
+    verdict = check(log, "1.0.0")
+    assert verdict.valid, verdict.output
+    write_minimal_closed_log(log, "maskrcnn", recipe.global_batch_size, hyper, {"BBOX": 0.378, "SEGM": 0.33}, 14)
+    assert not check(log, "1.0.0").valid  # mask AP short of 0.339: not converged
+    write_minimal_closed_log(log, "maskrcnn", recipe.global_batch_size, {**hyper, "opt_base_learning_rate": 0.05},
+                             {"BBOX": 0.378, "SEGM": 0.342}, 14)
+    assert not check(log, "1.0.0").valid  # not a multiple of 0.02
+
+
+def test_full_recipes_are_the_rcp_points():
+    import mlperf_logging
+
+    path = Path(mlperf_logging.__file__).parent / "rcp_checker" / "training_1.0.0" / "rcps_maskrcnn.json"
+    for point in json.loads(path.read_text()).values():
+        recipe = FULL_RECIPES[f"rcp-{point['BS']}"]
+        hyper = point["Hyperparams"]
+        assert recipe.base_lr == hyper["opt_base_learning_rate"]
+        assert list(recipe.decay_steps) == hyper["opt_learning_decay_steps"]
+        assert recipe.warmup_steps == hyper["opt_learning_rate_warmup_steps"]
+        assert recipe.warmup_factor == hyper["opt_learning_rate_warmup_factor"]
+        assert (recipe.min_image_size, recipe.max_image_size) == (hyper["min_image_size"], hyper["max_image_size"])
+        # 6 images per accelerator in the RCP runs: 1000 proposals per image, as trainperf keeps them.
+        ctx = RuntimeContext(device=torch.device("cpu"), world_size=point["BS"] // 6 if point["BS"] % 6 == 0 else 1)
+        if point["BS"] % 6 == 0:
+            logged = MaskRCNNWorkload().mlperf_hyperparameters(recipe, ctx)["num_image_candidates"]
+            assert logged == hyper["num_image_candidates"]
+
+
+def test_backbone_weights_are_loaded_and_checked(tmp_path):
+    from torchvision.models import resnet50
+
+    from trainperf.spec import Assets
+
+    weights = resnet50().state_dict()
+    path = tmp_path / "r50.pt"
+    torch.save(weights, path)
+    recipe = FULL_RECIPES["rcp-48"]
+    ctx = RuntimeContext(device=torch.device("cpu"))
+    body = MaskRCNNWorkload().build(recipe, ctx, Assets({"backbone weights": path})).model.backbone.body
+    torch.testing.assert_close(body.conv1.weight, weights["conv1.weight"])
+    torch.testing.assert_close(body.layer4[2].bn3.running_var, weights["layer4.2.bn3.running_var"])
+    weights["layer3.0.conv2.weight"] = torch.zeros(3, 3)
+    torch.save(weights, path)
+    with pytest.raises(TrainperfError, match=r"r50.pt: layer3.0.conv2.weight has shape \(3, 3\)"):
+        MaskRCNNWorkload().build(recipe, ctx, Assets({"backbone weights": path}))
+
+
+def test_lr_policy_is_the_references_warmup_multistep():
+    recipe = FULL_RECIPES["reference"]
+    f = lr_factor(recipe)
+    assert f(0) == pytest.approx(1 / 3) and f(250) == pytest.approx(1 / 3 * 0.5 + 0.5) and f(500) == 1.0
+    assert f(59_999) == 1.0 and f(60_000) == pytest.approx(0.1) and f(80_000) == pytest.approx(0.01)
+
+
+def test_biases_get_twice_the_lr_and_no_weight_decay(reference):
+    groups = param_groups(reference, FULL_RECIPES["reference"])
+    assert groups[1]["lr"] == pytest.approx(0.04) and groups[1]["weight_decay"] == 0.0
+    assert groups[0]["weight_decay"] == 1e-4
+    assert sum(p.numel() for g in groups for p in g["params"]) == sum(
+        p.numel() for p in reference.parameters() if p.requires_grad)
+
+
+def test_the_mini_masks_are_the_visible_shapes():
+    root = mini_data("maskrcnn")
+    train, val = DATA.read(root)
+    assert train.segmentations is not None and val.segmentations is not None
+    for i in range(50):
+        masks = K.rasterize(train.segmentations[i], *train.sizes[i])
+        assert masks.sum(0).max() <= 1  # no two shapes share a pixel: every polygon is what is seen
+        for box, mask in zip(train.boxes[i], masks, strict=True):
+            ys, xs = np.nonzero(mask)
+            assert abs(xs.min() - box[0]) <= 1.5 and abs(ys.max() + 1 - box[3]) <= 1.5
+    assert not C.mini_ready(root, C.MINI_SIZE, C.MINI_COUNTS)  # not the overlapping detectors' data
+
+
+def test_the_mini_model_trains_and_detects_with_masks():
+    torch.manual_seed(0)
+    model = M.mini_maskrcnn(5)
+    images = torch.rand(2, 3, 64, 64)
+    targets = [{"boxes": torch.tensor([[4.0, 4.0, 30.0, 30.0]]), "labels": torch.tensor([2]),
+                "masks": torch.zeros(1, 64, 64, dtype=torch.uint8)} for _ in range(2)]
+    targets[0]["masks"][0, 4:30, 4:30] = 1
+    targets[1]["masks"][0, 10:20, 4:30] = 1
+    losses = model(images, targets)
+    assert set(losses) == {"loss_classifier", "loss_box_reg", "loss_mask", "loss_objectness", "loss_rpn_box_reg"}
+    sum(losses.values()).backward()
+    assert model.roi_heads.mask_predictor.mask_fcn_logits.weight.grad.abs().sum() > 0
+    model.eval()
+    with torch.no_grad():
+        out = model(images)
+    assert out[0]["masks"].shape[1:] == (1, 64, 64)
+
+
+def test_two_metrics_are_one_target():
+    metric = MaskRCNNWorkload.metric
+    assert metric.reached({"BBOX": 0.38, "SEGM": 0.34}, FULL_RECIPES["reference"].target)
+    assert not metric.reached({"BBOX": 0.40, "SEGM": 0.30}, FULL_RECIPES["reference"].target)
+    assert metric.logged({"BBOX": 0.38, "SEGM": 0.34}) == {"BBOX": 0.38, "SEGM": 0.34}
+    with pytest.raises(TrainperfError, match="decay_steps must increase"):
+        dataclasses.replace(MINI, decay_steps=(5, 2)).validate()
+
+
+def _coco_tree_with_masks(root: Path, images: int = 4) -> Path:
+    """A tiny COCO tree of 48x40 images with polygon masks (one a 2-point polygon: dropped), a crowd
+    RLE, and an image without annotations."""
+    from PIL import Image
+
+    for split in ("train2017", "val2017"):
+        (root / split).mkdir(parents=True)
+        entries, anns = [], []
+        for i in range(1, images + 1):
+            pixels = np.full((40, 48, 3), 30, np.uint8)
+            pixels[8:8 + 2 * i, 6:30] = 200
+            Image.fromarray(pixels).save(root / split / f"{i:012d}.jpg")
+            entries.append({"id": i, "file_name": f"{i:012d}.jpg", "width": 48, "height": 40})
+            if i < images:
+                y1 = 8 + 2 * i
+                anns.append({"id": 10 * i, "image_id": i, "category_id": 3, "iscrowd": 0, "area": 24.0 * 2 * i,
+                             "bbox": [6, 8, 24, 2 * i], "segmentation": [[6, 8, 30, 8, 30, y1, 6, y1]]})
+        anns.append({"id": 98, "image_id": 1, "category_id": 3, "iscrowd": 0, "area": 1.0, "bbox": [1, 1, 2, 2],
+                     "segmentation": [[1, 1, 3, 3]]})
+        anns.append({"id": 99, "image_id": 2, "category_id": 3, "iscrowd": 1, "area": 1920.0, "bbox": [0, 0, 48, 40],
+                     "segmentation": {"size": [40, 48], "counts": [0, 1920]}})
+        (root / "annotations").mkdir(exist_ok=True)
+        (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(
+            {"images": entries, "annotations": anns, "categories": [{"id": 3, "name": "bar"}]}))
+    return root
+
+
+@pytest.mark.slow
+def test_full_path_on_a_tiny_coco_tree_with_masks(tmp_path, capsys):
+    """The reference Mask R-CNN (R50-FPN, 81 classes, 800-pixel inputs) on a COCO tree with masks:
+    prepare, one epoch, one evaluation of box and mask AP, a log whose eval_accuracy is the dict."""
+    from trainperf.cli import main
+
+    root = _coco_tree_with_masks(tmp_path / "coco")
+    assert main(["prepare", "maskrcnn", "--scale", "full", "--data", str(root)]) == 0
+    out = tmp_path / "run"
+    code = main(["run", "maskrcnn", "--scale", "full", "--data", str(root), "--recipe", "reference", "--out", str(out),
+                 "--quiet", "--set", "global_batch_size=2", "--set", "max_epochs=1", "--set", "num_workers=0",
+                 "--set", "eval_batch_size=2", "--set", "min_image_size=128", "--set", "max_image_size=160"])
+    assert code == 1
+    assert "note: no --set backbone_weights=PATH" in capsys.readouterr().out
+    result = json.loads((out / "result.json").read_text())
+    assert result["train_samples"] == 2 and result["eval_samples"] == 4 and len(result["evaluations"]) == 1
+    value = result["evaluations"][0]["value"]
+    assert set(value) == {"BBOX", "SEGM"} and all(0.0 <= v <= 1.0 for v in value.values())
+    records = read_log(out / "mlperf_log.txt")
+    accuracy = [r for r in records if r["key"] == "eval_accuracy"]
+    assert set(accuracy[0]["value"]) == {"BBOX", "SEGM"}
+    opened = tmp_path / "open.txt"
+    opened.write_text((out / "mlperf_log.txt").read_text().replace('"value": "closed"', '"value": "open"'))
+    assert check(opened, "1.0.0").valid
+
+
+@pytest.mark.slow
+def test_two_processes_reach_both_targets_and_score_and_report_read_the_runs(tmp_path, capsys):
+    """The mini on two gloo processes (each half of every batch and half of val) reaches both targets as
+    one process does in the README's calibration; then `score`, `report` and `compare` read a results
+    folder of such maskrcnn logs (the official summarizer's folder layout)."""
+    import shutil
+
+    from tests.conftest import Page
+    from trainperf.cli import main
+
+    mini_data("maskrcnn")
+    out = tmp_path / "two"
+    assert main(["run", "maskrcnn", "--seed", "0", "--nproc", "2", "--async-eval", "--out", str(out), "--quiet"]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["environment"]["world_size"] == 2 and result["eval_samples"] == 500
+    final = result["evaluations"][-1]["value"]
+    assert final["BBOX"] >= MINI.target[0] and final["SEGM"] >= MINI.target[1] and result["epochs_to_target"] <= 5
+    records = read_log(out / "mlperf_log.txt")
+    assert [r["key"] for r in records].count("run_start") == 1
+    assert set([r for r in records if r["key"] == "eval_accuracy"][-1]["value"]) == {"BBOX", "SEGM"}
+    assert check(out / "mlperf_log.txt", "1.0.0").valid
+    folder = tmp_path / "results" / "cpu" / "maskrcnn"
+    folder.mkdir(parents=True)
+    for i in range(5):
+        shutil.copy(out / "mlperf_log.txt", folder / f"result_{i}.txt")
+    capsys.readouterr()
+    assert main(["score", str(tmp_path / "results")]) == 0
+    assert f"BBOX {final['BBOX']:.4f}, SEGM {final['SEGM']:.4f}" in capsys.readouterr().out
+    html = tmp_path / "report.html"
+    assert main(["report", str(tmp_path / "results"), "-o", str(html)]) == 0
+    assert len(Page(html.read_text()).images) == 1  # the convergence figure, a curve per metric
+    assert main(["compare", str(tmp_path / "results"), str(tmp_path / "results")]) == 0
+    assert "maskrcnn" in capsys.readouterr().out
