@@ -225,17 +225,31 @@ def _report_study(path: Path) -> object:
     return _report([folder], path.parent / "report.html")
 
 
-def _read_coco(path: Path) -> object:
-    from trainperf.workloads.coco import data as C
-
-    # The images the valid file names, beside it in a COCO layout (the mutated file may name others).
+def _coco_root(path: Path) -> Path:
+    """The mutated instances file in a COCO layout beside it, with the images the valid file names
+    (the mutated file may name others)."""
     root = path.parent / "coco"
     (root / "annotations").mkdir(parents=True)
     (root / "train2017").mkdir()
     for entry in json.loads(_coco_instances())["images"]:
         (root / "train2017" / entry["file_name"]).write_bytes(b"")
     (root / "annotations" / "instances_train2017.json").write_bytes(path.read_bytes())
-    return C.read_instances(root, "train2017")
+    return root
+
+
+def _read_coco(path: Path) -> object:
+    from trainperf.workloads.coco import data as C
+
+    return C.read_instances(_coco_root(path), "train2017")
+
+
+def _read_coco_masks(path: Path) -> object:
+    from trainperf.workloads.coco import data as C
+    from trainperf.workloads.coco import masks as K
+
+    index = C.read_instances(_coco_root(path), "train2017", masks=True)
+    # What was accepted must rasterise: pycocotools sees only checked segmentations.
+    return [K.rasterize(s, *hw).sum() for s, hw in zip(index.segmentations or [], index.sizes, strict=True)]
 
 
 @cache
@@ -417,6 +431,7 @@ READERS: list[Reader] = [
            outputs=("train-ratings.csv", "test-ratings.csv", "test-negative.csv", "trainperf_ncf.json")),
     Reader("criteo day", "day_0", _criteo_day, _parse_day),
     Reader("coco instances json", "instances_train2017.json", _coco_instances, _read_coco),
+    Reader("coco instances json with masks", "instances_train2017.json", _coco_instances, _read_coco_masks),
     Reader("wmt parallel text", "corpus.en", _english, _read_parallel),
     Reader("gnmt vocab.bpe", "vocab.bpe.32000", _vocab_bpe, _read_vocab_bpe),
     Reader("bert tfrecord", "part-00000-of-00500", _bert_tfrecord, _read_bert_tfrecord),
