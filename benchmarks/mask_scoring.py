@@ -1,6 +1,7 @@
-"""What one Mask R-CNN evaluation costs off the training path on this machine: pasting each image's
-predicted 28x28 masks into its boxes at full resolution, encoding them as COCO RLE (pycocotools), and
-COCOeval's `bbox` and `segm` passes, on synthetic COCO-sized data.
+"""What one Mask R-CNN evaluation costs on this machine, on synthetic COCO-sized data: on the training
+processes, turning each image's 28x28 mask probabilities into what travels to the scoring process
+(float16 arrays: their bytes and pickling time); in the scoring process, pasting them into their boxes
+at full resolution, encoding them as COCO RLE (pycocotools), and COCOeval's `bbox` and `segm` passes.
 
     python benchmarks/mask_scoring.py                       # 5,000 images of 480 x 640, 100 detections each
     python benchmarks/mask_scoring.py --images 500 --backend faster-coco-eval
@@ -9,14 +10,15 @@ COCOeval's `bbox` and `segm` passes, on synthetic COCO-sized data.
 Ground truth: 3-12 objects per image (COCO val2017 averages 7.3), star-shaped polygons of 80
 categories. Detections (Mask R-CNN keeps at most 100 per image): for every object a jittered box
 whose mask is the object's own shape drawn at 28 x 28 and blurred, the rest random boxes with blob
-masks — what the network's mask head hands to postprocessing. Pasting uses torchvision's
-`paste_masks_in_image` (the one Mask R-CNN's postprocessing calls), thresholded at 0.5.
+masks — what the network's mask head hands to postprocessing. Pasting is `masks.paste` (torchvision's
+`paste_masks_in_image`, which Mask R-CNN's own postprocessing calls), thresholded at 0.5.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import statistics
 import tempfile
 import time
@@ -26,7 +28,6 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 from pycocotools import mask as maskutils
-from torchvision.models.detection.roi_heads import paste_masks_in_image
 
 from trainperf.workloads.coco import masks as K
 from trainperf.workloads.coco import scoring
@@ -105,16 +106,28 @@ def main() -> None:
         annotation_file, predictions = build(args.images, args.per_image, args.seed, Path(tmp), height, width)
         print(f"synthetic data: {args.images} images of {height} x {width}, {args.per_image} detections each "
               f"(built in {time.perf_counter() - start:.0f} s, not counted)")
-        rows, rles, per_image_s = [], [], []
-        for image_id, boxes, scores, cats, probs in predictions:
+        rows, shipped, rles, per_image_s = [], [], [], []
+        start = time.perf_counter()
+        for _, _, _, _, probs in predictions:
+            shipped.append(torch.from_numpy(probs).to(torch.float16).numpy())
+        wire = pickle.dumps(shipped, protocol=pickle.HIGHEST_PROTOCOL)
+        shipped = pickle.loads(wire)
+        ship_s = time.perf_counter() - start
+        print(f"training processes: float16 copies + pickling both ways {ship_s:.2f} s for {len(wire) / 2**20:.0f} MiB "
+              f"({1000 * ship_s / args.images:.2f} ms per image)")
+        flipped = total = 0
+        for (_, boxes, _, _, probs), half in zip(predictions[:20], shipped, strict=False):
+            exact, approx = K.paste(probs, boxes, height, width), K.paste(half, boxes, height, width)
+            flipped, total = flipped + int((exact != approx).sum()), total + int(exact.sum())
+        print(f"float16 instead of float32: {flipped} of {total} mask pixels flip (first 20 images)")
+        for (image_id, boxes, scores, cats, _), probs in zip(predictions, shipped, strict=True):
             start = time.perf_counter()
-            pasted = paste_masks_in_image(torch.from_numpy(probs)[:, None], torch.from_numpy(boxes), (height, width))
-            rles.append(K.encode((pasted[:, 0] > 0.5).numpy()))
+            rles.append(K.encode(K.paste(probs, boxes, height, width)))
             per_image_s.append(time.perf_counter() - start)
             rows.append(scoring.detection_rows(image_id, boxes, scores, cats))
         encode_s = sum(per_image_s)
-        print(f"paste + RLE encode: {encode_s:.1f} s ({1000 * statistics.median(per_image_s):.1f} ms per image, "
-              f"median)")
+        print(f"scoring process: paste + RLE encode: {encode_s:.1f} s ({1000 * statistics.median(per_image_s):.1f} ms "
+              f"per image, median)")
         ids = list(range(1, args.images + 1))
         start = time.perf_counter()
         box = scoring.box_ap({"detections": rows}, str(annotation_file), ids, args.backend)
@@ -124,6 +137,12 @@ def main() -> None:
         both_s = time.perf_counter() - start
         print(f"COCOeval bbox ({args.backend}): {box_s:.1f} s (AP {box:.3f}); bbox + segm: {both_s:.1f} s "
               f"(BBOX {both['BBOX']:.3f}, SEGM {both['SEGM']:.3f}), so segm alone ~{both_s - box_s:.1f} s")
+        start = time.perf_counter()
+        whole = scoring.box_and_mask_ap({"detections": rows, "masks": shipped}, str(annotation_file), ids,
+                                        args.backend)
+        whole_s = time.perf_counter() - start
+        assert whole == both, (whole, both)
+        print(f"the scoring process's whole metric from the shipped probabilities: {whole_s:.1f} s")
         print(f"one evaluation's scoring off the training path: {encode_s + both_s:.1f} s")
 
 

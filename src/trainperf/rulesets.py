@@ -20,6 +20,9 @@ RULESETS: dict[str, str] = {
 # logs name their workload (the `trainperf_workload` record, which the checker ignores).
 WORKLOAD_RULESETS: dict[str, str] = {"retinanet": "2.0.0"}
 WORKLOAD_KEY = "trainperf_workload"
+# Not an MLPerf key either: the ruleset the run's recipe was written against (`Recipe.ruleset`, else
+# the workload's). It decides over both tables above.
+RULESET_KEY = "trainperf_ruleset"
 
 # Benchmarks whose convergence the RCP checker reads in training samples from the train_samples record
 # (its --bert_train_samples mode): BERT logs no epochs, and NVIDIA's published logs put the pass count,
@@ -30,6 +33,7 @@ RCP_TRAIN_SAMPLES: frozenset[str] = frozenset({"bert"})
 OWN_RULES: dict[str, Path] = {"ncf": Path(__file__).parent / "results" / "rules" / "ncf.yaml"}
 
 
-def ruleset_for(benchmark: str, workload: str | None = None) -> str | None:
-    """The ruleset of a log's benchmark key, or of its trainperf workload where that differs."""
-    return WORKLOAD_RULESETS.get(workload or "") or RULESETS.get(benchmark)
+def ruleset_for(benchmark: str, workload: str | None = None, logged: str | None = None) -> str | None:
+    """The ruleset a log names (`trainperf_ruleset`), else its trainperf workload's where that differs
+    from its benchmark key's, else the benchmark key's."""
+    return logged or WORKLOAD_RULESETS.get(workload or "") or RULESETS.get(benchmark)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 import zlib
 from abc import ABC, abstractmethod
@@ -280,6 +281,10 @@ class Recipe:
     fused_optimizer: bool = False  # torch's fused optimizer kernels where they exist (else foreach)
     async_eval: bool = False  # score evaluations in the background while training goes on
     packing: bool = False  # several short sequences in one row, attention kept within each (BERT)
+    # The compliance ruleset this recipe is written against (blank: the workload's): an RCP point that
+    # only a later round's rules allow (Mask R-CNN's BS 8 at LR 0.02/2, a 2.0.0 rule) says so here; the
+    # log records it (`trainperf_ruleset`) and check/score/compare then use it.
+    ruleset: str = ""
 
     # Values a field may take, for fields restricted to a set (checked by `validate`).
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {}
@@ -304,6 +309,8 @@ class Recipe:
             raise TrainperfError("recipe fields max_epochs and max_samples: at least one budget must be > 0")
         if self.max_grad_norm < 0:
             raise TrainperfError(f"recipe field max_grad_norm must be >= 0 (0: no clipping), got {self.max_grad_norm}")
+        if self.ruleset and not re.fullmatch(r"\d+\.\d+\.\d+", self.ruleset):
+            raise TrainperfError(f"recipe field ruleset={self.ruleset!r}: expected a version such as 2.0.0, or blank")
         if self.precision not in ("fp32", "bf16", "fp16"):
             raise TrainperfError(f"recipe field precision={self.precision!r} is not one of: fp32, bf16, fp16")
         if self.log_epoch_num not in EPOCH_NUM_STYLES:

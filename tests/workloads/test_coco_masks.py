@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from pycocotools import mask as maskutils
 
@@ -139,3 +140,33 @@ def test_box_and_mask_ap_of_perfect_box_filled_and_empty_predictions(backend):
     assert metric({"detections": [], "masks": []}) == {"BBOX": 0.0, "SEGM": 0.0}
     with pytest.raises(ValueError, match="masks for"):
         metric({"detections": rows, "masks": []})
+
+
+@pytest.mark.parametrize("backend", scoring.BACKENDS)
+def test_mask_probabilities_are_pasted_into_their_boxes_at_each_images_size(backend):
+    """The form the training processes send: each detection's 28x28 probabilities. The ground truth
+    cropped into its box as Mask R-CNN's training targets are (RoIAlign), then pasted back by the
+    scoring process, scores far above box-filled masks; all-ones maps score near box-filled masks."""
+    from torchvision.ops import roi_align
+
+    val = C.read_instances(mini_data("ssd"), "val2017", masks=True)
+    rows, crops, ones, filled = [], [], [], []
+    for i, (boxes, labels) in enumerate(zip(val.boxes, val.labels, strict=True)):
+        height, width = val.sizes[i]
+        cats = np.array(val.category_ids)[labels - 1]
+        rows.append(scoring.detection_rows(val.image_ids[i], boxes, np.ones(len(labels)), cats))
+        gt = torch.from_numpy(K.rasterize(val.segmentations[i], height, width)).float()[:, None]
+        rois = torch.cat([torch.arange(len(boxes), dtype=torch.float32)[:, None], torch.from_numpy(boxes).float()], 1)
+        crops.append(roi_align(gt, rois, (28, 28), 1.0)[:, 0].numpy().astype(np.float16))
+        ones.append(np.ones((len(boxes), 28, 28), np.float16))
+        box_masks = np.zeros((len(boxes), height, width), np.uint8)
+        for k, (x0, y0, x1, y1) in enumerate(np.round(boxes).astype(int)):
+            box_masks[k, y0:y1, x0:x1] = 1
+        filled.append(K.encode(box_masks))
+    metric = scoring.metric(val.annotation_file, val.image_ids, backend, masks=True)
+    cropped = metric({"detections": rows, "masks": crops})
+    boxy = metric({"detections": rows, "masks": filled})
+    # Objects of 10-30 pixels through 28x28 maps: mean mask IoU 0.90, so AP@[.5:.95] ~0.80.
+    assert cropped["BBOX"] == pytest.approx(1.0) and cropped["SEGM"] > max(0.75, boxy["SEGM"] + 0.2)
+    # Boxes of 10-30 pixels: the paste's sub-pixel edges and the rounded box-filling differ by a pixel.
+    assert metric({"detections": rows, "masks": ones})["SEGM"] == pytest.approx(boxy["SEGM"], abs=0.15)

@@ -70,42 +70,70 @@ def test_logged_tensor_names_are_the_closed_rules_list(reference):
 
 
 @pytest.mark.parametrize("name", sorted(FULL_RECIPES))
-def test_full_recipes_pass_the_closed_rules(tmp_path, name):
+def test_full_recipes_pass_the_closed_rules(tmp_path, name, reference):
     recipe = FULL_RECIPES[name]
     workload = MaskRCNNWorkload()
-    world = max(1, recipe.global_batch_size // 6) if name != "reference" else 8
+    world = max(1, recipe.global_batch_size // 6) if recipe.global_batch_size > 16 else 8
     ctx = RuntimeContext(device=torch.device("cpu"), world_size=world)
     hyper = workload.mlperf_hyperparameters(recipe, ctx)
-    log = tmp_path / "closed.txt"
-    write_minimal_closed_log(log, "maskrcnn", recipe.global_batch_size, hyper, {"BBOX": 0.378, "SEGM": 0.342}, 14)
-    verdict = check(log, "1.0.0")
-    assert verdict.valid, verdict.output
-    write_minimal_closed_log(log, "maskrcnn", recipe.global_batch_size, hyper, {"BBOX": 0.378, "SEGM": 0.33}, 14)
-    assert not check(log, "1.0.0").valid  # mask AP short of 0.339: not converged
-    write_minimal_closed_log(log, "maskrcnn", recipe.global_batch_size, {**hyper, "opt_base_learning_rate": 0.05},
-                             {"BBOX": 0.378, "SEGM": 0.342}, 14)
-    assert not check(log, "1.0.0").valid  # not a multiple of 0.02
+    ruleset = recipe.ruleset or workload.ruleset
+    tensors = M.reference_tensor_names(reference)  # 2.0.0 asks for them
+
+    def verdict(hyperparameters: dict, accuracy: dict, rules: str = ruleset) -> bool:
+        log = tmp_path / "closed.txt"
+        write_minimal_closed_log(log, "maskrcnn", recipe.global_batch_size, hyperparameters, accuracy, 14,
+                                 initialized=tensors)
+        result = check(log, rules)
+        return result.valid
+
+    assert verdict(hyper, {"BBOX": 0.378, "SEGM": 0.342})
+    assert not verdict(hyper, {"BBOX": 0.378, "SEGM": 0.33})  # mask AP short of 0.339: not converged
+    assert not verdict({**hyper, "opt_base_learning_rate": 0.05}, {"BBOX": 0.378, "SEGM": 0.342})  # not 0.02*K
+    if recipe.ruleset:  # the 2.0.0 point: LR 0.02/2, which the workload's own 1.0.0 rules refuse
+        assert recipe.global_batch_size == 8 and not verdict(hyper, {"BBOX": 0.378, "SEGM": 0.342}, "1.0.0")
 
 
-def test_full_recipes_are_the_rcp_points():
+@pytest.mark.parametrize("ruleset", ["1.0.0", "2.0.0"])
+def test_full_recipes_are_the_rcp_points(ruleset):
     import mlperf_logging
 
-    path = Path(mlperf_logging.__file__).parent / "rcp_checker" / "training_1.0.0" / "rcps_maskrcnn.json"
+    path = Path(mlperf_logging.__file__).parent / "rcp_checker" / f"training_{ruleset}" / "rcps_maskrcnn.json"
     for point in json.loads(path.read_text()).values():
         recipe = FULL_RECIPES[f"rcp-{point['BS']}"]
+        assert recipe.ruleset in ("", ruleset)
         hyper = point["Hyperparams"]
         assert recipe.base_lr == hyper["opt_base_learning_rate"]
         assert list(recipe.decay_steps) == hyper["opt_learning_decay_steps"]
         assert recipe.warmup_steps == hyper["opt_learning_rate_warmup_steps"]
         assert recipe.warmup_factor == hyper["opt_learning_rate_warmup_factor"]
-        assert (recipe.min_image_size, recipe.max_image_size) == (hyper["min_image_size"], hyper["max_image_size"])
-        # 6 images per accelerator in the RCP runs: 1000 proposals per image, as trainperf keeps them.
-        ctx = RuntimeContext(device=torch.device("cpu"), world_size=point["BS"] // 6 if point["BS"] % 6 == 0 else 1)
-        if point["BS"] % 6 == 0:
+        if "min_image_size" in hyper:
+            assert (recipe.min_image_size, recipe.max_image_size) == (hyper["min_image_size"], hyper["max_image_size"])
+        # 6 images per accelerator in the RCP runs (BS 8: 1): 1000 proposals per image, as trainperf keeps them.
+        per_chip = {8: 1}.get(point["BS"], 6)
+        if point["BS"] % per_chip == 0:
+            ctx = RuntimeContext(device=torch.device("cpu"), world_size=point["BS"] // per_chip)
             logged = MaskRCNNWorkload().mlperf_hyperparameters(recipe, ctx)["num_image_candidates"]
             assert logged == hyper["num_image_candidates"]
 
 
+def test_a_recipe_names_its_ruleset_in_the_log_and_check_and_score_use_it(tmp_path):
+    """rcp-8's log records ruleset 2.0.0 (`trainperf_ruleset`); `check` and `score` then judge it by
+    2.0.0's rules and RCPs, not the workload's 1.0.0."""
+    from trainperf.results.compliance import read_header
+    from trainperf.rulesets import RULESET_KEY, ruleset_for
+
+    assert ruleset_for("maskrcnn") == "1.0.0" and ruleset_for("maskrcnn", "maskrcnn", "2.0.0") == "2.0.0"
+    assert ruleset_for("ssd", "retinanet") == "2.0.0"
+    with pytest.raises(TrainperfError, match="ruleset='two'"):
+        dataclasses.replace(FULL_RECIPES["rcp-8"], ruleset="two").validate()
+    recipe = FULL_RECIPES["rcp-8"]
+    hyper = MaskRCNNWorkload().mlperf_hyperparameters(recipe, RuntimeContext(device=torch.device("cpu"), world_size=8))
+    log = tmp_path / "result_0.txt"
+    write_minimal_closed_log(log, "maskrcnn", 8, {RULESET_KEY: "2.0.0", **hyper}, {"BBOX": 0.378, "SEGM": 0.342}, 14,
+                             initialized=M.reference_tensor_names(M.maskrcnn_resnet50_fpn(81)))
+    assert read_header(log)[RULESET_KEY] == "2.0.0"
+    result = check(log)
+    assert result.ruleset == "2.0.0" and result.valid, result.output
 def test_backbone_weights_are_loaded_and_checked(tmp_path):
     from torchvision.models import resnet50
 
@@ -169,6 +197,23 @@ def test_the_mini_model_trains_and_detects_with_masks():
     with torch.no_grad():
         out = model(images)
     assert out[0]["masks"].shape[1:] == (1, 64, 64)
+
+
+def test_masks_leave_the_model_unpasted_and_are_pasted_as_torchvision_would():
+    """The training processes ship the head's MxM probabilities; `masks.paste` in the scoring process
+    gives exactly the masks torchvision's own postprocessing would have pasted."""
+    torch.manual_seed(0)
+    model = M.mini_maskrcnn(5).eval()
+    model.roi_heads.score_thresh = 0.0  # an untrained model: keep every detection
+    images = torch.rand(2, 3, 64, 48)
+    with torch.no_grad():
+        pasted = model(list(images))
+        unpasted = M.unpasted(model)(list(images))
+    for whole, small in zip(pasted, unpasted, strict=True):
+        assert len(small["boxes"]) > 0 and small["masks"].shape[1:] == (1, 14, 14)
+        assert torch.equal(whole["boxes"], small["boxes"])
+        binary = K.paste(small["masks"][:, 0].numpy(), small["boxes"].numpy(), 64, 48)
+        assert np.array_equal(binary, (whole["masks"][:, 0] > 0.5).numpy())
 
 
 def test_two_metrics_are_one_target():

@@ -35,7 +35,7 @@ from mlperf_logging.mllog import constants as C
 from trainperf.errors import RunAborted, TrainperfError
 from trainperf.harness.mlperf_log import MLPerfLog
 from trainperf.harness.progress import NoProgress, PlainProgress
-from trainperf.rulesets import WORKLOAD_KEY
+from trainperf.rulesets import RULESET_KEY, WORKLOAD_KEY
 from trainperf.runtime import distributed, environment, speedups
 from trainperf.runtime.step import TrainStep
 from trainperf.spec import (
@@ -340,6 +340,7 @@ class _TimedLoop:
         log.event(C.SUBMISSION_BENCHMARK, workload.benchmark, time_ms=now)
         # Not an MLPerf key: which trainperf workload wrote the log (two share `ssd`, rulesets.py).
         log.event(WORKLOAD_KEY, workload.name, time_ms=now)
+        log.event(RULESET_KEY, recipe.ruleset or workload.ruleset, time_ms=now)
         self.init_start_ms = clock.now_ms()
         log.start(C.INIT_START, time_ms=self.init_start_ms)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from trainperf.errors import TrainperfError
 from trainperf.results.logs import for_official_checker, read_records
-from trainperf.rulesets import OWN_RULES, WORKLOAD_KEY, ruleset_for
+from trainperf.rulesets import OWN_RULES, RULESET_KEY, WORKLOAD_KEY, ruleset_for
 
 
 @dataclass
@@ -33,11 +33,11 @@ class CheckResult:
 
 
 def read_header(log: Path) -> dict[str, str]:
-    """submission_benchmark, submission_division and (trainperf's logs) the workload from a log (noise
+    """submission_benchmark, submission_division and (trainperf's logs) the workload and ruleset from a log (noise
     lines between records ignored)."""
     found: dict[str, str] = {}
     for record in read_records(log):
-        if record["key"] in ("submission_benchmark", "submission_division", WORKLOAD_KEY):
+        if record["key"] in ("submission_benchmark", "submission_division", WORKLOAD_KEY, RULESET_KEY):
             found.setdefault(record["key"], str(record.get("value")))
     if "submission_benchmark" not in found:
         raise TrainperfError(f"{log}: no ':::MLLOG' submission_benchmark record (is this an MLPerf log?)")
@@ -49,7 +49,7 @@ def check(log: Path, ruleset: str | None = None) -> CheckResult:
     header = read_header(log)
     benchmark = header["submission_benchmark"]
     if ruleset is None:
-        ruleset = ruleset_for(benchmark, header.get(WORKLOAD_KEY))
+        ruleset = ruleset_for(benchmark, header.get(WORKLOAD_KEY), header.get(RULESET_KEY))
         if ruleset is None:
             raise TrainperfError(f"{log}: no compliance ruleset is known for benchmark {benchmark!r}")
     with tempfile.TemporaryDirectory() as tmp, for_official_checker(log) as copy:

@@ -24,7 +24,7 @@ from mlperf_logging.compliance_checker import mlp_compliance
 
 from trainperf.errors import TrainperfError
 from trainperf.results.logs import for_official_checker, read_records
-from trainperf.rulesets import RCP_TRAIN_SAMPLES, WORKLOAD_KEY, ruleset_for
+from trainperf.rulesets import RCP_TRAIN_SAMPLES, RULESET_KEY, WORKLOAD_KEY, ruleset_for
 
 
 @dataclass
@@ -105,7 +105,7 @@ def _read(path: Path) -> dict:
     """What scoring needs from a log; a field of the wrong type counts as absent (the compliance
     check then says what is wrong with the log)."""
     info: dict = {"benchmark": None, "division": None, "start": None, "stop": None, "status": None, "point": None,
-                  "eval_samples": None, "quality": None, "workload": None}
+                  "eval_samples": None, "quality": None, "workload": None, "ruleset": None}
     for record in read_records(path):
         key, value = record["key"], record.get("value")
         meta = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
@@ -113,6 +113,8 @@ def _read(path: Path) -> dict:
             info["benchmark"] = value
         elif key == WORKLOAD_KEY and info["workload"] is None and isinstance(value, str):
             info["workload"] = value
+        elif key == RULESET_KEY and info["ruleset"] is None and isinstance(value, str):
+            info["ruleset"] = value
         elif key == "submission_division" and info["division"] is None and isinstance(value, str):
             info["division"] = value
         elif key == "eval_samples" and info["eval_samples"] is None:
@@ -173,7 +175,7 @@ def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True) -> 
     benchmark = first["benchmark"]
     if benchmark is None:
         raise TrainperfError(f"{files[0]}: no submission_benchmark record")
-    ruleset = ruleset or ruleset_for(benchmark, first["workload"])
+    ruleset = ruleset or ruleset_for(benchmark, first["workload"], first["ruleset"])
     if ruleset is None:
         raise TrainperfError(f"{folder}: no compliance ruleset known for benchmark {benchmark!r} (use --ruleset)")
     result = BenchmarkScore(system=folder.parent.name, benchmark=benchmark, folder=str(folder), ruleset=ruleset,

@@ -122,3 +122,18 @@ def encode(masks: np.ndarray) -> list[dict[str, Any]]:
         return []
     rles = maskutils.encode(np.asfortranarray(masks.transpose(1, 2, 0)))
     return [{"size": [int(r["size"][0]), int(r["size"][1])], "counts": r["counts"].decode("ascii")} for r in rles]
+
+
+def paste(probabilities: np.ndarray, boxes_xyxy: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Predicted masks at the image's size, uint8 [k, height, width]: each MxM probability map
+    (Mask R-CNN's mask head output) pasted into its box by torchvision's `paste_masks_in_image` (the
+    reference Masker's method: one pixel of padding, bilinear resize) and thresholded at 0.5."""
+    import torch
+    from torchvision.models.detection.roi_heads import paste_masks_in_image
+
+    probabilities = np.asarray(probabilities, dtype=np.float32)
+    if probabilities.shape[0] == 0:
+        return np.zeros((0, height, width), np.uint8)
+    pasted = paste_masks_in_image(torch.from_numpy(probabilities)[:, None],
+                                  torch.as_tensor(np.asarray(boxes_xyxy, dtype=np.float32)), (height, width))
+    return (pasted[:, 0] > 0.5).numpy().astype(np.uint8)

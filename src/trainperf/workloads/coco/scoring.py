@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from trainperf.workloads.coco import masks as K
+
 BACKENDS = ("pycocotools", "faster-coco-eval")
 
 
@@ -64,17 +66,29 @@ def box_ap(totals: dict[str, Any], annotation_file: str, image_ids: list[int], b
 def box_and_mask_ap(totals: dict[str, Any], annotation_file: str, image_ids: list[int],
                     backend: str = "pycocotools") -> dict[str, float]:
     """{"BBOX": box AP, "SEGM": mask AP} (Mask R-CNN's two metrics, named as its MLPerf log names
-    them): `totals["masks"]` holds, per image, one compressed RLE (`masks.encode`) per row of
-    `totals["detections"]`."""
-    rows = _rows(totals)
-    rles = [rle for part in totals["masks"] for rle in part]
-    if len(rles) != rows.shape[0]:
-        raise ValueError(f"{len(rles)} masks for {rows.shape[0]} detections")
-    if rows.shape[0] == 0:
+    them). `totals["masks"]` holds, for each image's array of `totals["detections"]`, its masks: the
+    mask head's probabilities [k, M, M] (pasted into the rows' boxes at the image's size and encoded
+    here, in the scoring process) or k compressed RLEs (`masks.encode`) already at the image's size."""
+    detections, masks = totals["detections"], totals["masks"]
+    if len(masks) != len(detections):
+        raise ValueError(f"{len(masks)} images' masks for {len(detections)} images' detections")
+    parts = [np.asarray(r, dtype=np.float64).reshape(-1, 7) for r in detections]
+    segm: list[dict[str, Any]] = []
+    for rows, part in zip(parts, masks, strict=True):
+        if len(part) != rows.shape[0]:
+            raise ValueError(f"{len(part)} masks for {rows.shape[0]} detections")
+        if rows.shape[0] == 0:
+            continue
+        if isinstance(part, np.ndarray):
+            image = _ground_truth(annotation_file, backend).imgs[int(rows[0, 0])]
+            boxes = rows[:, 1:5].copy()
+            boxes[:, 2:] += boxes[:, :2]
+            part = K.encode(K.paste(part, boxes, image["height"], image["width"]))
+        segm.extend({"image_id": int(r[0]), "category_id": int(r[6]), "score": float(r[5]), "segmentation": rle}
+                    for r, rle in zip(rows, part, strict=True))
+    if not segm:
         return {"BBOX": 0.0, "SEGM": 0.0}
-    segm = [{"image_id": int(r[0]), "category_id": int(r[6]), "score": float(r[5]), "segmentation": rle}
-            for r, rle in zip(rows, rles, strict=True)]
-    return {"BBOX": _evaluate(annotation_file, image_ids, backend, "bbox", rows),
+    return {"BBOX": _evaluate(annotation_file, image_ids, backend, "bbox", np.concatenate(parts)),
             "SEGM": _evaluate(annotation_file, image_ids, backend, "segm", segm)}
 
 

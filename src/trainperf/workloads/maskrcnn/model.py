@@ -22,6 +22,7 @@ from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.backbone_utils import BackboneWithFPN, resnet_fpn_backbone
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
 from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
+from torchvision.models.detection.transform import GeneralizedRCNNTransform, resize_boxes
 from torchvision.models.resnet import BasicBlock
 from torchvision.ops import MultiScaleRoIAlign
 
@@ -133,6 +134,27 @@ def mini_maskrcnn(num_classes: int, image_size: int = 64, width: int = 16, fpn_c
         box_batch_size_per_image=rois, box_detections_per_img=detections, box_score_thresh=0.05,
         mask_roi_pool=mask_roi_pool, mask_head=MaskRCNNHeads(fpn_channels, (mask_channels,), 1),
         mask_predictor=MaskRCNNPredictor(mask_channels, mask_channels, num_classes))
+
+
+class UnpastedMasks(GeneralizedRCNNTransform):
+    """torchvision's transform whose test-time postprocessing scales the boxes back to the original
+    image but leaves each mask as the head's MxM probabilities. Pasting them into image-sized masks
+    (about 2 ms a detection on a CPU core at COCO sizes) is scoring's work: the scoring process does it
+    with the same function (`coco.masks.paste`), so the training processes only copy MxM maps."""
+
+    def postprocess(self, result: list[dict[str, torch.Tensor]], image_shapes: list[tuple[int, int]],
+                    original_image_sizes: list[tuple[int, int]]) -> list[dict[str, torch.Tensor]]:
+        if self.training:
+            return result
+        for found, size, original in zip(result, image_shapes, original_image_sizes, strict=True):
+            found["boxes"] = resize_boxes(found["boxes"], size, original)
+        return result
+
+
+def unpasted(model: MaskRCNN) -> MaskRCNN:
+    """`model` with `UnpastedMasks` postprocessing (the same transform otherwise: only the class changes)."""
+    model.transform.__class__ = UnpastedMasks
+    return model
 
 
 # The closed rules' (1.1.0+) names for the reference's tensors, by torchvision module prefix.
