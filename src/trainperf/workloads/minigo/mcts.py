@@ -1,0 +1,187 @@
+"""Monte Carlo tree search as MiniGo plays it (PUCT with MiniGo's growing exploration constant,
+unvisited moves valued at the parent's value minus a penalty, virtual losses, Dirichlet noise at the
+root), with the leaves of many trees evaluated by the network in one batch.
+
+Values are from the point of view of the player to move at a node: a node's `value_sum[a]` sums what
+playing `a` was worth to that player. The network's value head answers for the player to move in
+the position it sees, so backing up flips the sign at each ply.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainperf.workloads.minigo import go
+
+# evaluate(planes uint8 [B, 13, N, N]) -> (move probabilities [B, N*N+1], values [B] for the player to move)
+Evaluator = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    readouts: int = 800
+    virtual_losses: int = 4  # leaves one tree sends to each batch, each made unattractive to the next
+    c_puct_base: float = 19652.0
+    c_puct_init: float = 1.25
+    value_init_penalty: float = 0.2
+    dirichlet_alpha: float = 0.03
+    noise_mix: float = 0.3  # share of Dirichlet noise in the root's priors (self-play only)
+
+
+class Node:
+    """A position in a tree and the statistics of the moves from it (arrays over N*N+1 moves)."""
+
+    __slots__ = ("position", "parent", "move", "children", "prior", "visits", "value_sum", "legal", "expanded",
+                 "pending")
+
+    def __init__(self, position: go.Position, parent: Node | None = None, move: int = -1) -> None:
+        self.position, self.parent, self.move = position, parent, move
+        self.children: dict[int, Node] = {}
+        moves = position.passes + 1
+        self.prior = np.zeros(moves, dtype=np.float64)
+        self.visits = np.zeros(moves, dtype=np.float64)
+        self.value_sum = np.zeros(moves, dtype=np.float64)
+        self.legal = position.legal_mask() if not position.is_over() else np.zeros(moves, dtype=bool)
+        self.expanded = False
+        self.pending = False  # sent to the network, not back yet
+
+    @property
+    def total_visits(self) -> float:
+        return float(self.visits.sum())
+
+    def mean_value(self) -> float:
+        """What this position is worth to its player to move, by the search so far (0 before any)."""
+        n = self.visits.sum()
+        return float(self.value_sum.sum() / n) if n > 0 else 0.0
+
+    def child_values(self, penalty: float) -> np.ndarray:
+        q = np.full(self.visits.shape, max(-1.0, self.mean_value() - penalty))
+        seen = self.visits > 0
+        q[seen] = self.value_sum[seen] / self.visits[seen]
+        return q
+
+    def pick(self, config: SearchConfig) -> int:
+        """The move maximising Q + U (PUCT), among legal moves."""
+        total = self.visits.sum()
+        c = math.log((1 + total + config.c_puct_base) / config.c_puct_base) + config.c_puct_init
+        u = c * self.prior * math.sqrt(max(total, 1.0)) / (1 + self.visits)
+        score = self.child_values(config.value_init_penalty) + u
+        score[~self.legal] = -np.inf
+        return int(np.argmax(score))
+
+    def child(self, move: int) -> Node:
+        found = self.children.get(move)
+        if found is None:
+            found = self.children[move] = Node(self.position.play(move), self, move)
+        return found
+
+    def expand(self, probabilities: np.ndarray) -> None:
+        p = np.where(self.legal, probabilities, 0.0)
+        total = p.sum()
+        self.prior = p / total if total > 0 else self.legal / max(self.legal.sum(), 1)
+        self.expanded = True
+
+    def add_noise(self, rng: np.random.Generator, config: SearchConfig) -> None:
+        legal = np.flatnonzero(self.legal)
+        noise = rng.dirichlet([config.dirichlet_alpha] * len(legal))
+        self.prior[legal] = (1 - config.noise_mix) * self.prior[legal] + config.noise_mix * noise
+
+    def policy(self) -> np.ndarray:
+        """The visit distribution over moves (the training target)."""
+        n = self.visits.sum()
+        return self.visits / n if n > 0 else self.legal / max(self.legal.sum(), 1)
+
+    def best_value(self) -> float:
+        """The value of the most visited move for this node's player (resignation looks at it)."""
+        move = int(np.argmax(self.visits))
+        return float(self.value_sum[move] / self.visits[move]) if self.visits[move] > 0 else self.mean_value()
+
+
+def _select_leaf(root: Node, config: SearchConfig) -> Node:
+    """Walk down from the root by PUCT, adding a virtual loss on the way (undone at backup)."""
+    node = root
+    while node.expanded and not node.position.is_over():
+        move = node.pick(config)
+        node.visits[move] += 1
+        node.value_sum[move] -= 1  # virtual loss: a loss for the player choosing, until the value is back
+        node = node.child(move)
+    return node
+
+
+def _backup(leaf: Node, value: float) -> None:
+    """`value` is the leaf's worth to its player to move; each edge above gets it for its chooser
+    (undoing the virtual loss: +1 back, then the real value)."""
+    node, v = leaf, value
+    while node.parent is not None:
+        parent, move = node.parent, node.move
+        parent.value_sum[move] += 1 + (-v)
+        v = -v
+        node = parent
+
+
+def _undo_virtual(leaf: Node) -> None:
+    node = leaf
+    while node.parent is not None:
+        node.parent.visits[node.move] -= 1
+        node.parent.value_sum[node.move] += 1
+        node = node.parent
+
+
+def search(roots: Sequence[Node], evaluate: Evaluator, config: SearchConfig, readouts: int,
+           rng: np.random.Generator | None = None) -> None:
+    """Grow every tree until its root has `readouts` more visits. Each round sends up to
+    `virtual_losses` new leaves per tree to one network call; a terminal leaf is valued by the game's
+    result. With `rng`, the roots get Dirichlet noise when they are first expanded (self-play)."""
+    _expand_roots(roots, evaluate, config, rng)
+    goal = {id(r): r.total_visits + readouts for r in roots}
+    active = [r for r in roots if not r.position.is_over()]
+    while active:
+        leaves: list[Node] = []
+        for root in active:
+            for _ in range(min(config.virtual_losses, int(goal[id(root)] - root.total_visits))):
+                leaf = _select_leaf(root, config)
+                if leaf.position.is_over():
+                    _backup(leaf, float(leaf.position.result() * leaf.position.to_play))
+                elif leaf.pending:  # already on its way this round: this path was a wasted readout
+                    _undo_virtual(leaf)
+                    break
+                else:
+                    leaf.pending = True
+                    leaves.append(leaf)
+        if leaves:
+            probabilities, values = evaluate(np.stack([go.features(leaf.position) for leaf in leaves]))
+            for leaf, p, v in zip(leaves, probabilities, values, strict=True):
+                leaf.pending = False
+                leaf.expand(p)
+                _backup(leaf, float(v))
+        active = [r for r in active if r.total_visits < goal[id(r)]]
+
+
+def _expand_roots(roots: Sequence[Node], evaluate: Evaluator, config: SearchConfig,
+                  rng: np.random.Generator | None) -> None:
+    fresh = [r for r in roots if not r.expanded and not r.position.is_over()]
+    if fresh:
+        probabilities, _ = evaluate(np.stack([go.features(r.position) for r in fresh]))
+        for root, p in zip(fresh, probabilities, strict=True):
+            root.expand(p)
+    if rng is not None:
+        for root in fresh:
+            root.add_noise(rng, config)
+
+
+def choose(root: Node, rng: np.random.Generator, soft: bool) -> int:
+    """The move to play: proportional to visits while `soft` (the opening), else the most visited."""
+    if soft:
+        return int(rng.choice(len(root.visits), p=root.policy()))
+    return int(np.argmax(root.visits))
+
+
+def advance(root: Node, move: int) -> Node:
+    """The subtree after `move`, kept for the next search (detached from its parent)."""
+    child = root.child(move)
+    child.parent, child.move = None, -1
+    return child

@@ -1,0 +1,146 @@
+"""MiniGo: positions on OpenSpiel's Go, the mlperf07 feature planes against hand-written ones, the
+search (a forced capture found, a self-atari avoided), and the dual network."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from trainperf.workloads.minigo import go, mcts
+from trainperf.workloads.minigo import model as M
+
+N = 5
+
+
+def _points(*moves: int) -> np.ndarray:
+    plane = np.zeros((N, N), dtype=np.uint8)
+    for m in moves:
+        plane[m // N, m % N] = 1
+    return plane
+
+
+def _play(*moves: int) -> go.Position:
+    position = go.start(go.load_game(N, 7.5))
+    for m in moves:
+        position = position.play(m)
+    return position
+
+
+def test_feature_planes_of_a_known_position_are_the_hand_written_ones():
+    # B c3, W c2, B b2, W d3 (action = row * 5 + column, row 0 the first rank); black to play.
+    planes = go.features(_play(12, 7, 6, 13))
+    expected = np.stack([
+        _points(12, 6), _points(7, 13),  # now: black's (to play) stones, white's
+        _points(12, 6), _points(7),      # one move ago
+        _points(12), _points(7),         # two
+        _points(12), _points(),          # three
+        np.ones((N, N), np.uint8),       # black to play
+        _points(),                       # stones whose group has 1 liberty
+        _points(12, 7),                  # 2: c3 (b3, c4 free) and c2 (c1, d2 free)
+        _points(6, 13),                  # 3
+        _points(),                       # would capture: no white group in atari
+    ])
+    assert planes.shape == (go.PLANES, N, N) == (13, N, N)
+    np.testing.assert_array_equal(planes, expected)
+
+
+def test_liberties_and_the_capture_plane_see_an_atari():
+    # B c3, W c2, B c1, W e5, B b2, W d5: white c2's last liberty is d2; black to play.
+    position = _play(12, 7, 2, 24, 6, 23)
+    planes = go.features(position)
+    np.testing.assert_array_equal(planes[9], _points(7))  # c2 in atari
+    np.testing.assert_array_equal(planes[12], _points(8))  # d2 captures it
+    np.testing.assert_array_equal(planes[8], 1)
+    captured = position.play(8)
+    assert captured.board[1, 2] == 0 and captured.board[1, 3] == go.BLACK
+    white = go.features(captured)  # white to play: own/opponent planes swap, colour plane is zeros
+    np.testing.assert_array_equal(white[0], _points(24, 23))
+    np.testing.assert_array_equal(white[8], 0)
+
+
+def test_a_long_chain_counts_its_shared_liberties_once():
+    board = np.zeros((N, N), np.int8)
+    board[0, :] = go.BLACK  # the first rank: liberties are the 5 points above it
+    board[1, 0] = go.WHITE
+    libs = go.liberties(board)
+    assert libs[0, 0] == 4 and libs[1, 0] == 2  # a2 is white's; b2..e2 are black's liberties
+
+
+def test_symmetries_move_planes_and_policy_together():
+    planes = go.features(_play(12, 7, 6, 13)).astype(np.float32)
+    policy = np.zeros(N * N + 1)
+    policy[7], policy[-1] = 0.75, 0.25
+    seen = set()
+    for k in range(8):
+        turned, moved = go.symmetries(planes, policy, k)
+        point = int(np.argmax(moved[:-1]))
+        assert turned[1].reshape(-1)[point] == 1  # the policy's point is still white's c2 stone
+        assert moved[-1] == 0.25 and moved.sum() == pytest.approx(1.0)
+        seen.add(turned[:2].tobytes())
+    assert len(seen) == 8
+
+
+def material(planes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A stand-in network: uniform priors, a value from the stone count (player to move's minus the
+    opponent's): the search alone must find what material gains or loses a few plies ahead."""
+    own = planes[:, 0].reshape(len(planes), -1).sum(1).astype(np.float64)
+    other = planes[:, 1].reshape(len(planes), -1).sum(1).astype(np.float64)
+    return np.full((len(planes), N * N + 1), 1.0 / (N * N + 1)), np.tanh(0.5 * (own - other))
+
+
+def test_search_finds_a_forced_capture():
+    root = mcts.Node(_play(12, 7, 2, 24, 6, 23))  # d2 captures white's c2
+    mcts.search([root], material, mcts.SearchConfig(virtual_losses=4), readouts=300)
+    assert int(np.argmax(root.visits)) == 8
+    assert root.total_visits == pytest.approx(300)
+
+
+def tactical(planes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The stand-in network with priors that favour capturing moves (the would-capture plane), as a
+    trained network's do: the opponent's reply to a self-atari is then looked at first."""
+    _, value = material(planes)
+    prior = np.concatenate([1.0 + 20.0 * planes[:, 12].reshape(len(planes), -1), np.ones((len(planes), 1))], 1)
+    return prior / prior.sum(1, keepdims=True), value
+
+
+def test_search_avoids_a_self_atari():
+    # B c3, W b1, B d4, W d5; black to play. Black a1 (beside white b1) and e5 (beside white d5) would
+    # each have one liberty, which white then takes.
+    root = mcts.Node(_play(12, 1, 18, 23))
+    mcts.search([root], tactical, mcts.SearchConfig(virtual_losses=4), readouts=400)
+    q = root.value_sum / np.maximum(root.visits, 1)
+    board_moves = np.flatnonzero(root.legal[:-1])
+    safe = [m for m in board_moves if m not in (0, 24)]
+    assert root.legal[0] and root.legal[24] and int(np.argmax(root.visits)) in safe
+    assert max(q[0], q[24]) < 0.05 < min(q[safe])  # searched, and found to lose a stone
+    assert max(root.visits[0], root.visits[24]) <= min(root.visits[safe])
+
+
+def test_many_trees_share_one_network_call_per_round():
+    calls = []
+
+    def counting(planes):
+        calls.append(len(planes))
+        return material(planes)
+
+    roots = [mcts.Node(_play(12)) for _ in range(6)]
+    mcts.search(roots, counting, mcts.SearchConfig(virtual_losses=4), readouts=32)
+    assert calls[0] == 6 and max(calls) == 24  # the roots, then 6 trees x 4 leaves per call
+    assert all(r.total_visits == pytest.approx(32) for r in roots)
+
+
+def test_the_dual_network_shapes_and_loss():
+    torch.manual_seed(0)
+    net = M.DualNet(N, width=8, blocks=2, fc_width=16)
+    planes = torch.from_numpy(np.stack([go.features(_play(12)), go.features(_play(12, 7))]))
+    logits, value = net(planes)
+    assert logits.shape == (2, N * N + 1) and value.shape == (2,) and value.abs().max() <= 1
+    target = torch.zeros(2, N * N + 1)
+    target[:, 3] = 1
+    loss = M.loss(net, planes, target, torch.tensor([1.0, -1.0]), 0.5)
+    loss.backward()
+    groups = M.param_groups(net, 1e-4)
+    assert all(p.ndim == 1 for p in groups[1]["params"]) and groups[1]["weight_decay"] == 0
+    probabilities, values = M.NetworkEvaluator(net, torch.device("cpu"))(planes.numpy())
+    assert probabilities.sum(1) == pytest.approx(np.ones(2)) and net.training
