@@ -715,6 +715,10 @@ class Workload(ABC, Generic[R]):
     # Where asynchronous evaluation scores: "thread" (light or GIL-releasing metrics) or "process"
     # (Python-heavy host scoring: COCO AP, BLEU, WER).
     host_scoring: ClassVar[str] = "thread"
+    # Whether the rules time training only: MiniGo's time-to-train ends when the passing generation
+    # was saved, its evaluations being replayed afterwards. The harness then stops the clock while an
+    # evaluation runs (inference and scoring), so the log's times and time-to-train leave them out.
+    untimed_evaluation: ClassVar[bool] = False
     # Whether `assets` lives in the prepared dataset (so a synthetic benchmark still needs the data).
     assets_in_data: ClassVar[bool] = False
     # What ModelParts.loss_units counts, as `bench` names its rate ("target tokens": tokens/s).

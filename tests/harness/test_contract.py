@@ -8,6 +8,7 @@ assets."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -238,6 +239,32 @@ def test_self_play_data_uses_the_model_and_logs_inside_the_timed_region(tmp_path
     train = next(r for r in records if r["key"] == "train_samples")
     assert train["value"] == (2 + 3 + 4) * 4 == result.samples and result.train_samples is None
     assert check(tmp_path / "log.txt").valid  # MiniGo's open rules
+
+
+@pytest.mark.parametrize("untimed", [False, True])
+def test_untimed_evaluations_are_left_out_of_the_time_to_train(tmp_path, untimed):
+    """MiniGo's rules time training up to the passing generation's save: with `untimed_evaluation` the
+    clock stands still while an evaluation runs, and the log's times go on from where it stopped."""
+    workload = fakes.SelfPlay(scores=[0.1, 0.2, 0.95])
+    workload.untimed_evaluation = untimed
+    slow = workload.evaluate
+
+    def evaluate(recipe, ctx, forward):
+        time.sleep(0.4)
+        return slow(recipe, ctx, forward)
+
+    workload.evaluate = evaluate
+    result, records = _run(tmp_path, workload)
+    assert result.status == "success" and result.epochs_to_target == 3
+    if untimed:
+        assert result.time_to_train_s < 0.6  # three evaluations of 0.4 s left out
+        starts = [r["time_ms"] for r in records if r["key"] == "eval_start"]
+        stops = [r["time_ms"] for r in records if r["key"] == "eval_stop"]
+        assert all(b - a < 50 for a, b in zip(starts, stops, strict=True))
+    else:
+        assert result.time_to_train_s >= 1.2
+    times = [r["time_ms"] for r in records]
+    assert times == sorted(times) and check(tmp_path / "log.txt").valid
 
 
 # -- 6. batches that are not dim-0 tensors; token-weighted losses ----------------------------------

@@ -77,14 +77,34 @@ class RunConfig:
 
 
 class Clock:
-    """Wall-clock milliseconds, read only after the device has finished its queued work."""
+    """Wall-clock milliseconds, read only after the device has finished its queued work, less the
+    time spent in `untimed` sections (evaluations the rules time outside the run: MiniGo's)."""
 
     def __init__(self, ctx: RuntimeContext) -> None:
         self.ctx = ctx
+        self._untimed_ms = 0
+        self._stopped_at: int | None = None
 
     def now_ms(self) -> int:
+        if self._stopped_at is not None:
+            return self._stopped_at
         self.ctx.synchronize()
-        return int(time.time() * 1000)
+        return int(time.time() * 1000) - self._untimed_ms
+
+    @contextlib.contextmanager
+    def untimed(self, active: bool = True) -> Iterator[None]:
+        """While inside, the clock stands still (when `active`); it then goes on from where it stopped."""
+        if not active or self._stopped_at is not None:
+            yield
+            return
+        stopped = self._stopped_at = self.now_ms()
+        try:
+            yield
+        finally:
+            self._stopped_at = None
+            self.ctx.synchronize()
+            self._untimed_ms = int(time.time() * 1000) - stopped  # now_ms() goes on from `stopped`
+
 
 
 def clear_page_cache() -> bool:
@@ -631,6 +651,11 @@ class _TimedLoop:
         assert self._parts is not None and self._data is not None and self._forward is not None
         self._last_eval_at = self.nominal
         self.log.start(C.EVAL_START, metadata={"epoch_num": point.epoch_num}, time_ms=self.clock.now_ms())
+        with self.clock.untimed(self.workload.untimed_evaluation):
+            return self._evaluate_now(point)
+
+    def _evaluate_now(self, point: _Point) -> bool:
+        assert self._parts is not None and self._data is not None and self._forward is not None
         model = speedups.evaluation_model(self._parts)
         model.eval()
         partial = self._data.evaluate(self._forward)

@@ -24,7 +24,8 @@ from trainperf.errors import TrainperfError
 BLACK, WHITE = 1, -1
 HISTORY = 4  # boards the stone planes look back over (mlperf07: 4, own and opponent stones each)
 PLANES = 2 * HISTORY + 1 + 3 + 1  # stones, colour to play, few liberties (1, 2, 3), would-capture
-_FOUR = ndimage.generate_binary_structure(2, 1)  # groups connect orthogonally
+# Groups connect orthogonally, within a layer only (black and white labelled in one call).
+_FOUR_IN_LAYERS = np.stack([np.zeros((3, 3), bool), ndimage.generate_binary_structure(2, 1), np.zeros((3, 3), bool)])
 
 
 def load_game(board_size: int, komi: float) -> Any:
@@ -83,29 +84,31 @@ def start(game: Any) -> Position:
 
 def read_board(state: Any, size: int) -> np.ndarray:
     """The board of an OpenSpiel Go state: its observation planes are black, white, empty, to-play."""
-    planes = np.asarray(state.observation_tensor(), dtype=np.float32).reshape(4, size, size)
+    # Player 0's view (the planes are the same for both players; a finished game has no current one).
+    planes = np.asarray(state.observation_tensor(0), dtype=np.float32).reshape(4, size, size)
     return (planes[0] - planes[1]).astype(np.int8)
 
 
 def liberties(board: np.ndarray) -> np.ndarray:
     """int [N, N]: at each stone, the number of liberties of its group; 0 at empty points."""
-    out = np.zeros(board.shape, dtype=np.int32)
-    empty = board == 0
-    padded_empty = np.pad(empty, 1)
-    for colour in (BLACK, WHITE):
-        groups, count = ndimage.label(board == colour, structure=_FOUR)
-        if count == 0:
-            continue
-        # An empty point is a liberty of every group beside it: mark (group, point) pairs once each.
-        seen = np.zeros((count + 1, board.size), dtype=bool)
-        rows, cols = np.nonzero(groups)
-        for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1)):
-            r, c = rows + dr, cols + dc
-            free = padded_empty[r + 1, c + 1]
-            seen[groups[rows[free], cols[free]], r[free] * board.shape[1] + c[free]] = True
-        per_group = seen.sum(axis=1)
-        out[groups > 0] = per_group[groups[groups > 0]]
-    return out
+    n, m = board.shape
+    # Both colours labelled in one call: two layers that never connect to each other.
+    groups, count = ndimage.label(np.stack([board == BLACK, board == WHITE]), structure=_FOUR_IN_LAYERS)
+    groups = groups[0] + groups[1]
+    if count == 0:
+        return np.zeros(board.shape, dtype=np.int32)
+    empty = np.zeros((n + 2, m + 2), dtype=bool)
+    empty[1:-1, 1:-1] = board == 0
+    # An empty point is a liberty of every group beside it: mark (group, point) pairs once each.
+    seen = np.zeros((count + 1, (n + 2) * (m + 2)), dtype=bool)
+    rows, cols = np.nonzero(groups)
+    owner = groups[rows, cols]
+    for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1)):
+        r, c = rows + dr + 1, cols + dc + 1
+        free = empty[r, c]
+        seen[owner[free], r[free] * (m + 2) + c[free]] = True
+    per_group = seen.sum(axis=1)
+    return per_group[groups] * (groups > 0)
 
 
 def features(position: Position) -> np.ndarray:
@@ -130,7 +133,9 @@ def features(position: Position) -> np.ndarray:
 
 def would_capture(board: np.ndarray, libs: np.ndarray, me: int) -> np.ndarray:
     """bool [N, N]: the empty points beside an opponent stone whose group has exactly one liberty."""
-    in_atari = np.pad((board == -me) & (libs == 1), 1)
+    n, m = board.shape
+    in_atari = np.zeros((n + 2, m + 2), dtype=bool)
+    in_atari[1:-1, 1:-1] = (board == -me) & (libs == 1)
     beside = in_atari[:-2, 1:-1] | in_atari[2:, 1:-1] | in_atari[1:-1, :-2] | in_atari[1:-1, 2:]
     return beside & (board == 0)
 

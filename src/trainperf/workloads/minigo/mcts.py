@@ -131,14 +131,21 @@ def _undo_virtual(leaf: Node) -> None:
         node = node.parent
 
 
-def search(roots: Sequence[Node], evaluate: Evaluator, config: SearchConfig, readouts: int,
-           rng: np.random.Generator | None = None) -> None:
-    """Grow every tree until its root has `readouts` more visits. Each round sends up to
-    `virtual_losses` new leaves per tree to one network call; a terminal leaf is valued by the game's
-    result. With `rng`, the roots get Dirichlet noise when they are first expanded (self-play)."""
-    _expand_roots(roots, evaluate, config, rng)
-    goal = {id(r): r.total_visits + readouts for r in roots}
-    active = [r for r in roots if not r.position.is_over()]
+def search(roots: Sequence[Node], evaluate: Evaluator, config: SearchConfig, readouts: int | Sequence[int],
+           noise: Sequence[bool] | np.ndarray | None = None, rng: np.random.Generator | None = None) -> None:
+    """Grow every tree until its root has `readouts` (one count, or one per root) more visits. Each
+    round sends up to `virtual_losses` new leaves per tree to one network call; a terminal leaf is
+    valued by the game's result. Roots marked in `noise` get Dirichlet noise (drawn from `rng`) mixed
+    into their priors first (self-play's full searches)."""
+    counts = [readouts] * len(roots) if isinstance(readouts, int) else list(readouts)
+    _expand_roots(roots, evaluate)
+    if noise is not None:
+        assert rng is not None, "noise needs an rng"
+        for root, noisy in zip(roots, noise, strict=True):
+            if noisy and not root.position.is_over():
+                root.add_noise(rng, config)
+    goal = {id(r): r.total_visits + n for r, n in zip(roots, counts, strict=True)}
+    active = [r for r in roots if not r.position.is_over() and goal[id(r)] > r.total_visits]
     while active:
         leaves: list[Node] = []
         for root in active:
@@ -161,16 +168,12 @@ def search(roots: Sequence[Node], evaluate: Evaluator, config: SearchConfig, rea
         active = [r for r in active if r.total_visits < goal[id(r)]]
 
 
-def _expand_roots(roots: Sequence[Node], evaluate: Evaluator, config: SearchConfig,
-                  rng: np.random.Generator | None) -> None:
+def _expand_roots(roots: Sequence[Node], evaluate: Evaluator) -> None:
     fresh = [r for r in roots if not r.expanded and not r.position.is_over()]
     if fresh:
         probabilities, _ = evaluate(np.stack([go.features(r.position) for r in fresh]))
         for root, p in zip(fresh, probabilities, strict=True):
             root.expand(p)
-    if rng is not None:
-        for root in fresh:
-            root.add_noise(rng, config)
 
 
 def choose(root: Node, rng: np.random.Generator, soft: bool) -> int:

@@ -1,0 +1,175 @@
+"""Self-play games (the training data MiniGo's network produces for itself) and evaluation matches
+against the target model, each playing many games at once so that every network call evaluates the
+leaves of all of them.
+
+Self-play follows the reference's selfplay flags: each move is searched with `readouts`, or, with
+probability `fastplay_frequency`, with `fastplay_readouts` and then not kept for training (playout cap
+randomisation); full searches get Dirichlet noise at the root; the first `softpick_moves` moves are
+drawn in proportion to the visits, later ones are the most visited; a player resigns when its best
+move's value falls below `resign_threshold`, except in a `disable_resign_pct` share of games, which
+play on and so measure how often resigning would have been wrong. A training example is a full
+search's position (feature planes), its visit distribution and the game's result for the player to
+move there.
+
+A match plays an even number of games, the candidate taking black in the first of each pair and white
+in the second; no noise, no resignation (the reference's eval flags); the first `softpick_moves` moves
+are drawn by visits so that games differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trainperf.workloads.minigo import go, mcts
+
+
+@dataclass(frozen=True)
+class PlayConfig:
+    search: mcts.SearchConfig
+    readouts: int
+    fastplay_frequency: float = 0.0
+    fastplay_readouts: int = 0
+    softpick_moves: int = 30
+    resign_threshold: float = -1.0  # -1: never resign
+    disable_resign_pct: float = 0.0
+
+
+@dataclass
+class Examples:
+    planes: np.ndarray  # uint8 [M, 13, N, N]
+    policy: np.ndarray  # float32 [M, N*N+1]
+    outcome: np.ndarray  # float32 [M]: +1 if the player to move won
+
+    def __len__(self) -> int:
+        return len(self.outcome)
+
+    @staticmethod
+    def concat(parts: Sequence[Examples]) -> Examples:
+        return Examples(np.concatenate([p.planes for p in parts]), np.concatenate([p.policy for p in parts]),
+                        np.concatenate([p.outcome for p in parts]))
+
+
+@dataclass
+class GameStats:
+    games: int = 0
+    moves: int = 0
+    black_wins: int = 0
+    resigned: int = 0
+    resign_disabled: int = 0
+    false_resigns: int = 0  # among resign-disabled games: the side that would have resigned won
+    readouts: int = 0
+    lengths: list[int] = field(default_factory=list)
+
+    @property
+    def false_resign_rate(self) -> float:
+        return self.false_resigns / self.resign_disabled if self.resign_disabled else 0.0
+
+
+@dataclass
+class _Game:
+    root: mcts.Node
+    resign_allowed: bool
+    planes: list[np.ndarray] = field(default_factory=list)
+    policies: list[np.ndarray] = field(default_factory=list)
+    players: list[int] = field(default_factory=list)
+    would_resign: int = 0  # the colour that would have resigned first, in a resign-disabled game
+    result: int | None = None
+    moves: int = 0
+
+
+def selfplay(game: object, evaluate: mcts.Evaluator, games: int, config: PlayConfig, rng: np.random.Generator
+             ) -> tuple[Examples, GameStats]:
+    """Play `games` games of the network against itself; their full searches as training examples."""
+    playing = [_Game(mcts.Node(go.start(game)), bool(rng.random() >= config.disable_resign_pct))
+               for _ in range(games)]
+    stats = GameStats(games=games)
+    active = list(playing)
+    while active:
+        fast = rng.random(len(active)) < config.fastplay_frequency
+        readouts = [config.fastplay_readouts if f else config.readouts for f in fast]
+        mcts.search([g.root for g in active], evaluate, config.search, readouts, noise=~fast, rng=rng)
+        stats.readouts += sum(readouts)
+        still = []
+        for g, f in zip(active, fast, strict=True):
+            position = g.root.position
+            if not f:
+                g.planes.append(go.features(position))
+                g.policies.append(g.root.policy().astype(np.float32))
+                g.players.append(position.to_play)
+            value = g.root.best_value()
+            if value < config.resign_threshold:
+                if g.resign_allowed:
+                    g.result = -position.to_play
+                    stats.resigned += 1
+                elif not g.would_resign:
+                    g.would_resign = position.to_play
+            if g.result is None:
+                move = mcts.choose(g.root, rng, soft=g.moves < config.softpick_moves)
+                g.root = mcts.advance(g.root, move)
+                g.moves += 1
+                if g.root.position.is_over():
+                    g.result = g.root.position.result()
+            if g.result is None:
+                still.append(g)
+        active = still
+    for g in playing:
+        assert g.result is not None
+        stats.moves += g.moves
+        stats.lengths.append(g.moves)
+        stats.black_wins += g.result == go.BLACK
+        if not g.resign_allowed:
+            stats.resign_disabled += 1
+            stats.false_resigns += bool(g.would_resign) and g.result == g.would_resign
+    examples = Examples(
+        np.stack([p for g in playing for p in g.planes]) if any(g.planes for g in playing)
+        else np.zeros((0, go.PLANES, 1, 1), np.uint8),
+        np.stack([p for g in playing for p in g.policies]) if any(g.policies for g in playing)
+        else np.zeros((0, 1), np.float32),
+        np.array([g.result * player for g in playing for player in g.players], dtype=np.float32))
+    return examples, stats
+
+
+@dataclass
+class MatchResult:
+    games: int
+    wins: int  # the candidate's
+    wins_as_black: int
+    wins_as_white: int
+    black_wins: int  # either side's, to see the colour's advantage under the komi
+
+    @property
+    def win_rate(self) -> float:
+        return self.wins / self.games if self.games else 0.0
+
+
+def match(game: object, candidate: mcts.Evaluator, target: mcts.Evaluator, games: int, config: PlayConfig,
+          rng: np.random.Generator) -> MatchResult:
+    """The candidate against the target over `games` (even) games, colours alternating."""
+    if games < 2 or games % 2:
+        raise ValueError(f"a match needs an even number of games, got {games}")
+    positions = [go.start(game) for _ in range(games)]
+    candidate_colour = [go.BLACK if i % 2 == 0 else go.WHITE for i in range(games)]
+    moves = [0] * games
+    active = list(range(games))
+    while active:
+        for evaluator, mine in ((candidate, True), (target, False)):
+            turn = [i for i in active
+                    if not positions[i].is_over() and (positions[i].to_play == candidate_colour[i]) == mine]
+            if not turn:
+                continue
+            roots = [mcts.Node(positions[i]) for i in turn]
+            mcts.search(roots, evaluator, config.search, [config.readouts] * len(roots))
+            for i, root in zip(turn, roots, strict=True):
+                move = mcts.choose(root, rng, soft=moves[i] < config.softpick_moves)
+                positions[i] = positions[i].play(move)
+                moves[i] += 1
+        active = [i for i in active if not positions[i].is_over()]
+    results = [p.result() for p in positions]
+    wins = [r == c for r, c in zip(results, candidate_colour, strict=True)]
+    return MatchResult(games=games, wins=sum(wins),
+                       wins_as_black=sum(w for w, c in zip(wins, candidate_colour, strict=True) if c == go.BLACK),
+                       wins_as_white=sum(w for w, c in zip(wins, candidate_colour, strict=True) if c == go.WHITE),
+                       black_wins=sum(r == go.BLACK for r in results))
