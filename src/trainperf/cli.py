@@ -91,6 +91,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     return outcome.code
 
 
+def cmd_make_minigo_target(args: argparse.Namespace) -> int:
+    workload = registry.get("minigo")
+    out = Path(args.out) if args.out else Path(sys.modules[type(workload).__module__].__file__).parent / "mini"
+    workload.make_target(out, lambda line: print(line, flush=True), args.generations, args.seed)
+    return 0
+
+
 def cmd_make_phase1(args: argparse.Namespace) -> int:
     workload = registry.get("bert")
     out = Path(args.out) if args.out else Path(sys.modules[type(workload).__module__].__file__).parent / "mini"
@@ -389,6 +396,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="report.html", help="HTML file to write (default: report.html)")
     p.add_argument("--markdown", action="store_true", help="also write a Markdown version and its PNGs beside it")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("make-minigo-target", help="train the mini MiniGo's target model (shipped in the package)")
+    p.add_argument("--generations", type=int, help="self-play generations (default: the shipped target's)")
+    p.add_argument("--seed", type=int, help="random seed (default: the shipped target's)")
+    p.add_argument("--out", metavar="DIR", help="folder for target.pt and target.json (default: the package's)")
+    p.set_defaults(func=cmd_make_minigo_target)
 
     p = sub.add_parser("make-phase1", help="train the mini BERT's phase-1 checkpoint (shipped in the package)")
     p.add_argument("--steps", type=int, default=6000, help="phase-1 training steps (default: 6000)")

@@ -20,6 +20,7 @@ _WORKLOADS: dict[str, str] = {
     "rnnt": "trainperf.workloads.rnnt:RNNTWorkload",
     "unet3d": "trainperf.workloads.unet3d:UNet3DWorkload",
     "maskrcnn": "trainperf.workloads.maskrcnn:MaskRCNNWorkload",
+    "minigo": "trainperf.workloads.minigo:MiniGoWorkload",
 }
 
 

@@ -144,3 +144,116 @@ def test_the_dual_network_shapes_and_loss():
     assert all(p.ndim == 1 for p in groups[1]["params"]) and groups[1]["weight_decay"] == 0
     probabilities, values = M.NetworkEvaluator(net, torch.device("cpu"))(planes.numpy())
     assert probabilities.sum(1) == pytest.approx(np.ones(2)) and net.training
+
+
+# -- self-play, matches, the workload ------------------------------------------------------------
+from tests.conftest import write_minimal_closed_log  # noqa: E402
+from trainperf.errors import TrainperfError  # noqa: E402
+from trainperf.results.compliance import check  # noqa: E402
+from trainperf.spec import Assets, RuntimeContext  # noqa: E402
+from trainperf.workloads import minigo as W  # noqa: E402
+from trainperf.workloads.minigo import selfplay as S  # noqa: E402
+
+
+def _small_config(readouts: int = 8) -> S.PlayConfig:
+    return S.PlayConfig(mcts.SearchConfig(virtual_losses=2, dirichlet_alpha=0.25), readouts, fastplay_frequency=0.5,
+                        fastplay_readouts=2, softpick_moves=4, resign_threshold=-0.9, disable_resign_pct=0.5)
+
+
+def test_self_play_with_a_fixed_seed_is_reproducible():
+    game = go.load_game(N, 7.5)
+
+    def once(seed: int) -> tuple[S.Examples, S.GameStats]:
+        torch.manual_seed(0)
+        net = M.DualNet(N, width=8, blocks=1, fc_width=8)
+        return S.selfplay(game, M.NetworkEvaluator(net, torch.device("cpu")), 6, _small_config(),
+                          np.random.default_rng(seed))
+
+    (a, stats), (b, _), (c, _) = once(3), once(3), once(4)
+    assert len(a) > 0 and stats.games == 6 and stats.moves >= len(a)
+    np.testing.assert_array_equal(a.planes, b.planes)
+    np.testing.assert_array_equal(a.policy, b.policy)
+    np.testing.assert_array_equal(a.outcome, b.outcome)
+    assert len(a) != len(c) or not np.array_equal(a.planes, c.planes)
+    # Every example is a legal position's full search: its policy sums to 1, its outcome is +-1.
+    assert a.policy.sum(1) == pytest.approx(np.ones(len(a))) and set(np.unique(a.outcome)) <= {-1.0, 1.0}
+    assert a.planes.shape[1:] == (go.PLANES, N, N)
+
+
+class _Passer:
+    def moves(self, positions, moves_played, rng):
+        return [N * N for _ in positions]
+
+
+def test_a_match_alternates_colours_and_the_komi_decides_an_empty_board():
+    """Two players that always pass: the board stays empty, so white wins by the komi (7.5, area
+    scoring) every game, and the candidate wins exactly the games where it is white."""
+    result = S.match(go.load_game(N, 7.5), _Passer(), _Passer(), 10, np.random.default_rng(0))
+    counts = (result.games, result.wins, result.wins_as_black, result.wins_as_white, result.black_wins)
+    assert counts == (10, 5, 0, 5, 0)
+    reverse = S.match(go.load_game(N, -0.5), _Passer(), _Passer(), 10, np.random.default_rng(0))
+    assert reverse.black_wins == 10 and reverse.wins == reverse.wins_as_black == 5  # a komi for black: black wins
+    with pytest.raises(ValueError, match="even"):
+        S.match(go.load_game(N, 7.5), _Passer(), _Passer(), 3, np.random.default_rng(0))
+
+
+def test_a_search_player_beats_random_and_greedy_players_need_no_network():
+    rng = np.random.default_rng(0)
+    capture_vs_random = S.match(go.load_game(N, 0.5), S.CapturePlayer(), S.RandomPlayer(), 20, rng)
+    assert capture_vs_random.win_rate > 0.5
+
+
+def test_the_full_recipes_pass_the_closed_rules_and_the_mini_is_open(tmp_path):
+    workload = W.MiniGoWorkload()
+    ctx = RuntimeContext(device=torch.device("cpu"), world_size=8)
+    for name, recipe in W.FULL_RECIPES.items():
+        hyper = workload.mlperf_hyperparameters(recipe, ctx)
+        log = tmp_path / f"{name}.txt"
+        extra = {"actual_selfplay_games_per_generation": recipe.games_per_generation}
+        write_minimal_closed_log(log, "minigo", recipe.global_batch_size, {**hyper, **extra}, 0.52, 20)
+        verdict = check(log, "1.0.0")
+        if recipe.games_per_generation == 8192:
+            assert verdict.valid, verdict.output
+        else:  # v0.6's 4,096 games: a closed 1.0.0 run must play 8,192
+            assert not verdict.valid
+    hyper = workload.mlperf_hyperparameters(W.MINI, ctx)
+    write_minimal_closed_log(tmp_path / "mini.txt", "minigo", 64, {**hyper, "actual_selfplay_games_per_generation": 64},
+                             0.52, 5)
+    assert not check(tmp_path / "mini.txt", "1.0.0").valid  # 64 games: open division only
+
+
+def test_the_lr_schedule_is_the_references_piecewise_constant():
+    factor = W.lr_factor(W.FULL_RECIPES["reference"])
+    rates = [factor(s) * 0.016 for s in (0, 127, 128, 9999, 10_000, 20_000, 50_000)]
+    assert rates == pytest.approx([0.016, 0.016, 0.16, 0.16, 0.016, 0.0016, 0.0016])
+
+
+def test_the_shipped_target_is_checksum_verified_and_shape_checked(tmp_path, monkeypatch):
+    workload = W.MiniGoWorkload()
+    manifest = __import__("json").loads(W.MINI_MANIFEST.read_text())
+    assert W.sha256(W.MINI_TARGET) == manifest["sha256"] and manifest["made_by"].startswith("trainperf make-minigo")
+    target = workload.target_network(W.MINI, Assets(workload.assets(W.MINI, None)))
+    assert not target.training
+    damaged = tmp_path / "target.pt"
+    damaged.write_bytes(W.MINI_TARGET.read_bytes()[:-10] + b"0123456789")
+    monkeypatch.setattr(W, "MINI_TARGET", damaged)
+    with pytest.raises(TrainperfError, match="SHA-256 differs"):
+        workload.target_network(W.MINI, Assets({"target model": damaged}))
+    other = tmp_path / "other.pt"
+    torch.save(M.DualNet(N, width=8, blocks=3, fc_width=32).state_dict(), other)  # narrower: 8 channels, not 32
+    recipe = W.MINI.with_overrides([f"target_model={other}"])
+    with pytest.raises(TrainperfError, match="shape"):
+        workload.target_network(recipe, Assets(workload.assets(recipe, None)))
+
+
+@pytest.mark.slow
+def test_the_mini_runs_end_to_end_and_its_log_passes_the_checker(tmp_path):
+    """Two generations (self-play, training, a match against the shipped target); the target itself is
+    shown reached by the README's 10-seed calibration."""
+    from tests.conftest import cut_short_run
+
+    result = cut_short_run(["minigo", "--seed", "0", "--device", "cpu", "--set", "max_epochs=2"], tmp_path / "run",
+                           "1.0.0")
+    assert [e["epoch"] for e in result["evaluations"]] == [1, 2]
+    assert all(0.0 <= e["value"] <= 1.0 for e in result["evaluations"])
+    assert result["samples"] > 0 and result["eval_samples"] == W.MINI.eval_games

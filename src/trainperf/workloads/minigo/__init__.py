@@ -1,0 +1,313 @@
+"""MiniGo (MLPerf key `minigo`, ruleset 1.0.0): reinforcement learning whose training data the network
+makes for itself. A generation (the harness's epoch) is: self-play games by the current network, the
+last `window` generations' full-search positions as the training window, a training phase on a
+`train_filter` share of it; then the generation plays the fixed target model, and the run ends at the
+first generation winning at least half the games. The rules time training only — up to the passing
+generation's save —, so evaluations are untimed (`untimed_evaluation`).
+
+mini: 5x5 Go, a 3-block network of 32 channels, few readouts, against a target model shipped in the
+package (`trainperf make-minigo-target`, checksum verified at load). full: the v0.7+ 19x19 recipe
+(and the v0.6 9x9 one) from the user's bootstrap checkpoint and target model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainperf.errors import TrainperfError
+from trainperf.rulesets import RULESETS
+from trainperf.spec import (
+    Assets,
+    DataParts,
+    EpochView,
+    EvalPartial,
+    Metric,
+    ModelParts,
+    Recipe,
+    RuntimeContext,
+    Workload,
+)
+from trainperf.workloads.minigo import go, mcts
+from trainperf.workloads.minigo import model as M
+from trainperf.workloads.minigo import selfplay as S
+
+PACKAGE = Path(__file__).parent / "mini"
+MINI_TARGET = PACKAGE / "target.pt"
+MINI_MANIFEST = PACKAGE / "target.json"
+
+
+@dataclass(frozen=True)
+class MiniGoRecipe(Recipe):
+    board_size: int = 19
+    komi: float = 7.5
+    width: int = 64  # residual trunk channels (conv_width)
+    blocks: int = 6  # trunk_layers
+    fc_width: int = 64
+    value_weight: float = 0.5  # value_cost_weight
+    l2: float = 1e-4
+    momentum: float = 0.9
+    lr_rates: tuple[float, ...] = (0.016, 0.16, 0.016, 0.0016)
+    lr_boundaries: tuple[int, ...] = (128, 10_000, 20_000)  # optimizer steps
+    games_per_generation: int = 8192  # min_games_per_iteration
+    window: int = 5  # generations whose games are trained on
+    train_filter: float = 0.3  # share of the window's positions trained on per generation
+    readouts: int = 800
+    fastplay_frequency: float = 0.75
+    fastplay_readouts: int = 80
+    virtual_losses: int = 4
+    dirichlet_alpha: float = 0.03
+    noise_mix: float = 0.3
+    value_init_penalty: float = 0.2
+    softpick_moves: int = 30
+    resign_threshold: float = -0.9
+    disable_resign_pct: float = 0.1
+    eval_games: int = 100
+    eval_readouts: int = 100
+    eval_softpick_moves: int = 4
+    # Search only sensible moves (no own-eye filling; the pass only after a pass or when nothing else is
+    # left): the mini's few readouts need it; the reference searches every legal move.
+    reasonable_moves: bool = False
+    target_model: str = ""  # the target's state dict ("": the mini's shipped one; full: required)
+    bootstrap: str = ""  # the generation-0 network's state dict (full: the reference's; "": random)
+
+    def validate(self) -> None:
+        super().validate()
+        if not 2 <= self.board_size <= 19:
+            raise TrainperfError(f"recipe field board_size={self.board_size}: expected 2..19")
+        if len(self.lr_rates) != len(self.lr_boundaries) + 1 or list(self.lr_boundaries) != sorted(self.lr_boundaries):
+            raise TrainperfError("recipe fields lr_rates and lr_boundaries: one more rate than boundaries, boundaries "
+                                 "increasing")
+        if self.eval_games < 2 or self.eval_games % 2:
+            raise TrainperfError(f"recipe field eval_games={self.eval_games}: an even number >= 2 (colours alternate)")
+        if self.games_per_generation < 1 or self.window < 1 or not 0 < self.train_filter <= 1:
+            raise TrainperfError("recipe: need games_per_generation >= 1, window >= 1, 0 < train_filter <= 1")
+        if self.readouts < 1 or self.eval_readouts < 1 or not 0 <= self.fastplay_frequency < 1:
+            raise TrainperfError("recipe: need readouts >= 1, eval_readouts >= 1, 0 <= fastplay_frequency < 1")
+
+
+def _full(name: str, **fields: Any) -> MiniGoRecipe:
+    base = {"global_batch_size": 4096, "max_epochs": 100, "target": 0.5, "eval_every": 1, "eval_first": 1}
+    return MiniGoRecipe(name=name, **{**base, **fields})
+
+
+FULL_RECIPES: dict[str, MiniGoRecipe] = {r.name: r for r in (
+    # v0.7+ (flags/19): 19x19, 13 planes, 6 blocks of 64; 100 generations at most.
+    _full("reference"),
+    # v0.6 (flags/9): 9x9, 9 blocks of 32, value weight 0.25, 4,096 games, 240 readouts, window 10.
+    _full("v0.6-9x9", board_size=9, width=32, blocks=9, value_weight=0.25, lr_rates=(0.16, 0.016, 0.0016),
+          lr_boundaries=(25_000, 37_500), games_per_generation=4096, window=10, readouts=240, fastplay_frequency=0.0,
+          fastplay_readouts=0, virtual_losses=8, max_epochs=50),
+)}
+
+MINI = MiniGoRecipe(
+    name="mini", global_batch_size=64, max_epochs=30, target=0.5, eval_every=1, eval_first=1, board_size=5,
+    komi=7.5, width=32, blocks=3, fc_width=32, lr_rates=(0.02, 0.05, 0.01), lr_boundaries=(20, 600),
+    games_per_generation=64, window=4, train_filter=1.0, readouts=48, fastplay_frequency=0.5, fastplay_readouts=12,
+    dirichlet_alpha=0.25, softpick_moves=6, resign_threshold=-0.9, disable_resign_pct=0.2, eval_games=32,
+    eval_readouts=16, eval_softpick_moves=4, reasonable_moves=True)
+
+
+def lr_factor(recipe: MiniGoRecipe) -> Callable[[int], float]:
+    """The reference's piecewise-constant LR (lr_rates between lr_boundaries, in steps), as a factor
+    of the first rate (the optimizer's base LR)."""
+    rates, bounds = recipe.lr_rates, np.asarray(recipe.lr_boundaries)
+
+    def factor(step: int) -> float:
+        return rates[int(np.searchsorted(bounds, step, side="right"))] / rates[0]
+
+    return factor
+
+
+def play_config(recipe: MiniGoRecipe, evaluation: bool = False) -> S.PlayConfig:
+    search = mcts.SearchConfig(virtual_losses=recipe.virtual_losses, value_init_penalty=recipe.value_init_penalty,
+                               dirichlet_alpha=recipe.dirichlet_alpha, noise_mix=recipe.noise_mix,
+                               reasonable_moves=recipe.reasonable_moves)
+    if evaluation:  # the reference's eval flags: no fast-play, no resignation
+        return S.PlayConfig(search, recipe.eval_readouts, softpick_moves=recipe.eval_softpick_moves)
+    return S.PlayConfig(search, recipe.readouts, recipe.fastplay_frequency, recipe.fastplay_readouts,
+                        recipe.softpick_moves, recipe.resign_threshold, recipe.disable_resign_pct)
+
+
+def _forward(model: nn.Module, planes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return model(planes)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class MiniGoWorkload(Workload[MiniGoRecipe]):
+    name = "minigo"
+    benchmark = "minigo"
+    ruleset = RULESETS[benchmark]
+    metric = Metric("win_rate", higher_is_better=True)
+    summary = "MiniGo: self-play RL, win rate against a target model (mini: 5x5 Go, a small network)"
+    mlperf_runs = 10
+    speedups = frozenset({"precision", "channels_last", "fused_optimizer"})
+    untimed_evaluation = True
+    sample_name = "positions"
+
+    def recipes(self, scale: str) -> dict[str, MiniGoRecipe]:
+        return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
+
+    # -- data: none to download or prepare; self-play makes it ----------------------------------
+    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
+        return []
+
+    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
+        say("minigo: nothing to prepare (its training data is self-play, made during the run)")
+
+    def assets(self, recipe: MiniGoRecipe, data_dir: Path | None) -> dict[str, Path]:
+        found: dict[str, Path] = {}
+        if recipe.target_model != "none":
+            if recipe.target_model:
+                found["target model"] = Path(recipe.target_model).expanduser()
+            elif recipe.board_size == MINI.board_size and recipe.width == MINI.width and recipe.blocks == MINI.blocks:
+                found["target model"] = MINI_TARGET
+            else:
+                raise TrainperfError("minigo: --set target_model=PATH (the reference's target network as a state dict "
+                                     "of this recipe's network)")
+        if recipe.bootstrap:
+            found["bootstrap"] = Path(recipe.bootstrap).expanduser()
+        return found
+
+    def mlperf_hyperparameters(self, recipe: MiniGoRecipe, ctx: RuntimeContext) -> dict[str, Any]:
+        return {
+            "train_batch_size": recipe.global_batch_size,
+            "lr_boundaries": list(recipe.lr_boundaries),
+            "lr_rates": list(recipe.lr_rates),
+            "min_selfplay_games_per_generation": recipe.games_per_generation,
+            # Informational, as the reference's logs carry them.
+            "num_readouts": recipe.readouts,
+            "virtual_losses": recipe.virtual_losses,
+            "filter_amount": recipe.train_filter,
+            "window_size": recipe.window,
+            "eval_games": recipe.eval_games,
+            "opt_weight_decay": recipe.l2,
+        }
+
+    def network(self, recipe: MiniGoRecipe) -> M.DualNet:
+        return M.DualNet(recipe.board_size, recipe.width, recipe.blocks, recipe.fc_width)
+
+    def build(self, recipe: MiniGoRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
+        model = self.network(recipe)
+        if "bootstrap" in assets:
+            model.load_state_dict(assets.state_dict("bootstrap", like=model.state_dict(), what="this recipe's network"))
+        model = model.to(ctx.device)
+        impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+        optimizer = torch.optim.SGD(M.param_groups(model, recipe.l2), lr=recipe.lr_rates[0], momentum=recipe.momentum,
+                                    **impl)
+
+        def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            planes, policy, outcome = batch
+            return M.loss(model, planes, policy, outcome, recipe.value_weight)
+
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=_forward,
+                          lr_schedule=lambda steps_per_epoch: lr_factor(recipe))
+
+    def target_network(self, recipe: MiniGoRecipe, assets: Assets) -> M.DualNet:
+        """The fixed opponent, loaded with weights_only=True and shape-checked; the shipped mini target
+        must also match its manifest's SHA-256."""
+        path = assets["target model"]
+        if path == MINI_TARGET:
+            manifest = json.loads(MINI_MANIFEST.read_text())
+            if sha256(path) != manifest.get("sha256"):
+                raise TrainperfError(f"{path}: SHA-256 differs from {MINI_MANIFEST} (a damaged or replaced file; "
+                                     "`trainperf make-minigo-target` rebuilds both)")
+        target = self.network(recipe)
+        target.load_state_dict(assets.state_dict("target model", like=target.state_dict(),
+                                                 what="this recipe's network"))
+        return target.eval()
+
+    def synthetic_batch(self, recipe: MiniGoRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
+        n, points = recipe.global_batch_size // ctx.world_size, recipe.board_size ** 2
+        gen = torch.Generator().manual_seed(0)
+        planes = torch.randint(0, 2, (n, go.PLANES, recipe.board_size, recipe.board_size), generator=gen,
+                               dtype=torch.uint8)
+        policy = torch.softmax(torch.randn(n, points + 1, generator=gen), dim=1)
+        outcome = torch.randint(0, 2, (n,), generator=gen).float() * 2 - 1
+        return planes.to(ctx.device), policy.to(ctx.device), outcome.to(ctx.device)
+
+    def synthetic_eval_batch(self, recipe: MiniGoRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
+        return self.synthetic_batch(recipe, ctx, model)[0][:recipe.virtual_losses * 8]
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def load_data(self, recipe: MiniGoRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
+        if recipe.games_per_generation % ctx.world_size or (recipe.eval_games // ctx.world_size) % 2:
+            raise TrainperfError(f"minigo: games_per_generation ({recipe.games_per_generation}) must divide by the "
+                                 f"{ctx.world_size} processes, and eval_games ({recipe.eval_games}) into even shares")
+        game = go.load_game(recipe.board_size, recipe.komi)
+        assets = Assets(self.assets(recipe, data_dir))
+        assets.check()
+        target = self.target_network(recipe, assets).to(ctx.device) if "target model" in assets else None
+        window: deque[S.Examples] = deque(maxlen=recipe.window)
+        per_rank_batch = recipe.global_batch_size // ctx.world_size
+        games = recipe.games_per_generation // ctx.world_size
+        device = ctx.device
+
+        def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+            rng = np.random.default_rng(ctx.stream_seed(f"self-play {view.epoch}", per_rank=True))
+            examples, stats = S.selfplay(game, M.NetworkEvaluator(view.model, device), games, play_config(recipe), rng)
+            view.log("actual_selfplay_games_per_generation", games * ctx.world_size)
+            window.append(examples)
+            pool = S.Examples.concat(list(window))
+            chosen = rng.permutation(len(pool))[:max(1, round(recipe.train_filter * len(pool)))]
+            # Every rank must take the same number of steps (gradients are all-reduced): rank 0's count.
+            steps = ctx.broadcast_object(len(chosen) // per_rank_batch)
+            chosen = np.resize(chosen, max(steps * per_rank_batch, 1))
+            for s in range(steps):
+                idx = chosen[s * per_rank_batch:(s + 1) * per_rank_batch]
+                planes, policy = augment(pool.planes[idx], pool.policy[idx], rng)
+                yield (torch.from_numpy(planes).to(device), torch.from_numpy(policy).to(device),
+                       torch.from_numpy(pool.outcome[idx]).to(device))
+
+        def evaluate(forward: Callable[[Any], tuple[torch.Tensor, torch.Tensor]]) -> EvalPartial:
+            if target is None:
+                raise TrainperfError("minigo: no target model to evaluate against (target_model=none)")
+
+            def candidate(planes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                logits, value = forward(torch.from_numpy(planes).to(device))
+                return (torch.softmax(logits.float(), 1).cpu().numpy().astype(np.float64),
+                        value.float().cpu().numpy().astype(np.float64))
+
+            rng = np.random.default_rng(ctx.stream_seed("evaluation", per_rank=True))
+            config = play_config(recipe, evaluation=True)
+            result = S.match(game, S.SearchPlayer(candidate, config), S.SearchPlayer(M.NetworkEvaluator(target, device),
+                             config), recipe.eval_games // ctx.world_size, rng)
+            counts = torch.tensor([result.wins, result.games, result.wins_as_black, result.black_wins],
+                                  dtype=torch.float64)
+            return EvalPartial(metric=win_rate, sums={"counts": counts})
+
+        return DataParts(train_batches=train_batches, steps_per_epoch=None, train_samples=None,
+                         eval_samples=recipe.eval_games, evaluate=evaluate)
+
+    def make_target(self, out: Path, say: Callable[[str], None], generations: int | None = None,
+                    seed: int | None = None) -> dict[str, Any]:
+        """`trainperf make-minigo-target`: the mini's shipped target model (see target.py)."""
+        from trainperf.workloads.minigo import target as T
+
+        return T.make_target(self, out, generations or T.GENERATIONS, say, T.SEED if seed is None else seed)
+
+
+def win_rate(totals: dict[str, Any]) -> float:
+    wins, games = totals["counts"].tolist()[:2]
+    return wins / games if games else 0.0
+
+
+def augment(planes: np.ndarray, policy: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Each example under one of the board's 8 symmetries, drawn at random (the reference's random
+    rotation in training)."""
+    out_planes, out_policy = np.empty_like(planes), np.empty_like(policy)
+    for i, k in enumerate(rng.integers(0, 8, len(planes))):
+        out_planes[i], out_policy[i] = go.symmetries(planes[i], policy[i], int(k))
+    return out_planes, out_policy

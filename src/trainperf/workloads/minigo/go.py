@@ -47,6 +47,12 @@ class Position:
     boards: tuple[np.ndarray, ...]
     to_play: int
     size: int
+    last_move: int = -1  # -1 at the start
+
+    @property
+    def passed(self) -> bool:
+        """Whether the last move was a pass (one more ends the game)."""
+        return self.last_move == self.size * self.size
 
     @property
     def board(self) -> np.ndarray:
@@ -65,6 +71,24 @@ class Position:
         mask[self.state.legal_actions()] = True
         return mask
 
+    def reasonable_mask(self) -> np.ndarray:
+        """The legal moves a sensible player considers: no filling of its own eye (an empty point whose
+        neighbours are all its stones), and the pass only when the opponent just passed or nothing
+        else is left. The rules allow more; a search over few readouts otherwise drifts into passing
+        early and filling eyes (see the README)."""
+        mask = self.legal_mask()
+        board = self.board
+        own = np.zeros((self.size + 2, self.size + 2), dtype=bool)
+        own[1:-1, 1:-1] = board == self.to_play
+        edge = np.ones_like(own)
+        edge[1:-1, 1:-1] = False
+        wall = own | edge
+        eye = (board == 0) & wall[:-2, 1:-1] & wall[2:, 1:-1] & wall[1:-1, :-2] & wall[1:-1, 2:]
+        mask[:-1] &= ~eye.reshape(-1)
+        if not self.passed and mask[:-1].any():
+            mask[-1] = False
+        return mask
+
     def result(self) -> int:
         """+1 if black won, -1 if white won (area scoring with komi, OpenSpiel's), 0 for a draw."""
         return int(np.sign(self.state.returns()[0]))
@@ -72,7 +96,8 @@ class Position:
     def play(self, action: int) -> Position:
         state = self.state.clone()
         state.apply_action(int(action))
-        return Position(state, (read_board(state, self.size),) + self.boards[:HISTORY - 1], -self.to_play, self.size)
+        return Position(state, (read_board(state, self.size),) + self.boards[:HISTORY - 1], -self.to_play, self.size,
+                        int(action))
 
 
 def start(game: Any) -> Position:

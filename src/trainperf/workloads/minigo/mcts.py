@@ -30,22 +30,28 @@ class SearchConfig:
     value_init_penalty: float = 0.2
     dirichlet_alpha: float = 0.03
     noise_mix: float = 0.3  # share of Dirichlet noise in the root's priors (self-play only)
+    reasonable_moves: bool = False  # search only `Position.reasonable_mask` moves (the mini's choice)
 
 
 class Node:
     """A position in a tree and the statistics of the moves from it (arrays over N*N+1 moves)."""
 
     __slots__ = ("position", "parent", "move", "children", "prior", "visits", "value_sum", "legal", "expanded",
-                 "pending")
+                 "pending", "reasonable")
 
-    def __init__(self, position: go.Position, parent: Node | None = None, move: int = -1) -> None:
+    def __init__(self, position: go.Position, parent: Node | None = None, move: int = -1,
+                 reasonable: bool = False) -> None:
         self.position, self.parent, self.move = position, parent, move
         self.children: dict[int, Node] = {}
         moves = position.passes + 1
         self.prior = np.zeros(moves, dtype=np.float64)
         self.visits = np.zeros(moves, dtype=np.float64)
         self.value_sum = np.zeros(moves, dtype=np.float64)
-        self.legal = position.legal_mask() if not position.is_over() else np.zeros(moves, dtype=bool)
+        self.reasonable = reasonable
+        if position.is_over():
+            self.legal = np.zeros(moves, dtype=bool)
+        else:
+            self.legal = position.reasonable_mask() if reasonable else position.legal_mask()
         self.expanded = False
         self.pending = False  # sent to the network, not back yet
 
@@ -65,7 +71,11 @@ class Node:
         return q
 
     def pick(self, config: SearchConfig) -> int:
-        """The move maximising Q + U (PUCT), among legal moves."""
+        """The move maximising Q + U (PUCT: U = (log((1 + N + base) / base) + init) sqrt(N) P / (1 + n)),
+        among legal moves. After a pass, the answering pass (which ends the game) is looked at first,
+        as MiniGo does, so that a search never loses by passing too early without seeing it."""
+        if self.position.passed and self.legal[-1] and self.visits[-1] == 0:
+            return len(self.visits) - 1
         total = self.visits.sum()
         c = math.log((1 + total + config.c_puct_base) / config.c_puct_base) + config.c_puct_init
         u = c * self.prior * math.sqrt(max(total, 1.0)) / (1 + self.visits)
@@ -76,7 +86,7 @@ class Node:
     def child(self, move: int) -> Node:
         found = self.children.get(move)
         if found is None:
-            found = self.children[move] = Node(self.position.play(move), self, move)
+            found = self.children[move] = Node(self.position.play(move), self, move, self.reasonable)
         return found
 
     def expand(self, probabilities: np.ndarray) -> None:

@@ -83,7 +83,8 @@ class _Game:
 def selfplay(game: object, evaluate: mcts.Evaluator, games: int, config: PlayConfig, rng: np.random.Generator
              ) -> tuple[Examples, GameStats]:
     """Play `games` games of the network against itself; their full searches as training examples."""
-    playing = [_Game(mcts.Node(go.start(game)), bool(rng.random() >= config.disable_resign_pct))
+    reasonable = config.search.reasonable_moves
+    playing = [_Game(mcts.Node(go.start(game), reasonable=reasonable), bool(rng.random() >= config.disable_resign_pct))
                for _ in range(games)]
     stats = GameStats(games=games)
     active = list(playing)
@@ -145,9 +146,47 @@ class MatchResult:
         return self.wins / self.games if self.games else 0.0
 
 
-def match(game: object, candidate: mcts.Evaluator, target: mcts.Evaluator, games: int, config: PlayConfig,
-          rng: np.random.Generator) -> MatchResult:
-    """The candidate against the target over `games` (even) games, colours alternating."""
+class SearchPlayer:
+    """A network with the search: the moves of many games from one batched search."""
+
+    def __init__(self, evaluate: mcts.Evaluator, config: PlayConfig) -> None:
+        self.evaluate, self.config = evaluate, config
+
+    def moves(self, positions: Sequence[go.Position], moves_played: Sequence[int], rng: np.random.Generator
+              ) -> list[int]:
+        roots = [mcts.Node(p, reasonable=self.config.search.reasonable_moves) for p in positions]
+        mcts.search(roots, self.evaluate, self.config.search, self.config.readouts)
+        return [mcts.choose(r, rng, soft=n < self.config.softpick_moves) for r, n in zip(roots, moves_played,
+                                                                                        strict=True)]
+
+
+class RandomPlayer:
+    """Uniformly random legal moves (the pass included): the floor a network must beat."""
+
+    def moves(self, positions: Sequence[go.Position], moves_played: Sequence[int], rng: np.random.Generator
+              ) -> list[int]:
+        return [int(rng.choice(np.flatnonzero(p.legal_mask()))) for p in positions]
+
+
+class CapturePlayer:
+    """One ply of greed: the legal move that captures the most stones, else a random one (never the
+    pass while a board move is legal)."""
+
+    def moves(self, positions: Sequence[go.Position], moves_played: Sequence[int], rng: np.random.Generator
+              ) -> list[int]:
+        chosen = []
+        for p in positions:
+            legal = np.flatnonzero(p.legal_mask())
+            board_moves = legal[legal < p.passes] if (legal < p.passes).any() else legal
+            before = int((p.board == -p.to_play).sum())
+            gains = np.array([before - int((p.play(m).board == -p.to_play).sum()) for m in board_moves])
+            best = board_moves[gains == gains.max()]
+            chosen.append(int(rng.choice(best)))
+        return chosen
+
+
+def match(game: object, candidate: object, target: object, games: int, rng: np.random.Generator) -> MatchResult:
+    """The candidate player against the target over `games` (even) games, colours alternating."""
     if games < 2 or games % 2:
         raise ValueError(f"a match needs an even number of games, got {games}")
     positions = [go.start(game) for _ in range(games)]
@@ -155,15 +194,13 @@ def match(game: object, candidate: mcts.Evaluator, target: mcts.Evaluator, games
     moves = [0] * games
     active = list(range(games))
     while active:
-        for evaluator, mine in ((candidate, True), (target, False)):
+        for player, mine in ((candidate, True), (target, False)):
             turn = [i for i in active
                     if not positions[i].is_over() and (positions[i].to_play == candidate_colour[i]) == mine]
             if not turn:
                 continue
-            roots = [mcts.Node(positions[i]) for i in turn]
-            mcts.search(roots, evaluator, config.search, [config.readouts] * len(roots))
-            for i, root in zip(turn, roots, strict=True):
-                move = mcts.choose(root, rng, soft=moves[i] < config.softpick_moves)
+            chosen = player.moves([positions[i] for i in turn], [moves[i] for i in turn], rng)  # type: ignore[attr-defined]
+            for i, move in zip(turn, chosen, strict=True):
                 positions[i] = positions[i].play(move)
                 moves[i] += 1
         active = [i for i in active if not positions[i].is_over()]
