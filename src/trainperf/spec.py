@@ -699,6 +699,9 @@ class DataParts:
     # evaluate(forward) -> this process's share of the evaluation set, scored (see EvalPartial).
     # forward(batch) runs the workload's eval_forward on the evaluation model.
     evaluate: Callable[[Callable[[Any], Any]], EvalPartial]
+    # Running totals the data source keeps of the work behind its batches (MiniGo's self-play: games,
+    # network evaluations), by name; `bench` reports each per second of its timed loop.
+    counters: Callable[[], dict[str, float]] | None = None
 
 
 class Workload(ABC, Generic[R]):

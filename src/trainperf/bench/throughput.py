@@ -65,6 +65,8 @@ class BenchResult:
     speedups: dict[str, Any]
     device: str
     sample_name: str = "samples"  # what one sample is called in the workload's field (utterances)
+    # The data source's own counters per second over the timed steps (DataParts.counters).
+    counter_rates: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,6 +136,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         eager.model = eager.model.to(memory_format=torch.channels_last)
     flops = count_flops(make_step(eager, 1), batch) / batch_size
 
+    data = None
     if synthetic:
         def batches() -> Any:
             while True:
@@ -155,6 +158,8 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     times, waits, samples, units = [], 0.0, 0, 0
+    counted = data.counters if data is not None and data.counters is not None else (lambda: {})
+    before = counted()
     start = time.perf_counter()
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -169,6 +174,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         if parts.loss_units is not None:
             units += int(parts.loss_units(current))
     total = time.perf_counter() - start
+    after = counted()
     distributed.shutdown()
     rate = samples / total
     achieved = flops * rate / 1e12
@@ -186,6 +192,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         achieved_tflops=achieved, peak_tflops=peak, peak_source=source,
         mfu=achieved / peak if peak else None, speedups=speedups.enabled(recipe), device=str(dev),
         sample_name=workload.sample_name,
+        counter_rates={k: (after[k] - before.get(k, 0.0)) / total for k in after},
     )
 
 
@@ -206,7 +213,8 @@ def describe(result: BenchResult) -> str:
         f"  throughput: {_rate(result.samples_per_s)} {result.sample_name}/s"
         + (f" ({result.units_per_s:,.0f} {result.units}/s)" if result.units_per_s is not None else ""),
         f"  step time: p50 {result.step_time_p50_ms:.2f} ms, p90 {result.step_time_p90_ms:.2f} ms",
-        f"  data loading: {result.data_share:.1%} of the time",
+        f"  data loading: {result.data_share:.1%} of the time"
+        + "".join(f"; {_rate(v)} {k}/s" for k, v in result.counter_rates.items()),
         f"  peak memory: {result.peak_memory_mb:.0f} MiB ({result.peak_memory_kind})",
         f"  model FLOPs: {_flops(result.flops_per_sample)} per sample (forward + backward, torch.utils.flop_counter)",
         f"  achieved: {result.achieved_tflops:.3f} TFLOP/s; peak {result.peak_tflops or 0:.2f} TFLOP/s "

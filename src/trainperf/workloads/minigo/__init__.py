@@ -113,7 +113,7 @@ MINI = MiniGoRecipe(
     name="mini", global_batch_size=64, max_epochs=30, target=0.5, eval_every=1, eval_first=1, board_size=5,
     komi=7.5, width=32, blocks=3, fc_width=32, lr_rates=(0.02, 0.05, 0.01), lr_boundaries=(20, 600),
     games_per_generation=64, window=4, train_filter=1.0, readouts=48, fastplay_frequency=0.5, fastplay_readouts=12,
-    dirichlet_alpha=0.25, softpick_moves=6, resign_threshold=-0.9, disable_resign_pct=0.2, eval_games=32,
+    dirichlet_alpha=0.25, softpick_moves=6, resign_threshold=-0.9, disable_resign_pct=0.2, eval_games=64,
     eval_readouts=16, eval_softpick_moves=4, reasonable_moves=True)
 
 
@@ -254,10 +254,15 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
         per_rank_batch = recipe.global_batch_size // ctx.world_size
         games = recipe.games_per_generation // ctx.world_size
         device = ctx.device
+        totals = {"games": 0.0, "moves": 0.0, "network evaluations": 0.0}
 
         def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
             rng = np.random.default_rng(ctx.stream_seed(f"self-play {view.epoch}", per_rank=True))
-            examples, stats = S.selfplay(game, M.NetworkEvaluator(view.model, device), games, play_config(recipe), rng)
+            evaluator = M.NetworkEvaluator(view.model, device)
+            examples, stats = S.selfplay(game, evaluator, games, play_config(recipe), rng)
+            totals["games"] += stats.games
+            totals["moves"] += stats.moves
+            totals["network evaluations"] += evaluator.positions
             view.log("actual_selfplay_games_per_generation", games * ctx.world_size)
             window.append(examples)
             pool = S.Examples.concat(list(window))
@@ -289,7 +294,7 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
             return EvalPartial(metric=win_rate, sums={"counts": counts})
 
         return DataParts(train_batches=train_batches, steps_per_epoch=None, train_samples=None,
-                         eval_samples=recipe.eval_games, evaluate=evaluate)
+                         eval_samples=recipe.eval_games, evaluate=evaluate, counters=lambda: dict(totals))
 
     def make_target(self, out: Path, say: Callable[[str], None], generations: int | None = None,
                     seed: int | None = None) -> dict[str, Any]:

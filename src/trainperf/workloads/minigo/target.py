@@ -27,7 +27,7 @@ from trainperf.workloads.minigo import model as M
 from trainperf.workloads.minigo import selfplay as S
 
 SEED = 20261124
-GENERATIONS = 16
+GENERATIONS = 8
 STRENGTH_GAMES = 100
 
 
