@@ -424,6 +424,27 @@ def _read_nifti(path: Path) -> object:
     return D.read_nifti(path, "00000")
 
 
+@cache
+def _minigo_network() -> bytes:
+    import torch
+
+    from trainperf.workloads.minigo import model as M
+
+    torch.manual_seed(0)
+    buf = io.BytesIO()
+    torch.save(M.DualNet(5, width=4, blocks=1, fc_width=4).state_dict(), buf)
+    return buf.getvalue()
+
+
+def _read_minigo_network(path: Path) -> object:
+    from trainperf.spec import Assets
+    from trainperf.workloads.minigo import MINI, MiniGoWorkload
+
+    recipe = MINI.with_overrides(["width=4", "blocks=1", "fc_width=4", f"target_model={path}"])
+    workload = MiniGoWorkload()
+    return workload.target_network(recipe, Assets(workload.assets(recipe, None)))
+
+
 READERS: list[Reader] = [
     Reader("imagenet jpeg", "n0_0.JPEG", _jpeg, _decode),
     Reader("imagenet png named JPEG", "n0_1.JPEG", _png, _decode),
@@ -443,6 +464,7 @@ READERS: list[Reader] = [
     Reader("kits19 case image .npy", "case_00000_x.npy", _kits_image, _read_kits_image),
     Reader("kits19 case label .npy", "case_00000_y.npy", _kits_label, _read_kits_label),
     Reader("kits19 nifti", "imaging.nii.gz", _nifti, _read_nifti),
+    Reader("minigo target network", "target.pt", _minigo_network, _read_minigo_network),
     Reader("criteo day.gz", "day_0.gz", _gz(_criteo_day), _parse_gz_day),
     Reader("mlperf log header", "result_0.txt", _mlperf_log, _log_header),
     Reader("mlperf log (check)", "result_0.txt", _mlperf_log, _check_log, budget=0.1),  # the official checker

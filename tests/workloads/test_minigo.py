@@ -257,3 +257,17 @@ def test_the_mini_runs_end_to_end_and_its_log_passes_the_checker(tmp_path):
     assert [e["epoch"] for e in result["evaluations"]] == [1, 2]
     assert all(0.0 <= e["value"] <= 1.0 for e in result["evaluations"])
     assert result["samples"] > 0 and result["eval_samples"] == W.MINI.eval_games
+
+
+@pytest.mark.slow
+def test_two_processes_share_the_games_and_take_the_same_steps(tmp_path):
+    """--nproc 2: each process plays half of the generation's games and its half of each batch; the
+    log counts the generation's games once, and the processes stay in step (rank 0's step count)."""
+    from tests.conftest import cut_short_run, read_log
+
+    result = cut_short_run(["minigo", "--seed", "0", "--device", "cpu", "--nproc", "2", "--set", "max_epochs=1"],
+                           tmp_path / "run", "1.0.0")
+    games = [r["value"] for r in read_log(tmp_path / "run" / "mlperf_log.txt")
+             if r["key"] == "actual_selfplay_games_per_generation"]
+    assert games == [W.MINI.games_per_generation] and result["samples"] > 0
+    assert [e["epoch"] for e in result["evaluations"]] == [1]

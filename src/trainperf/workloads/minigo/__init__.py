@@ -161,6 +161,12 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
         return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
 
     # -- data: none to download or prepare; self-play makes it ----------------------------------
+    def default_data_dir(self, scale: str) -> Path | None:
+        """No dataset at either scale: a folder of the cache stands for it (nothing is read there)."""
+        from trainperf.paths import cache_root
+
+        return cache_root() / f"{self.name}-{scale}"
+
     def data_problems(self, scale: str, data_dir: Path) -> list[str]:
         return []
 
@@ -174,9 +180,6 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
                 found["target model"] = Path(recipe.target_model).expanduser()
             elif recipe.board_size == MINI.board_size and recipe.width == MINI.width and recipe.blocks == MINI.blocks:
                 found["target model"] = MINI_TARGET
-            else:
-                raise TrainperfError("minigo: --set target_model=PATH (the reference's target network as a state dict "
-                                     "of this recipe's network)")
         if recipe.bootstrap:
             found["bootstrap"] = Path(recipe.bootstrap).expanduser()
         return found
@@ -248,6 +251,9 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
                                  f"{ctx.world_size} processes, and eval_games ({recipe.eval_games}) into even shares")
         game = go.load_game(recipe.board_size, recipe.komi)
         assets = Assets(self.assets(recipe, data_dir))
+        if recipe.target_model != "none" and "target model" not in assets:
+            raise TrainperfError("minigo: --set target_model=PATH (the target network, a state dict of this recipe's "
+                                 "network: the reference's target converted, or one made with make-minigo-target)")
         assets.check()
         target = self.target_network(recipe, assets).to(ctx.device) if "target model" in assets else None
         window: deque[S.Examples] = deque(maxlen=recipe.window)
