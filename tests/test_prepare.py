@@ -35,6 +35,8 @@ def test_mini_preparation_outputs_have_the_umask_permissions(tmp_path, name, uma
     data = tmp_path / "data"
     workload.prepare("mini", data, lambda s: None)
     assert not workload.data_problems("mini", data)
+    if not data.exists():
+        pytest.skip(f"{name}: no data to prepare (its training data is made during the run)")
     # 0o666 / 0o777 less the umask: group-readable, as any file the user writes (not owner-only).
     assert _modes(data) == {"files": {oct(0o640)}, "folders": {oct(0o750)}}
 
