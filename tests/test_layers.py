@@ -23,7 +23,9 @@ ALLOWED: dict[str, set[str]] = {
     "bench": {"spec", "runtime", "harness", "results"},
     "report": {"spec", "results", "registry"},
     "jobs": {"spec", "runtime", "harness", "results", "registry"},
-    "cli": {"spec", "runtime", "results", "registry", "jobs", "bench", "report"},
+    "suite": {"spec", "runtime", "results", "registry", "jobs", "report"},
+    "science": {"spec", "runtime", "harness", "results", "registry", "jobs", "bench"},
+    "cli": {"spec", "runtime", "results", "registry", "jobs", "bench", "report", "suite", "science"},
     "__main__": {"cli"},
 }
 

@@ -47,3 +47,15 @@ def test_ci_runs_the_readme_test_command():
     assert commands, "README: no test command in a bash block"
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert commands[0] in ci.splitlines()
+
+
+def test_the_calibrated_medians_suite_estimates_from_are_the_readmes():
+    """`suite` estimates its time left from each workload's `mini_median_s`: the README's table figure."""
+    from trainperf import registry
+
+    text = README.read_text(encoding="utf-8")
+    for name in registry.names():
+        workload = registry.get(name)
+        row = next((line for line in text.splitlines() if f"| `{workload.benchmark}`" in line
+                    and line.rstrip().endswith("|") and f"{workload.mini_median_s} s (median" in line), None)
+        assert row is not None, f"{name}: README's workload table lacks '{workload.mini_median_s} s (median'"

@@ -152,6 +152,23 @@ def cmd_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_suite(args: argparse.Namespace) -> int:
+    from trainperf import suite
+
+    names = suite.parse_only(args.only)
+    out_dir = Path(args.out) if args.out else Path("runs") / f"suite-{args.scale}-{_stamp()}"
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") % (2**31)
+    print(f"suite: {len(names)} workload(s) at {args.scale} scale, {args.runs} run(s) each, first seed {seed}, "
+          f"into {out_dir}", flush=True)
+    rows = suite.run_suite(names, args.scale, args.runs, out_dir, seed, device=args.device,
+                           data_root=Path(args.data) if args.data else None, system=args.system,
+                           say=lambda line: print(line, flush=True), warn=_warn)
+    for path in suite.write_report(out_dir, markdown=True):
+        print(f"wrote {path}")
+    print(suite.table_text(rows))
+    return 0 if all(r.status == "ok" for r in rows) else 1
+
+
 def cmd_slurm(args: argparse.Namespace) -> int:
     from trainperf.runtime.slurm import sbatch_script
 
@@ -367,6 +384,17 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--out", metavar="DIR", help="folder for ablation.csv/.json/.png")
             p.add_argument("--reps", type=int, default=3, help="measurements per configuration (median; default 3)")
         p.set_defaults(func=func)
+
+    p = sub.add_parser("suite", help="a whole round: every workload's runs, one results folder, one report")
+    p.add_argument("--only", metavar="A,B", help="these workloads only (default: every registered one)")
+    p.add_argument("--scale", choices=SCALES, default="mini")
+    p.add_argument("--runs", type=int, default=1, help="runs per workload (default: 1)")
+    p.add_argument("--seed", type=int, help="first seed of each series (default: drawn at random and recorded)")
+    p.add_argument("--data", metavar="ROOT", help="datasets as ROOT/<workload> (default for mini: the cache)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when present)")
+    p.add_argument("--system", help="system name for the results layout (default: from the machine)")
+    p.add_argument("--out", metavar="DIR", help="suite folder (default: runs/suite-<scale>-<UTC time>/)")
+    p.set_defaults(func=cmd_suite)
 
     p = sub.add_parser("slurm", help="print an sbatch script: one torchrun per node, c10d rendezvous")
     p.add_argument("workload")

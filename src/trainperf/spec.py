@@ -713,6 +713,9 @@ class Workload(ABC, Generic[R]):
     metric: ClassVar[Metric]
     summary: ClassVar[str]
     mlperf_runs: ClassVar[int]  # number of runs MLPerf scores with the olympic mean
+    # Median mini time-to-train in seconds over 10 calibration seeds on the project's 2-core CPU
+    # (benchmarks/mini_ttt.py; the README's table states the same): `suite` estimates the time left from it.
+    mini_median_s: ClassVar[float | None] = None
     # Speedup switches that apply to this workload (e.g. channels-last needs a convolutional model).
     speedups: ClassVar[frozenset[str]] = frozenset({"precision", "compile", "fused_optimizer"})
     # Where asynchronous evaluation scores: "thread" (light or GIL-releasing metrics) or "process"

@@ -81,6 +81,7 @@ class RunView:
     scale: str | None = None
     x_label: str = "epoch"  # what the evaluations' first coordinate counts
     target: Quality | None = None
+    environment: dict[str, Any] | None = None
 
 
 @dataclass
@@ -150,7 +151,7 @@ def _from_result_json(result: Any, system: str, label: str) -> RunView:
         epochs_to_target=_num(result.get("epochs_to_target")), samples_per_s=_num(result.get("train_samples_per_s")),
         seed=int(_num(result["seed"])) if result.get("seed") is not None else None, recipe=recipe,
         command=_str(command) if command is not None else None,
-        scale=_str(result["scale"]) if result.get("scale") is not None else None,
+        scale=_str(result["scale"]) if result.get("scale") is not None else None, environment=environment,
     )
 
 
@@ -179,6 +180,23 @@ def _full_target(workload: Workload) -> Quality:
     """The MLPerf target of a workload, as results hold it (a number, or {name: target})."""
     targets = workload.metric.targets(workload.recipe("full").target)
     return targets if workload.metric.composite else targets[workload.metric.name]
+
+
+def workload_group(label: str, scale: str, run_dirs: list[Path]) -> GroupView:
+    """The runs in `run_dirs` as one group named `label` (a suite's workload), target and metric from
+    their results."""
+    group = GroupView(system=label, benchmark=label, scale=scale)
+    for folder in run_dirs:
+        path = folder / "result.json"
+        result = _json(path, "run result")
+        with _validating(path, "trainperf run result"):
+            view = _from_result_json(result, label, folder.name)
+            known = registry.get(_str(result["workload"])) if result.get("workload") in registry.names() else None
+        if known is not None:
+            group.metric, group.higher_is_better = known.metric.name, known.metric.higher_is_better
+        group.target = view.target if view.target is not None else group.target
+        group.runs.append(view)
+    return group
 
 
 def _add_run_folder(data: ReportData, folder: Path) -> None:

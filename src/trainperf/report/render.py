@@ -170,77 +170,97 @@ border:1px solid #eee;margin:.4em 0}pre{background:#f6f8fa;padding:.6em;overflow
 .muted{color:#666;font-size:.9em}"""
 
 
-def build(data: ReportData, asset_prefix: str = "report") -> tuple[str, str, list[Figure]]:
-    """(html, markdown, figures). The HTML embeds the figures; the Markdown links to them by file name
-    (`<asset_prefix>_<figure>.png`, written beside it)."""
-    figures: list[Figure] = []
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    h = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>trainperf report</title>"
-         f"<style>{_CSS}</style></head><body>", "<h1>trainperf report</h1>",
-         f"<p class='muted'>generated {html.escape(stamp)} by trainperf {html.escape(__version__)}</p>"]
-    m = ["# trainperf report", "", f"generated {stamp} by trainperf {__version__}", ""]
+class _Doc:
+    """An HTML document and its Markdown twin, written side by side; figures are embedded in the HTML
+    and linked by file name from the Markdown (`<asset_prefix>_<figure>.png`, written beside it)."""
 
-    def section(title: str) -> None:
-        h.append(f"<h2>{html.escape(title)}</h2>")
-        m.extend([f"## {_md_cell(title)}", ""])
+    def __init__(self, title: str, asset_prefix: str) -> None:
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        self.prefix = asset_prefix
+        self.figures: list[Figure] = []
+        self.h = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+                  f"<style>{_CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
+                  f"<p class='muted'>generated {html.escape(stamp)} by trainperf {html.escape(__version__)}</p>"]
+        self.m = [f"# {_md_cell(title)}", "", f"generated {stamp} by trainperf {__version__}", ""]
 
-    def table(header: list[str], rows: list[list[str]]) -> None:
-        h.append(_html_table(header, rows))
-        m.extend([_md_table(header, rows), ""])
+    def section(self, title: str) -> None:
+        self.h.append(f"<h2>{html.escape(title)}</h2>")
+        self.m.extend([f"## {_md_cell(title)}", ""])
 
-    def figure(fig: Figure | None) -> None:
+    def subsection(self, title: str) -> None:
+        self.h.append(f"<h3>{html.escape(title)}</h3>")
+        self.m.extend([f"### {_md_cell(title)}", ""])
+
+    def table(self, header: list[str], rows: list[list[str]]) -> None:
+        self.h.append(_html_table(header, rows))
+        self.m.extend([_md_table(header, rows), ""])
+
+    def note(self, text: str) -> None:
+        self.h.append(f"<p class='muted'>{html.escape(text)}</p>")
+        self.m.extend([_md_cell(text), ""])
+
+    def code(self, text: str, summary: str | None = None, lang: str = "") -> None:
+        if summary:
+            self.h.append(f"<details><summary>{html.escape(summary)}</summary><pre>{html.escape(text)}</pre></details>")
+        else:
+            self.h.append(f"<pre>{html.escape(text)}</pre>")
+        self.m.extend([f"```{lang}", text.replace("```", "'''"), "```", ""])
+
+    def figure(self, fig: Figure | None) -> None:
         if fig is None:
             return
-        fig.name = f"{asset_prefix}_{fig.name}"
-        figures.append(fig)
+        fig.name = f"{self.prefix}_{fig.name}"
+        self.figures.append(fig)
         encoded = base64.b64encode(fig.png).decode()
-        h.append(f"<img alt='{html.escape(fig.title, quote=True)}' src='data:image/png;base64,{encoded}'>")
-        m.extend([f"![{_md_cell(fig.title)}]({fig.name})", ""])
+        self.h.append(f"<img alt='{html.escape(fig.title, quote=True)}' src='data:image/png;base64,{encoded}'>")
+        self.m.extend([f"![{_md_cell(fig.title)}]({fig.name})", ""])
 
+    def done(self) -> tuple[str, str, list[Figure]]:
+        return "\n".join([*self.h, "</body></html>"]), "\n".join(self.m), self.figures
+
+
+def build(data: ReportData, asset_prefix: str = "report") -> tuple[str, str, list[Figure]]:
+    """(html, markdown, figures)."""
+    doc = _Doc("trainperf report", asset_prefix)
     if data.groups:
-        section("Summary")
-        table(*summary_rows(data))
-        h.append("<p class='muted'>score: MLPerf olympic mean of run_start→run_stop (fastest and slowest "
-                 "dropped); with too few runs, the mean of converged runs.</p>")
+        doc.section("Summary")
+        doc.table(*summary_rows(data))
+        doc.note("score: MLPerf olympic mean of run_start→run_stop (fastest and slowest dropped); with too few "
+                 "runs, the mean of converged runs.")
         for bench, header, rows in comparison_rows(data):
-            section(f"{bench}: systems side by side")
-            table(header, rows)
-        section("Convergence")
+            doc.section(f"{bench}: systems side by side")
+            doc.table(header, rows)
+        doc.section("Convergence")
         for i, bench in enumerate(sorted({g.benchmark for g in data.groups})):
-            figure(convergence_figure(bench, [g for g in data.groups if g.benchmark == bench], i))
+            doc.figure(convergence_figure(bench, [g for g in data.groups if g.benchmark == bench], i))
     for i, (path, study) in enumerate(data.scaling):
-        section(f"Scaling study ({path})")
-        table(*scaling_rows(study))
-        figure(scaling_figure(path, study, i))
+        doc.section(f"Scaling study ({path})")
+        doc.table(*scaling_rows(study))
+        doc.figure(scaling_figure(path, study, i))
     for i, (path, study) in enumerate(data.ablations):
-        section(f"Speedup ablation ({path})")
-        table(*ablation_rows(study))
-        figure(ablation_figure(study, i))
+        doc.section(f"Speedup ablation ({path})")
+        doc.table(*ablation_rows(study))
+        doc.figure(ablation_figure(study, i))
     if data.systems:
-        section("Systems")
+        doc.section("Systems")
         names = list(data.systems)
-        table(["field", *names], [[f, *[str(data.systems[n].get(f, "")) for n in names]] for f in SYSTEM_FIELDS])
+        doc.table(["field", *names], [[f, *[str(data.systems[n].get(f, "")) for n in names]] for f in SYSTEM_FIELDS])
     runs = [r for g in data.groups for r in g.runs if r.command or r.recipe]
     if runs:
-        section("Commands and recipes")
+        doc.section("Commands and recipes")
         for r in runs:
             seed = f" (seed {r.seed})" if r.seed is not None else ""
-            title = f"{r.system} / {r.benchmark} {r.scale or ''} / {r.label}{seed}"
-            h.append(f"<h3>{html.escape(title)}</h3>")
-            m.extend([f"### {_md_cell(title)}", ""])
+            doc.subsection(f"{r.system} / {r.benchmark} {r.scale or ''} / {r.label}{seed}")
             if r.command:
-                h.append(f"<pre>{html.escape(r.command)}</pre>")
-                m.extend(["```", r.command.replace("```", "'''"), "```", ""])
+                doc.code(r.command)
             if r.recipe:
-                text = json.dumps(r.recipe, indent=1)
-                h.append(f"<details><summary>recipe</summary><pre>{html.escape(text)}</pre></details>")
-                m.extend(["```json", text, "```", ""])
-    h.append("</body></html>")
-    return "\n".join(h), "\n".join(m), figures
+                doc.code(json.dumps(r.recipe, indent=1), summary="recipe", lang="json")
+    return doc.done()
 
 
-def write(data: ReportData, out: Path, markdown: bool) -> list[Path]:
-    html_text, md_text, figures = build(data, out.stem)
+def write_documents(built: tuple[str, str, list[Figure]], out: Path, markdown: bool) -> list[Path]:
+    """The HTML file, and with `markdown` its .md twin and the figures' PNGs beside it."""
+    html_text, md_text, figures = built
     written = [out]
     write_text_atomic(out, html_text)
     if markdown:
@@ -252,3 +272,41 @@ def write(data: ReportData, out: Path, markdown: bool) -> list[Path]:
         write_text_atomic(md_path, md_text)
         written.append(md_path)
     return written
+
+
+def write(data: ReportData, out: Path, markdown: bool) -> list[Path]:
+    return write_documents(build(data, out.stem), out, markdown)
+
+
+def suite_document(suite: dict, groups: Sequence[GroupView], environment: dict, asset_prefix: str = "suite"
+                   ) -> tuple[str, str, list[Figure]]:
+    """The round's report: its table (one row per workload, a failure with its reason), one convergence
+    figure per workload, and where it ran."""
+    doc = _Doc(f"trainperf suite: {suite['scale']} scale, {suite['runs']} run(s) per workload", asset_prefix)
+    doc.section("Round")
+    header = ["workload", "MLPerf key", "ruleset", "metric", "target", "time-to-train", "converged",
+              "epochs to target", "throughput (samples/s)", "wall (s)", "status"]
+    rows = []
+    for r in suite["rows"]:
+        if r.score_minutes is None:
+            ttt = "-"
+        else:
+            ttt = f"{r.score_minutes * 60:.1f} s ({r.score_kind})"
+        status = r.status + (f": {r.reason}" if r.reason else "")
+        rows.append([r.workload, r.benchmark, r.ruleset, r.metric, r.target, ttt, f"{r.converged}/{r.runs}",
+                     "-" if r.epochs_to_target is None else f"{r.epochs_to_target:g}"
+                     + (" samples" if r.epoch_unit == "samples" else ""),
+                     _fmt(r.samples_per_s, ",.1f"), f"{r.wall_s:.0f}", status])
+    doc.table(header, rows)
+    doc.note(f"time-to-train: the MLPerf olympic mean of run_start→run_stop where there are enough runs, else the "
+             f"mean of converged runs (one run: its time). Whole suite: {suite['wall_s'] / 60:.1f} min of wall time, "
+             f"first seed {suite['seed']}.")
+    doc.section("Convergence")
+    for i, g in enumerate(groups):
+        doc.figure(convergence_figure(g.benchmark, [g], i))
+    doc.section("Environment")
+    flat = {k: v for k, v in environment.items() if not isinstance(v, (dict, list))}
+    flat.update({f"{k} version": v for k, v in (environment.get("versions") or {}).items()})
+    flat["gpus"] = ", ".join(environment.get("gpus") or []) or "none"
+    doc.table(["field", "value"], [[k, str(v)] for k, v in flat.items()])
+    return doc.done()

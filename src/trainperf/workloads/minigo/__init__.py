@@ -148,6 +148,7 @@ def sha256(path: Path) -> str:
 
 class MiniGoWorkload(Workload[MiniGoRecipe]):
     name = "minigo"
+    mini_median_s = 157.8  # benchmarks/mini_ttt.py, 10 seeds (README)
     benchmark = "minigo"
     ruleset = RULESETS[benchmark]
     metric = Metric("win_rate", higher_is_better=True)

@@ -107,6 +107,7 @@ def popularity_hr(train_pairs: np.ndarray, test_pos: np.ndarray, test_neg: np.nd
 
 class NCFWorkload(Workload[NCFRecipe]):
     name = "ncf"
+    mini_median_s = 5.3  # benchmarks/mini_ttt.py, 10 seeds (README)
     benchmark = "ncf"
     ruleset = RULESETS[benchmark]  # the common rules of 0.7.0 plus trainperf's own ncf rules (rulesets.py)
     metric = Metric("hr@10", higher_is_better=True)

@@ -132,6 +132,7 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
 
 class ResNetWorkload(Workload[ResNetRecipe]):
     name = "resnet"
+    mini_median_s = 4.0  # benchmarks/mini_ttt.py, 10 seeds (README)
     benchmark = "resnet"
     ruleset = RULESETS[benchmark]
     metric = Metric("top1", higher_is_better=True)

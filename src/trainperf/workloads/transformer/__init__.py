@@ -94,6 +94,7 @@ def lr_factor(recipe: TransformerRecipe) -> Callable[[int], float]:
 
 class TransformerWorkload(Workload[TransformerRecipe]):
     name = "transformer"
+    mini_median_s = 71.4  # benchmarks/mini_ttt.py, 10 seeds (README)
     benchmark = "transformer"
     ruleset = RULESETS[benchmark]
     metric = Metric("bleu", higher_is_better=True)

@@ -1,0 +1,62 @@
+"""`trainperf suite`: a round of workloads into one results folder and one report; a failing workload
+is a row with its reason, never the end of the round."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainperf import cli, registry, suite
+from trainperf.errors import TrainperfError
+from trainperf.results import scoring
+
+
+def test_a_round_of_two_fast_workloads_runs_to_target_and_writes_one_report(tmp_path, capsys):
+    out = tmp_path / "round"
+    code = cli.main(["suite", "--only", "ncf,resnet", "--seed", "0", "--out", str(out), "--device", "cpu"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    # A progress line per workload, with the time left estimated from the calibrated medians.
+    assert "[1/2] resnet: 1 run(s) at mini scale (elapsed 0:00, about 0:" in printed
+    assert "[2/2] ncf: ok (1/1 converged" in printed
+    data = suite.load(out)
+    rows = {r.workload: r for r in data["rows"]}
+    assert list(rows) == ["resnet", "ncf"]  # registry order, whatever --only's order
+    for name, row in rows.items():
+        assert row.status == "ok" and row.converged == 1 and not row.reason, row
+        assert row.score_kind == "single" and row.score_minutes == pytest.approx(row.times_s[0] / 60, rel=0.01)
+        assert row.epochs_to_target >= 1 and row.samples_per_s > 0 and row.wall_s >= row.times_s[0]
+        # Each is an MLPerf results folder the official checker passes and the scorer reads.
+        scored = scoring.score_folder(Path(row.results), rcp=False)
+        assert scored.converged == 1 and scored.benchmark == name
+    assert (out / "round-1.0.0" / "results").is_dir() and (out / "round-0.7.0" / "results").is_dir()
+    html = (out / "suite.html").read_text(encoding="utf-8")
+    md = (out / "suite.md").read_text(encoding="utf-8")
+    for text in (html, md):
+        assert "Round" in text and "Convergence" in text and "Environment" in text
+        assert registry.get("ncf").metric.name in text and registry.get("resnet").metric.name in text
+    assert md.count("![") == 2 and (out / "suite_convergence_0.png").stat().st_size > 1000
+    assert json.loads((out / "suite.json").read_text())["wall_s"] > 0
+
+
+def test_a_failing_workload_is_a_row_with_its_reason(tmp_path, capsys):
+    out = tmp_path / "round"
+    # Full scale with no dataset: the workload fails before training; the round goes on and reports it.
+    code = cli.main(["suite", "--only", "ncf", "--scale", "full", "--seed", "0", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 1
+    (row,) = suite.load(out)["rows"]
+    assert row.status == "failed" and "--data" in row.reason and row.converged == 0
+    assert "ncf: failed:" in captured.err
+    assert "failed: ncf --scale full needs --data" in (out / "suite.md").read_text(encoding="utf-8")
+
+
+def test_only_names_registered_workloads(tmp_path):
+    assert suite.parse_only(None)[0] == "resnet"
+    with pytest.raises(TrainperfError, match="unknown workload.*nope"):
+        suite.parse_only("resnet,nope")
+    with pytest.raises(TrainperfError, match="already holds a suite"):
+        (tmp_path / "suite.json").write_text("{}")
+        suite.run_suite(["ncf"], "mini", 1, tmp_path, 0)
