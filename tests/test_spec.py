@@ -143,3 +143,37 @@ def test_named_recipes():
     assert w.recipe("full", "lars-1632").base_lr == 7.4
     with pytest.raises(TrainperfError, match="unknown for resnet full; choose one of: lars-3264"):
         w.recipe("full", "lars-9999")
+
+
+def test_every_recipe_says_what_moves_with_the_batch():
+    """`Recipe.for_batch` (tune-batch): learning rates scale by the rule, step-counted schedule points
+    keep their place in samples; every workload declares its fields, and they exist."""
+    import dataclasses
+    import math
+
+    from trainperf import registry
+
+    for name in registry.names():
+        recipe = registry.get(name).recipe("mini")
+        fields = {f.name for f in dataclasses.fields(recipe)}
+        assert recipe.LR_FIELDS and set(recipe.LR_FIELDS) <= fields, name
+        assert set(recipe.STEP_FIELDS) <= fields, name
+        base = recipe.global_batch_size
+        for rule, factor in (("linear", 4.0), ("sqrt", 2.0), ("none", 1.0)):
+            scaled, said = recipe.for_batch(base * 4, rule)
+            assert scaled.global_batch_size == base * 4 and said[0] == f"global_batch_size {base} -> {base * 4}"
+            for key in recipe.LR_FIELDS:
+                old, new = getattr(recipe, key), getattr(scaled, key)
+                pairs = zip(old, new, strict=True) if isinstance(old, tuple) else [(old, new)]
+                assert all(math.isclose(b, a * factor) for a, b in pairs), (name, rule, key)
+            for key in recipe.STEP_FIELDS:
+                old, new = getattr(recipe, key), getattr(scaled, key)
+                pairs = zip(old, new, strict=True) if isinstance(old, tuple) else [(old, new)]
+                assert all(b == (max(1, round(a / 4)) if a else 0) for a, b in pairs), (name, key)
+        # The warmup keeping its steps: a step count stays, an epoch count grows with the batch.
+        steps, _ = recipe.for_batch(base * 4, "linear", "steps")
+        for key in recipe.WARMUP_FIELDS:
+            expected = getattr(recipe, key) * (1 if key in recipe.STEP_FIELDS else 4)
+            assert getattr(steps, key) == pytest.approx(expected), (name, key)
+    with pytest.raises(TrainperfError, match="--lr-rule 'cubic'"):
+        registry.get("resnet").recipe("mini").for_batch(64, "cubic")

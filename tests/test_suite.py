@@ -13,6 +13,7 @@ from trainperf.errors import TrainperfError
 from trainperf.results import scoring
 
 
+@pytest.mark.slow
 def test_a_round_of_two_fast_workloads_runs_to_target_and_writes_one_report(tmp_path, capsys):
     out = tmp_path / "round"
     code = cli.main(["suite", "--only", "ncf,resnet", "--seed", "0", "--out", str(out), "--device", "cpu"])

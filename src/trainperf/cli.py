@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -129,6 +131,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_scale(args: argparse.Namespace) -> int:
     from trainperf.bench import scaling
 
+    if args.project:
+        return _project(args)
     workload = registry.get(args.workload)
     nprocs = scaling.parse_nprocs(args.nproc)
     recipe = jobs.resolve_recipe(workload, args.scale, args.recipe, args.set)
@@ -167,6 +171,132 @@ def cmd_suite(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
     print(suite.table_text(rows))
     return 0 if all(r.status == "ok" for r in rows) else 1
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from trainperf.files import write_json_atomic
+    from trainperf.science import measure, predict
+
+    workload = registry.get(args.workload)
+    if args.scale != "full":
+        raise TrainperfError("predict --scale mini: the reference convergence points are the full benchmark's; "
+                             "use --scale full")
+    if args.from_log:
+        return _predict_logs(workload, Path(args.from_log), args.json)
+    recipe = jobs.resolve_recipe(workload, "full", args.recipe, args.set)
+    out_dir = Path(args.out or "runs") / f"predict-{workload.name}-{_stamp()}"
+    result = measure.predict_here(workload, recipe, args.nproc, args.data, args.bench_batch, args.steps, args.warmup,
+                                  args.device, args.samples_per_s, args.epochs, args.eval_s, args.bandwidth,
+                                  args.latency, args.overlap, out_dir)
+    print(predict.describe(result))
+    if args.json:
+        write_json_atomic(Path(args.json), result.to_dict())
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _predict_logs(workload: Any, path: Path, json_path: str | None) -> int:
+    from dataclasses import asdict
+
+    from trainperf.files import write_json_atomic
+    from trainperf.science import predict
+
+    files = sorted(path.glob("result_*.txt")) if path.is_dir() else [path]
+    if not files or not all(f.is_file() for f in files):
+        raise TrainperfError(f"--from-log {path}: expected an MLPerf log or a folder of result_*.txt")
+    checks = [predict.check_log(f, workload) for f in files]
+    print(f"{'log':<14} {'batch':>6} {'measured':>10} {'predicted':>10} {'error':>7} {'own epochs':>10} "
+          f"{'error':>7} {'samples/s':>12} {'eval s':>7} {'converged at':>12}")
+    for c in checks:
+        own = "-" if c.predicted_own_epochs_s is None else f"{c.predicted_own_epochs_s:.1f}"
+        own_err = "-" if c.error_own_epochs is None else f"{c.error_own_epochs:+.1%}"
+        print(f"{Path(c.file).name:<14} {c.global_batch:>6} {c.measured_s:>10.1f} {c.predicted_s:>10.1f} "
+              f"{c.error:>+7.1%} {own:>10} {own_err:>7} {c.log_samples_per_s:>12,.0f} {c.log_eval_s:>7.2f} "
+              f"{c.converged_at if c.converged_at is not None else '-':>12}")
+    errors = [abs(c.error) for c in checks]
+    print(f"{workload.name}: prediction from the RCP epochs and each log's own throughput; mean absolute error "
+          f"{statistics.fmean(errors):.1%} over {len(checks)} log(s), largest {max(errors):.1%}")
+    if json_path:
+        write_json_atomic(Path(json_path), {"workload": workload.name, "checks": [asdict(c) for c in checks]})
+        print(f"wrote {json_path}")
+    return 0
+
+
+def cmd_tune_batch(args: argparse.Namespace) -> int:
+    from trainperf.science import tune
+
+    workload = registry.get(args.workload)
+    recipe = jobs.resolve_recipe(workload, args.scale, args.recipe, args.set)
+    batches = tune.parse_batches(args.batch_sizes)
+    jobs.check_switches(workload, recipe, args.device)
+    data_dir = jobs.prepared_data(workload, args.scale, args.data)
+    out_dir = Path(args.out) if args.out else Path("runs") / f"tune-{workload.name}-{_stamp()}"
+    if (out_dir / "tune.json").exists():
+        raise TrainperfError(f"--out {out_dir}: already holds a batch-size study; choose another folder")
+    rows = tune.tune(workload, recipe, args.scale, data_dir, batches, args.runs, args.lr_rule, out_dir, args.seed,
+                     args.steps, args.warmup, args.device, say=lambda line: print(line, flush=True),
+                     warmup_rule=args.warmup_rule)
+    unit = "samples" if recipe.log_epoch_num == "samples" else "epochs"
+    title = (f"{workload.name} {args.scale}: global batch vs time-to-train ({args.lr_rule} LR, warmup kept in "
+             f"{args.warmup_rule}, from batch {recipe.global_batch_size}; {args.runs} run(s) per batch)")
+    best, verdict = tune.recommend(rows)
+    print(title)
+    print(tune.table_text(rows, unit))
+    print(verdict)
+    details = {"workload": workload.name, "scale": args.scale, "lr_rule": args.lr_rule,
+               "warmup_rule": args.warmup_rule, "base_batch":
+               recipe.global_batch_size, "first_seed": args.seed, "recommended": best.batch if best else None,
+               "verdict": verdict}
+    print("wrote " + ", ".join(str(p) for p in tune.save(rows, out_dir, title, details, unit)))
+    return 0
+
+
+def cmd_allreduce(args: argparse.Namespace) -> int:
+    from trainperf.runtime import distributed
+    from trainperf.science import project
+
+    placement = distributed.env_placement()
+    if placement is not None and placement[2] > 1:  # one process of the probe's group
+        project.probe_in_group(Path(args.json))
+        return 0
+    if args.nproc < 2:
+        raise TrainperfError(f"--nproc {args.nproc}: the all-reduce probe needs at least 2 processes")
+    out_dir = Path(args.json).parent if args.json else Path("runs") / f"allreduce-{_stamp()}"
+    link = project.measure_link(args.nproc, out_dir, args.device)
+    print(f"all-reduce between {args.nproc} local processes: bandwidth {link.bandwidth_gbs:.3f} GB/s, "
+          f"latency {link.latency_us:.1f} µs (ring model fitted to 4 KiB-16 MiB; {out_dir / 'allreduce.json'})")
+    return 0
+
+
+def _project(args: argparse.Namespace) -> int:
+    from trainperf.bench import scaling
+    from trainperf.science import measure, project
+
+    workload = registry.get(args.workload)
+    devices = scaling.parse_nprocs(args.project)
+    recipe = jobs.resolve_recipe(workload, args.scale, args.recipe, args.set)
+    jobs.check_switches(workload, recipe, args.device)
+    per_device = args.batch_size or recipe.global_batch_size
+    out_dir = Path(args.out) if args.out else Path("runs") / f"project-{workload.name}-{_stamp()}"
+    inputs, bench = measure.projection_inputs(workload, recipe, args.scale, args.data, per_device, args.bench_batch,
+                                              args.steps, args.warmup, args.device, args.peak_tflops, args.mfu,
+                                              args.epochs)
+    link = measure.link(args.bandwidth, args.latency, max(devices), out_dir, args.device)
+    rows = project.project(inputs, devices, link, args.overlap)
+    title = (f"{workload.name} {args.scale}: projected from 1 device, per-device batch {per_device}, "
+             f"{link.bandwidth_gbs:g} GB/s, {link.latency_us:g} µs, overlap {args.overlap:g}")
+    print(title)
+    print(f"  compute per step: {inputs.compute_s * 1e3:.2f} ms ({inputs.compute_source})")
+    print(f"  gradients all-reduced per step: {bench.gradient_bytes / 2**20:,.1f} MiB ({bench.parameters:,} "
+          f"parameters); link: {link.source}")
+    print(project.table_text(rows))
+    details = {"workload": workload.name, "scale": args.scale, "per_device_batch": per_device,
+               "compute_s": inputs.compute_s, "compute_source": inputs.compute_source,
+               "gradient_bytes": bench.gradient_bytes,
+               "link": {"bandwidth_gbs": link.bandwidth_gbs, "latency_us": link.latency_us, "source": link.source},
+               "overlap": args.overlap}
+    print("wrote " + ", ".join(str(p) for p in project.save(rows, out_dir, title, details)))
+    return 0
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
@@ -315,6 +445,14 @@ def _add_workload_options(p: argparse.ArgumentParser, with_switches: bool = True
         _add_switches(p)
 
 
+def _add_link_options(p: Any) -> None:
+    p.add_argument("--bandwidth", type=float, metavar="GB/S", help="all-reduce bus bandwidth per device "
+                   "(default: measured between local processes)")
+    p.add_argument("--latency", type=float, metavar="US", help="per-hop latency in microseconds")
+    p.add_argument("--overlap", type=float, default=1.0,
+                   help="fraction of backward that hides the all-reduce (default: 1, as DDP's buckets allow)")
+
+
 def _stamp() -> str:
     from datetime import datetime, timezone
 
@@ -364,7 +502,56 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fixed-global-batch", action="store_true",
                    help="keep the recipe's global batch at every size (default: keep the per-device batch)")
     p.add_argument("--out", metavar="DIR", help="study folder (default: runs/scale-<workload>-<UTC time>/)")
+    g = p.add_argument_group("projection (no runs: one device's bench and a ring all-reduce model)")
+    g.add_argument("--project", metavar="N,N,...", help="project time-to-train on these device counts")
+    g.add_argument("--batch-size", type=int, help="per-device batch (default: the recipe's global batch)")
+    g.add_argument("--bench-batch", type=int, help="batch of the one-device bench (default: the per-device batch)")
+    _add_link_options(g)
+    g.add_argument("--peak-tflops", type=float, help="project another device: its peak TFLOP/s (with --mfu)")
+    g.add_argument("--mfu", type=float, help="the fraction of --peak-tflops the model reaches")
+    g.add_argument("--epochs", type=float, help="epochs to converge where the ruleset has no RCP")
+    g.add_argument("--steps", type=int, default=10, help="timed bench steps (default: 10)")
+    g.add_argument("--warmup", type=int, default=3, help="untimed bench steps (default: 3)")
     p.set_defaults(func=cmd_scale)
+
+    p = sub.add_parser("predict", help="predicted full-scale time-to-train: RCP epochs x measured time per epoch")
+    _add_workload_options(p)
+    p.set_defaults(scale="full")
+    p.add_argument("--nproc", type=int, default=1, help="data-parallel devices (default: 1)")
+    p.add_argument("--bench-batch", type=int, help="batch of the bench (default: global batch / nproc)")
+    p.add_argument("--samples-per-s", type=float, help="a known per-device throughput instead of a bench")
+    p.add_argument("--epochs", type=float, help="epochs to converge (default: the RCP files of the ruleset)")
+    p.add_argument("--eval-s", type=float, help="seconds per evaluation (default: estimated from the throughput)")
+    _add_link_options(p)
+    p.add_argument("--steps", type=int, default=10, help="timed bench steps (default: 10)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed bench steps (default: 3)")
+    p.add_argument("--from-log", metavar="PATH", help="check the prediction on published logs (a result_*.txt "
+                                                      "or a folder of them): their throughput, RCP epochs")
+    p.add_argument("--out", metavar="DIR", help="folder for the all-reduce probe (default: runs/)")
+    p.add_argument("--json", metavar="FILE", help="also write the prediction as JSON")
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("tune-batch", help="batch-size tuner: throughput and epochs to target per global batch")
+    _add_workload_options(p, with_switches=False)
+    p.add_argument("--batch-sizes", required=True, metavar="B,B,...", help="global batch sizes, e.g. 64,128,256")
+    p.add_argument("--runs", type=int, default=3, help="runs to target per batch size (median; default: 3)")
+    p.add_argument("--lr-rule", choices=("linear", "sqrt", "none"), default="linear",
+                   help="learning rate x batch/base (linear) or x sqrt(batch/base); step-counted decay points "
+                        "x base/batch (default: linear)")
+    p.add_argument("--warmup-rule", choices=("steps", "samples"), default="steps",
+                   help="the warmup keeps its optimizer steps (its epochs grow with the batch; default) or its "
+                        "samples (epochs fixed, Goyal et al.)")
+    p.add_argument("--seed", type=int, default=0, help="first seed; run k uses SEED+k at every batch (default: 0)")
+    p.add_argument("--steps", type=int, default=20, help="timed bench steps per batch size (default: 20)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed bench steps (default: 5)")
+    p.add_argument("--out", metavar="DIR", help="study folder (default: runs/tune-<workload>-<UTC time>/)")
+    p.set_defaults(func=cmd_tune_batch)
+
+    p = sub.add_parser("allreduce", help="all-reduce bandwidth and latency between N local processes")
+    p.add_argument("--nproc", type=int, default=2, help="processes (default: 2)")
+    p.add_argument("--device", help="cpu (gloo) or cuda (NCCL; default: cuda when present)")
+    p.add_argument("--json", metavar="FILE", help="where the measurement is written")
+    p.set_defaults(func=cmd_allreduce)
 
     for name, func, help_text in (
         ("bench", cmd_bench, "throughput mode: samples/s, step times, memory, FLOPs per sample and MFU"),

@@ -31,14 +31,15 @@ def png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def scaling_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes:
+def scaling_chart(rows: Sequence[dict[str, Any]], title: str, label: str = "measured") -> bytes:
     """Time-to-train and speedup against devices, with the ideal (linear) line."""
     plt = pyplot()
     devices = [r["devices"] for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.plot(devices, [r["time_to_train_s"] or float("nan") for r in rows], "o-")
-    left.set(xlabel="devices (processes)", ylabel="time-to-train (s, median)", title="time-to-train")
-    right.plot(devices, [r["speedup"] or float("nan") for r in rows], "o-", label="measured")
+    left.set(xlabel="devices (processes)", ylabel=f"time-to-train (s, {'median' if label == 'measured' else label})",
+             title="time-to-train")
+    right.plot(devices, [r["speedup"] or float("nan") for r in rows], "o-", label=label)
     right.plot(devices, [d / devices[0] for d in devices], "--", color="grey", label="ideal (linear)")
     right.set(xlabel="devices (processes)", ylabel=f"speedup vs {devices[0]}", title="speedup")
     right.legend()
@@ -62,4 +63,29 @@ def ablation_chart(rows: Sequence[dict[str, Any]], title: str) -> bytes:
     ax.set(xlabel="throughput vs baseline (x)", title=short(title, 100))
     for i, r in enumerate(ordered):
         ax.text(r["uplift"], i, f" {r['uplift']:.2f}x", va="center", fontsize=8)
+    return png(fig)
+
+
+def batch_chart(rows: Sequence[dict[str, Any]], title: str, unit: str = "epochs") -> bytes:
+    """Epochs to converge (each run, and the median) and time-to-train (predicted and measured) against
+    the global batch: the trade-off that decides the fastest batch."""
+    plt = pyplot()
+    batches = [r["batch"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for r in rows:
+        each = [e for e in r["epochs_each"] if e is not None]
+        left.plot([r["batch"]] * len(each), each, "o", color="grey", alpha=0.4, ms=4)
+    left.plot(batches, [r["epochs_to_converge"] or float("nan") for r in rows], "o-", label="median")
+    left.set(xlabel="global batch", ylabel=f"{unit} to converge", title=f"{unit} to converge", xscale="log",
+             xticks=batches)
+    left.set_xticklabels([str(b) for b in batches])
+    left.legend()
+    right.plot(batches, [r["predicted_s"] or float("nan") for r in rows], "o--", label="predicted (it x s/it)")
+    right.plot(batches, [r["measured_s"] or float("nan") for r in rows], "s-", label="measured (median)")
+    right.set(xlabel="global batch", ylabel="time-to-train (s)", title="time-to-train", xscale="log", xticks=batches)
+    right.set_xticklabels([str(b) for b in batches])
+    right.legend()
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    fig.suptitle(short(title, 100))
     return png(fig)

@@ -288,6 +288,17 @@ class Recipe:
 
     # Values a field may take, for fields restricted to a set (checked by `validate`).
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {}
+    # What moves with the global batch (`for_batch`): the learning rates (a number or a tuple of them),
+    # and the schedule points counted in optimizer steps (warmup, decay boundaries), which are rescaled
+    # to cover the same number of samples. Schedules written in epochs need nothing.
+    LR_FIELDS: ClassVar[tuple[str, ...]] = ()
+    STEP_FIELDS: ClassVar[tuple[str, ...]] = ()
+    # The warmup's length (in steps if it is also a STEP_FIELD, else in epochs), which `for_batch`
+    # scales by its own rule: the same samples (Goyal et al.: epochs fixed) or the same steps (its
+    # epochs grow with the batch, as in the MLPerf ResNet and BERT recipes at large batches).
+    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ()
+    LR_RULES: ClassVar[tuple[str, ...]] = ("linear", "sqrt", "none")
+    WARMUP_RULES: ClassVar[tuple[str, ...]] = ("samples", "steps")
 
     @property
     def cadence(self) -> Cadence:
@@ -330,6 +341,41 @@ class Recipe:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def for_batch(self, batch: int, rule: str = "linear", warmup: str = "samples") -> tuple[Recipe, list[str]]:
+        """This recipe at another global batch B (base B0): learning rates x B/B0 (`linear`) or
+        x sqrt(B/B0) (`sqrt`); step-counted schedule points x B0/B, so decays stay where they were in
+        samples; the warmup keeps its samples (`samples`) or its steps (`steps`: its epochs x B/B0).
+        Returns the recipe and what changed."""
+        if rule not in self.LR_RULES:
+            raise TrainperfError(f"--lr-rule {rule!r}: expected one of {', '.join(self.LR_RULES)}")
+        if warmup not in self.WARMUP_RULES:
+            raise TrainperfError(f"--warmup-rule {warmup!r}: expected one of {', '.join(self.WARMUP_RULES)}")
+        if batch < 1:
+            raise TrainperfError(f"batch size {batch}: expected >= 1")
+        ratio = batch / self.global_batch_size
+        factor = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[rule]
+
+        def times(value: Any, k: float, whole: bool) -> Any:
+            if isinstance(value, tuple):
+                return tuple(times(v, k, whole) for v in value)
+            if whole:
+                return max(1, round(value * k)) if value else 0
+            return type(value)(value * k) if isinstance(value, float) else max(1, round(value * k)) if value else 0
+
+        changes: dict[str, Any] = {"global_batch_size": batch}
+        for key in self.LR_FIELDS:
+            changes[key] = times(getattr(self, key), factor, whole=False)
+        for key in self.STEP_FIELDS:
+            if key not in self.WARMUP_FIELDS or warmup == "samples":
+                changes[key] = times(getattr(self, key), 1 / ratio, whole=True)
+        for key in self.WARMUP_FIELDS:
+            if key not in self.STEP_FIELDS and warmup == "steps":
+                changes[key] = times(getattr(self, key), ratio, whole=False)
+        recipe = dataclasses.replace(self, **changes)
+        recipe.validate()
+        said = [f"{k} {_short(getattr(self, k))} -> {_short(v)}" for k, v in changes.items() if getattr(self, k) != v]
+        return recipe, said
+
     def with_overrides(self, assignments: Iterable[str]) -> Recipe:
         """Return a copy with `key=value` assignments applied, each parsed to the field's type."""
         hints = typing.get_type_hints(type(self))
@@ -348,6 +394,12 @@ class Recipe:
         recipe = dataclasses.replace(self, **changes)
         recipe.validate()
         return recipe
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_short(v) for v in value) + ")"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _parse_value(raw: str, annotation: Any, where: str) -> Any:
@@ -716,6 +768,11 @@ class Workload(ABC, Generic[R]):
     # Median mini time-to-train in seconds over 10 calibration seeds on the project's 2-core CPU
     # (benchmarks/mini_ttt.py; the README's table states the same): `suite` estimates the time left from it.
     mini_median_s: ClassVar[float | None] = None
+    # The full dataset's training samples per epoch (ImageNet's 1,281,167 images), and what one full
+    # evaluation costs in forward passes of one training sample (NCF: 138,493 users x 1,000 candidates;
+    # 3D U-Net: its sliding-window patches). `predict` and `scale --project` read them; None: unknown.
+    full_epoch_samples: ClassVar[int | None] = None
+    full_eval_forwards: ClassVar[int | None] = None
     # Speedup switches that apply to this workload (e.g. channels-last needs a convolutional model).
     speedups: ClassVar[frozenset[str]] = frozenset({"precision", "compile", "fused_optimizer"})
     # Where asynchronous evaluation scores: "thread" (light or GIL-releasing metrics) or "process"

@@ -24,9 +24,9 @@ from trainperf.files import write_json_atomic
 from trainperf.spec import Workload
 
 Say = Callable[[str], None]
-# Wall time of a mini run over its time-to-train before the first workload has told us (process start,
-# data preparation and model build happen outside the clock): updated from each finished workload.
-FIRST_OVERHEAD = 1.4
+# Before any workload has finished: a run's wall time beyond its time-to-train (process start, data
+# preparation, model build, untimed evaluations). Replaced by what the finished workloads show.
+FIRST_OVERHEAD_S = 8.0
 
 
 @dataclass
@@ -92,7 +92,7 @@ def run_suite(names: Sequence[str], scale: str, runs: int, out_dir: Path, seed: 
     rows: list[SuiteRow] = []
     used: dict[str, set[str]] = {}
     started = time.perf_counter()
-    spent_wall, spent_estimate = 0.0, 0.0
+    ttt_seen, median_seen, overheads = 0.0, 0.0, []  # what the finished workloads took vs their medians
     for index, workload in enumerate(workloads, 1):
         recipe = workload.recipe(scale)
         ruleset = recipe.ruleset or workload.ruleset
@@ -100,10 +100,13 @@ def run_suite(names: Sequence[str], scale: str, runs: int, out_dir: Path, seed: 
         if workload.benchmark in used.setdefault(tree, set()):
             tree = f"{tree}-{workload.name}"  # a second workload with this key in one round: its own tree
         used.setdefault(tree, set()).add(workload.benchmark)
-        ratio = spent_wall / spent_estimate if spent_estimate else FIRST_OVERHEAD
+        # Time left: the calibrated medians, scaled by how this machine compares so far, plus each run's
+        # time off the clock as seen so far.
+        ratio = ttt_seen / median_seen if median_seen else 1.0
+        overhead = statistics.fmean(overheads) if overheads else FIRST_OVERHEAD_S
         left = [estimate_s(w, scale, runs) for w in workloads[index - 1:]]
-        eta = ("" if any(e is None for e in left)
-               else f", about {_clock(sum(e for e in left if e is not None) * ratio)} left")
+        eta = ("" if any(e is None for e in left) else
+               f", about {_clock(sum(e for e in left if e is not None) * ratio + len(left) * runs * overhead)} left")
         say(f"[{index}/{len(workloads)}] {workload.name}: {runs} run(s) at {scale} scale "
             f"(elapsed {_clock(time.perf_counter() - started)}{eta})")
         row = SuiteRow(workload=workload.name, benchmark=workload.benchmark, ruleset=ruleset,
@@ -134,9 +137,10 @@ def run_suite(names: Sequence[str], scale: str, runs: int, out_dir: Path, seed: 
         rows.append(row)
         _save(out_dir, rows, scale, runs, seed, started)
         estimate = estimate_s(workload, scale, runs)
-        if estimate is not None and row.status != "failed":
-            spent_wall += row.wall_s
-            spent_estimate += estimate
+        if estimate is not None and row.times_s and row.converged == row.runs:
+            ttt_seen += sum(row.times_s)
+            median_seen += estimate
+            overheads.append((row.wall_s - sum(row.times_s)) / row.runs)
         done = f"{row.converged}/{row.runs} converged"
         if row.times_s:
             done += f", time-to-train {statistics.median(row.times_s):.1f} s (median)"

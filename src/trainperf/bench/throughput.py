@@ -67,6 +67,10 @@ class BenchResult:
     sample_name: str = "samples"  # what one sample is called in the workload's field (utterances)
     # The data source's own counters per second over the timed steps (DataParts.counters).
     counter_rates: dict[str, float] = dataclasses.field(default_factory=dict)
+    # What data-parallel training all-reduces each step: the trainable parameters' gradients.
+    parameters: int = 0
+    gradient_bytes: int = 0
+    epoch_samples: int | None = None  # the dataset's training samples per epoch, when it was opened
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -176,6 +180,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
     total = time.perf_counter() - start
     after = counted()
     distributed.shutdown()
+    trainable = [p for p in bare_model(parts.model).parameters() if p.requires_grad]
     rate = samples / total
     achieved = flops * rate / 1e12
     peak, source = device_peak_tflops(dev, recipe.precision)
@@ -193,6 +198,9 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         mfu=achieved / peak if peak else None, speedups=speedups.enabled(recipe), device=str(dev),
         sample_name=workload.sample_name,
         counter_rates={k: (after[k] - before.get(k, 0.0)) / total for k in after},
+        parameters=sum(p.numel() for p in trainable),
+        gradient_bytes=sum(p.numel() * p.element_size() for p in trainable),
+        epoch_samples=data.train_samples if data is not None else None,
     )
 
 

@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -44,6 +44,9 @@ def eval_interval(global_batch_size: int) -> int:
 
 @dataclass(frozen=True)
 class BertRecipe(Recipe):
+    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
+    STEP_FIELDS: ClassVar[tuple[str, ...]] = ("train_steps", "warmup_steps", "start_warmup_step")
+    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
     # LAMB and the reference schedule (opt_learning_rate_training_steps = train_steps).
     base_lr: float = 4e-4
     train_steps: int = 8103
@@ -118,6 +121,7 @@ def checkpoint_manifest() -> dict[str, Any]:
 
 class BertWorkload(Workload[BertRecipe]):
     name = "bert"
+    full_eval_forwards = 10_000
     mini_median_s = 79.4  # benchmarks/mini_ttt.py, 10 seeds (README)
     benchmark = "bert"
     ruleset = RULESETS[benchmark]

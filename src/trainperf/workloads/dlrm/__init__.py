@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -42,6 +42,9 @@ MIN_LR = 1e-7  # the reference's floor during the polynomial decay
 
 @dataclass(frozen=True)
 class DLRMRecipe(Recipe):
+    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
+    STEP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps", "decay_start_step", "decay_steps")
+    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
     base_lr: float = 1.0
     warmup_steps: int = 0
     decay_start_step: int = 0
@@ -194,6 +197,8 @@ def _prefetched(batches: Iterator[Any], depth: int = 4) -> Iterator[Any]:
 
 class DLRMWorkload(Workload[DLRMRecipe]):
     name = "dlrm"
+    full_epoch_samples = 4_195_197_692
+    full_eval_forwards = 89_137_319
     mini_median_s = 6.3  # benchmarks/mini_ttt.py, 10 seeds (README)
     benchmark = "dlrm"
     ruleset = RULESETS[benchmark]

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ from trainperf.workloads.wmt.text import PAD
 
 @dataclass(frozen=True)
 class GNMTRecipe(Recipe):
+    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
+    STEP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
+    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
     # global_batch_size is in sentences (the reference: 128 per process).
     bpe_merges: int = D.FULL_MERGES  # names the data files read (train.tok.clean.bpe.<merges>.en, ...)
     hidden: int = 1024
@@ -111,6 +114,7 @@ def lr_factor(recipe: GNMTRecipe, steps_per_epoch: int) -> Callable[[int], float
 
 class GNMTWorkload(Workload[GNMTRecipe]):
     name = "gnmt"
+    full_eval_forwards = 3_003
     mini_median_s = 140.5  # benchmarks/mini_ttt.py, 10 seeds (README)
     benchmark = "gnmt"
     ruleset = RULESETS[benchmark]

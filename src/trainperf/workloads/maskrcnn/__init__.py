@@ -28,6 +28,9 @@ DATA = C.DetectionData("maskrcnn", C.COCO2017, "COCO 2017", *COCO_COUNTS, COCO_C
 
 @dataclass(frozen=True)
 class MaskRCNNRecipe(DetectorRecipe):
+    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
+    STEP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps", "decay_steps")
+    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
     target: tuple[float, ...]  # box AP and mask AP, both to be reached
     model: str = "maskrcnn"  # maskrcnn (the reference's R50-FPN) | mini
     num_classes: int = COCO_CLASSES  # background included
@@ -130,6 +133,8 @@ def _forward(model: nn.Module, batch: Any) -> list[dict[str, torch.Tensor]]:
 
 class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
     name = "maskrcnn"
+    full_epoch_samples = 117_266
+    full_eval_forwards = 5_000
     mini_median_s = 96.3  # benchmarks/mini_ttt.py, 10 seeds (README)
     benchmark = "maskrcnn"
     ruleset = RULESETS[benchmark]

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -48,6 +48,8 @@ MINI_MANIFEST = PACKAGE / "target.json"
 
 @dataclass(frozen=True)
 class MiniGoRecipe(Recipe):
+    LR_FIELDS: ClassVar[tuple[str, ...]] = ("lr_rates",)
+    STEP_FIELDS: ClassVar[tuple[str, ...]] = ("lr_boundaries",)
     board_size: int = 19
     komi: float = 7.5
     width: int = 64  # residual trunk channels (conv_width)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -36,6 +36,7 @@ MINI_USERS, MINI_ITEMS = 3000, 1000
 
 @dataclass(frozen=True)
 class NCFRecipe(Recipe):
+    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
     factors: int = 64  # GMF embedding size
     mlp_layers: tuple[int, ...] = (256, 256, 128, 64)  # first = concatenated user+item MLP embeddings
     base_lr: float = 5e-4
@@ -107,6 +108,8 @@ def popularity_hr(train_pairs: np.ndarray, test_pos: np.ndarray, test_neg: np.nd
 
 class NCFWorkload(Workload[NCFRecipe]):
     name = "ncf"
+    full_epoch_samples = 99_308_850
+    full_eval_forwards = 138_493_000
     mini_median_s = 5.3  # benchmarks/mini_ttt.py, 10 seeds (README)
     benchmark = "ncf"
     ruleset = RULESETS[benchmark]  # the common rules of 0.7.0 plus trainperf's own ncf rules (rulesets.py)

@@ -36,6 +36,8 @@ IMAGENET_TRAIN, IMAGENET_VAL, IMAGENET_CLASSES = 1_281_167, 50_000, 1000
 
 @dataclass(frozen=True)
 class ResNetRecipe(Recipe):
+    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
+    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_epochs",)
     model: str = "resnet50"
     num_classes: int = 1000
     optimizer: str = "lars"
@@ -132,6 +134,8 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
 
 class ResNetWorkload(Workload[ResNetRecipe]):
     name = "resnet"
+    full_epoch_samples = 1_281_167
+    full_eval_forwards = 50_000
     mini_median_s = 4.0  # benchmarks/mini_ttt.py, 10 seeds (README)
     benchmark = "resnet"
     ruleset = RULESETS[benchmark]

@@ -36,6 +36,8 @@ MINI_SIZE = C.MINI_SIZE
 
 @dataclass(frozen=True)
 class RetinaNetRecipe(DetectorRecipe):
+    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
+    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_epochs",)
     model: str = "retinanet"  # retinanet (ResNeXt50-32x4d FPN, the reference) | mini
     num_classes: int = OPENIMAGES_CLASSES  # sigmoid classes: no background class
     image_size: int = 800  # every image is resized to this square inside the model
@@ -101,6 +103,8 @@ def _forward(model: nn.Module, batch: Any) -> list[dict[str, torch.Tensor]]:
 
 class RetinaNetWorkload(Detector[RetinaNetRecipe]):
     name = "retinanet"
+    full_epoch_samples = 1_170_301
+    full_eval_forwards = 24_781
     mini_median_s = 62.1  # benchmarks/mini_ttt.py, 10 seeds (README)
     benchmark = "ssd"  # the v2.0 round's key for RetinaNet
     ruleset = WORKLOAD_RULESETS["retinanet"]

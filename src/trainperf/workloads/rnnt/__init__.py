@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -39,6 +39,8 @@ from trainperf.workloads.rnnt.loss import transducer_loss
 
 @dataclass(frozen=True)
 class RNNTRecipe(Recipe):
+    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
+    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_epochs",)
     # global_batch_size in utterances; LAMB with the reference's policy (model.lr_factor).
     base_lr: float = 4e-3
     beta1: float = 0.9
@@ -128,6 +130,8 @@ MINI = RNNTRecipe(name="mini", global_batch_size=8, max_epochs=10, target=0.25, 
 
 class RNNTWorkload(Workload[RNNTRecipe]):
     name = "rnnt"
+    full_epoch_samples = 278_528
+    full_eval_forwards = 2_703
     mini_median_s = 59.5  # benchmarks/mini_ttt.py, 10 seeds (README)
     benchmark = "rnnt"
     ruleset = RULESETS[benchmark]

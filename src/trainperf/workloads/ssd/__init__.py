@@ -38,6 +38,8 @@ MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
 
 @dataclass(frozen=True)
 class SSDRecipe(DetectorRecipe):
+    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
+    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_epochs",)
     model: str = "ssd300"  # ssd300 | mini
     num_classes: int = 81  # with the background
     optimizer: str = "sgd"  # sgd (the reference) | adamw
@@ -125,6 +127,8 @@ def _forward(model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 class SSDWorkload(Detector[SSDRecipe]):
     name = "ssd"
+    full_epoch_samples = 117_266
+    full_eval_forwards = 4_952
     mini_median_s = 38.8  # benchmarks/mini_ttt.py, 10 seeds (README)
     benchmark = "ssd"
     ruleset = RULESETS[benchmark]

@@ -38,6 +38,9 @@ from trainperf.workloads.wmt.text import PAD
 
 @dataclass(frozen=True)
 class TransformerRecipe(Recipe):
+    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
+    STEP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
+    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
     # global_batch_size is in TOKENS: a global batch holds sentences x longest side <= this many.
     dim: int = 1024
     heads: int = 16
@@ -94,6 +97,8 @@ def lr_factor(recipe: TransformerRecipe) -> Callable[[int], float]:
 
 class TransformerWorkload(Workload[TransformerRecipe]):
     name = "transformer"
+    full_epoch_samples = 4_590_101
+    full_eval_forwards = 3_003
     mini_median_s = 71.4  # benchmarks/mini_ttt.py, 10 seeds (README)
     benchmark = "transformer"
     ruleset = RULESETS[benchmark]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -34,6 +34,8 @@ from trainperf.workloads.unet3d.inference import gaussian_importance, sliding_wi
 
 @dataclass(frozen=True)
 class UNet3DRecipe(Recipe):
+    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
+    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_epochs",)
     # global_batch_size in patches; an epoch is one patch per training case (the last global batch
     # filled with random cases: the rules count it padded).
     channels: tuple[int, ...] = M.REFERENCE_CHANNELS
@@ -92,6 +94,8 @@ MINI = UNet3DRecipe(name="mini", global_batch_size=4, max_epochs=60, target=0.8,
 
 class UNet3DWorkload(Workload[UNet3DRecipe]):
     name = "unet3d"
+    full_epoch_samples = 168
+    full_eval_forwards = 1_410
     mini_median_s = 46.3  # benchmarks/mini_ttt.py, 10 seeds (README)
     benchmark = "unet3d"
     ruleset = RULESETS[benchmark]
