@@ -212,10 +212,13 @@ def _predict_logs(workload: Any, path: Path, json_path: str | None) -> int:
         own_err = "-" if c.error_own_epochs is None else f"{c.error_own_epochs:+.1%}"
         print(f"{Path(c.file).name:<14} {c.global_batch:>6} {c.measured_s:>10.1f} {c.predicted_s:>10.1f} "
               f"{c.error:>+7.1%} {own:>10} {own_err:>7} {c.log_samples_per_s:>12,.0f} {c.log_eval_s:>7.2f} "
-              f"{c.converged_at if c.converged_at is not None else '-':>12}")
-    errors = [abs(c.error) for c in checks]
+              f"{c.converged_at if c.converged_at is not None else '-':>12}"
+              + ("" if c.converged else "  not converged: left out"))
+    errors = [abs(c.error) for c in checks if c.converged]
+    if not errors:
+        raise TrainperfError(f"--from-log {path}: no converged run to compare with")
     print(f"{workload.name}: prediction from the RCP epochs and each log's own throughput; mean absolute error "
-          f"{statistics.fmean(errors):.1%} over {len(checks)} log(s), largest {max(errors):.1%}")
+          f"{statistics.fmean(errors):.1%} over {len(errors)} converged run(s), largest {max(errors):.1%}")
     if json_path:
         write_json_atomic(Path(json_path), {"workload": workload.name, "checks": [asdict(c) for c in checks]})
         print(f"wrote {json_path}")
@@ -237,8 +240,8 @@ def cmd_tune_batch(args: argparse.Namespace) -> int:
                      args.steps, args.warmup, args.device, say=lambda line: print(line, flush=True),
                      warmup_rule=args.warmup_rule)
     unit = "samples" if recipe.log_epoch_num == "samples" else "epochs"
-    title = (f"{workload.name} {args.scale}: global batch vs time-to-train ({args.lr_rule} LR, warmup kept in "
-             f"{args.warmup_rule}, from batch {recipe.global_batch_size}; {args.runs} run(s) per batch)")
+    title = (f"{workload.name} {args.scale}: {args.lr_rule} LR rule, warmup kept in {args.warmup_rule}, from batch "
+             f"{recipe.global_batch_size}; {args.runs} run(s) per batch")
     best, verdict = tune.recommend(rows)
     print(title)
     print(tune.table_text(rows, unit))

@@ -75,17 +75,16 @@ def batch_chart(rows: Sequence[dict[str, Any]], title: str, unit: str = "epochs"
     for r in rows:
         each = [e for e in r["epochs_each"] if e is not None]
         left.plot([r["batch"]] * len(each), each, "o", color="grey", alpha=0.4, ms=4)
-    left.plot(batches, [r["epochs_to_converge"] or float("nan") for r in rows], "o-", label="median")
-    left.set(xlabel="global batch", ylabel=f"{unit} to converge", title=f"{unit} to converge", xscale="log",
-             xticks=batches)
-    left.set_xticklabels([str(b) for b in batches])
-    left.legend()
+    left.plot(batches, [r["epochs_to_converge"] or float("nan") for r in rows], "o-", label="median (grey: each run)")
+    left.set(xlabel="global batch", ylabel=f"{unit} to converge", title=f"{unit} to converge")
     right.plot(batches, [r["predicted_s"] or float("nan") for r in rows], "o--", label="predicted (it x s/it)")
     right.plot(batches, [r["measured_s"] or float("nan") for r in rows], "s-", label="measured (median)")
-    right.set(xlabel="global batch", ylabel="time-to-train (s)", title="time-to-train", xscale="log", xticks=batches)
-    right.set_xticklabels([str(b) for b in batches])
-    right.legend()
+    right.set(xlabel="global batch", ylabel="time-to-train (s)", title="time-to-train")
     for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.minorticks_off()
+        ax.set_xticks(batches, [str(b) for b in batches])
         ax.grid(alpha=0.3)
-    fig.suptitle(short(title, 100))
+        ax.legend(fontsize=8)
+    fig.suptitle(short(title, 110), fontsize=10)
     return png(fig)

@@ -83,6 +83,36 @@ def _mlperf_log() -> bytes:
 
 
 @cache
+def _published_log() -> bytes:
+    """A published-style ResNet log (noise lines between records): 3 evaluations, success."""
+    lines, t = ["Beginning trial 1 of 1"], 1_000_000
+
+    def rec(key: str, value: object = None, **meta: object) -> None:
+        lines.append(":::MLLOG " + json.dumps({"namespace": "", "time_ms": t, "event_type": "POINT_IN_TIME",
+                                               "key": key, "value": value, "metadata": meta}))
+
+    rec("submission_benchmark", "resnet")
+    rec("global_batch_size", 3264)
+    rec("run_start")
+    for epoch in (3, 7, 11):
+        t += 150_000
+        rec("eval_start", epoch_num=epoch)
+        t += 1_500
+        rec("eval_stop", epoch_num=epoch)
+        rec("eval_accuracy", 0.5 + epoch / 50, epoch_num=epoch)
+        lines.append(f"epoch {epoch}: Speed 26000 samples/sec")
+    rec("run_stop", status="success")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _predict_from_log(path: Path) -> object:
+    from trainperf import registry
+    from trainperf.science import predict
+
+    return predict.check_log(path, registry.get("resnet"))
+
+
+@cache
 def _result_json() -> bytes:
     from tests.harness import fakes
     from trainperf.harness import RunConfig, run
@@ -470,6 +500,7 @@ READERS: list[Reader] = [
     Reader("mlperf log (check)", "result_0.txt", _mlperf_log, _check_log, budget=0.1),  # the official checker
     Reader("mlperf log (score)", "result_0.txt", _mlperf_log, _score_log),
     Reader("mlperf log (report)", "result_0.txt", _mlperf_log, _report_log),
+    Reader("published log (predict --from-log)", "result_0.txt", _published_log, _predict_from_log),
     Reader("result.json (report)", "result.json", _result_json, _report_result),
     Reader("systems json (report)", "box.json", _system_json, _report_system),
     Reader("scaling.json (report)", "scaling.json", _scaling_json, _report_study),

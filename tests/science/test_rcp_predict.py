@@ -84,9 +84,11 @@ def test_a_prediction_is_rcp_samples_over_throughput_plus_evaluations():
                                                   ("dlrm", "dgxa100_ngc21.05_merlin_hugectr/dlrm")])
 def test_published_runs_are_predicted_from_their_own_throughput_and_the_rcps(workload, folder):
     checks = [predict.check_log(f, registry.get(workload)) for f in sorted((FIXTURES / folder).glob("result_*.txt"))]
-    assert len(checks) == 5
-    for c in checks:
-        # Measured: 1710.7-1820.8 s (ResNet), 116.9-124.2 s (DLRM); errors -6.5..-0.7 % and -5.3..-0.1 %.
-        assert abs(c.error) < 0.08, c
-        assert abs(c.error_own_epochs) < 0.08, c
-    assert np.mean([abs(c.error) for c in checks]) < 0.035
+    converged = [c for c in checks if c.converged]
+    # ResNet's result_1 ran out of epochs at 0.7584 (aborted): its time is no time-to-train.
+    assert len(checks) == 5 and len(converged) == (4 if workload == "resnet" else 5)
+    for c in converged:
+        # Measured: 1710.7-1729.7 s (ResNet), 116.9-124.2 s (DLRM); errors -1.6..-0.7 % and -5.3..-0.1 %.
+        assert abs(c.error) < 0.06, c
+        assert abs(c.error_own_epochs) < 0.03, c
+    assert np.mean([abs(c.error) for c in converged]) < 0.02

@@ -57,7 +57,7 @@ def projection_inputs(workload: Workload, recipe: Recipe, scale: str, data: str 
                           device)
     if by_flops:
         compute_s = bench.flops_per_sample * per_device / (peak_tflops * 1e12 * mfu)
-        source = (f"{bench.flops_per_sample / 1e9:.2f} GFLOP per sample (counted) x {per_device} / "
+        source = (f"{bench.flops_per_sample / 1e9:.3g} GFLOP per sample (counted) x {per_device} / "
                   f"({peak_tflops:g} TFLOP/s x MFU {mfu:g})")
     else:
         compute_s = per_device / bench.samples_per_s

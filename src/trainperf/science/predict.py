@@ -18,6 +18,7 @@ from typing import Any
 from trainperf.errors import TrainperfError
 from trainperf.results.logs import read_records
 from trainperf.rulesets import RCP_TRAIN_SAMPLES, ruleset_for
+from trainperf.science.project import duration
 from trainperf.science.rcp import Convergence, epochs_to_converge
 from trainperf.spec import Cadence, Recipe, Workload
 
@@ -127,25 +128,17 @@ def predict(workload: Workload, recipe: Recipe, devices: int, samples_per_s: flo
 def describe(p: Prediction) -> str:
     unit = {"samples": "samples"}.get("samples" if p.benchmark in RCP_TRAIN_SAMPLES else "", "epochs")
     lines = [
-        f"{p.workload} full: predicted time-to-train {_duration(p.time_to_train_s)} "
-        f"(band {_duration(p.low_s)} - {_duration(p.high_s)}) on {p.devices} device(s), global batch {p.global_batch}",
+        f"{p.workload} full: predicted time-to-train {duration(p.time_to_train_s)} "
+        f"(band {duration(p.low_s)} - {duration(p.high_s)}) on {p.devices} device(s), global batch {p.global_batch}",
         f"  converges at: {p.converge_point:,.3f} {unit} (stdev {p.converge_stdev:,.3f}; reference convergence "
         f"points of ruleset {p.ruleset}, {p.converge_source})",
         f"  samples to train: {p.samples_to_train:,.0f}",
         f"  throughput: {p.samples_per_s:,.1f} samples/s ({p.throughput_source})",
-        f"  training: {_duration(p.train_s)}; evaluations: {p.evaluations} x {p.eval_s:.2f} s ({p.eval_source})",
+        f"  training: {duration(p.train_s)}; evaluations: {p.evaluations} x {p.eval_s:.2f} s ({p.eval_source})",
         "  initialization: excluded (not on the MLPerf clock)",
     ]
     lines += [f"  note: {n}" for n in p.notes]
     return "\n".join(lines)
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:.2f} h"
-    if seconds >= 120:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds:.1f} s"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,6 +157,7 @@ class LogCheck:
     predicted_own_epochs_s: float | None  # the log's own epochs instead of the RCP's: the throughput model alone
     error: float  # predicted / measured - 1
     error_own_epochs: float | None
+    converged: bool  # run_stop success: only then is the measured time a time-to-train
 
 
 def _segments(records: list[dict], style: str, epoch_samples: int | None) -> tuple[list[float], list[float]]:
@@ -193,6 +187,13 @@ def _segments(records: list[dict], style: str, epoch_samples: int | None) -> tup
 def check_log(path: Path, workload: Workload) -> LogCheck:
     """Predict a published run from its log's throughput and the RCPs; compare with its measured time."""
     records = read_records(path)
+    try:
+        return _check_records(path, records, workload)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError) as exc:
+        raise TrainperfError(f"{path}: not a log to predict from ({type(exc).__name__}: {exc})"[:300]) from None
+
+
+def _check_records(path: Path, records: list[dict], workload: Workload) -> LogCheck:
     values = {r["key"]: r.get("value") for r in records}
     batch = values.get("global_batch_size")
     if not isinstance(batch, int):
@@ -200,6 +201,8 @@ def check_log(path: Path, workload: Workload) -> LogCheck:
     recipe = workload.recipe("full")
     style = recipe.log_epoch_num if workload.benchmark not in RCP_TRAIN_SAMPLES else "samples"
     times = {r["key"]: float(r["time_ms"]) for r in records if r["key"] in ("run_start", "run_stop")}
+    stop = next((r for r in records if r["key"] == "run_stop"), None)
+    converged = stop is not None and (stop.get("metadata") or {}).get("status") == "success"
     if len(times) < 2:
         raise TrainperfError(f"{path}: no run_start/run_stop records")
     measured = (times["run_stop"] - times["run_start"]) / 1000.0
@@ -223,4 +226,4 @@ def check_log(path: Path, workload: Workload) -> LogCheck:
                     converged_at=float(point) if point is not None else None, log_samples_per_s=rate,
                     log_eval_s=eval_s, predicted_s=rcp.time_to_train_s, predicted_own_epochs_s=own,
                     error=rcp.time_to_train_s / measured - 1,
-                    error_own_epochs=own / measured - 1 if own is not None else None)
+                    error_own_epochs=own / measured - 1 if own is not None else None, converged=converged)

@@ -122,7 +122,7 @@ def table_text(rows: Sequence[ProjectionRow]) -> str:
     lines = [f"{'devices':>7} {'global batch':>12} {'epochs':>8} {'compute ms':>10} {'all-reduce ms':>13} "
              f"{'exposed ms':>10} {'step ms':>8} {'time-to-train':>14} {'speedup':>8} {'efficiency':>10}  epochs from"]
     for r in rows:
-        ttt = "-" if r.time_to_train_s is None else _duration(r.time_to_train_s)
+        ttt = "-" if r.time_to_train_s is None else duration(r.time_to_train_s)
         lines.append(f"{r.devices:>7} {r.global_batch:>12} {r.epochs:>8.2f} {r.compute_ms:>10.2f} "
                      f"{r.allreduce_ms:>13.2f} {r.exposed_ms:>10.2f} {r.step_ms:>8.2f} {ttt:>14} "
                      f"{_fmt(r.speedup, '.2f'):>8} "
@@ -134,7 +134,10 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """Seconds as a reader wants them: s, min, h or days."""
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:,.0f} days"
     if seconds >= 3600:
         return f"{seconds / 3600:.2f} h"
     if seconds >= 120:
