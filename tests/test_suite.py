@@ -61,3 +61,18 @@ def test_only_names_registered_workloads(tmp_path):
     with pytest.raises(TrainperfError, match="already holds a suite"):
         (tmp_path / "suite.json").write_text("{}")
         suite.run_suite(["ncf"], "mini", 1, tmp_path, 0)
+
+
+def test_an_interrupted_round_keeps_what_finished_and_reports_the_rest_not_run(tmp_path, monkeypatch, capsys):
+    from trainperf import jobs
+
+    def stopped(request, say, warn):
+        raise KeyboardInterrupt  # Ctrl-C while the first workload's run was being set up
+
+    monkeypatch.setattr(jobs, "start", stopped)
+    out = tmp_path / "round"
+    assert cli.main(["suite", "--only", "ncf,dlrm", "--seed", "0", "--out", str(out)]) == 130
+    rows = suite.load(out)["rows"]
+    assert [(r.workload, r.status, r.reason) for r in rows] == [
+        ("ncf", "failed", "interrupted"), ("dlrm", "not run", "the round was interrupted")]
+    assert "interrupted during ncf" in capsys.readouterr().err and (out / "suite.html").is_file()

@@ -170,6 +170,8 @@ def cmd_suite(args: argparse.Namespace) -> int:
     for path in suite.write_report(out_dir, markdown=True):
         print(f"wrote {path}")
     print(suite.table_text(rows))
+    if any(r.reason == suite.INTERRUPTED for r in rows):
+        return 130
     return 0 if all(r.status == "ok" for r in rows) else 1
 
 

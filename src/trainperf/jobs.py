@@ -226,8 +226,7 @@ def run_series(request: RunRequest, workload: Workload, recipe: Recipe, folder: 
         if result is None:
             warn(f"run {i}: {why}; the series stops")
             break
-        reason = result.get("abort_reason") or ""
-        if reason.startswith(("received SIG", "interrupted")):
+        if interrupted(result):
             warn(f"run {i}: interrupted; the {finished} finished run(s) are kept")
             return 130
         copy_atomic(run_dir / "mlperf_log.txt", logs_dir / f"result_{i}.txt")
@@ -236,6 +235,11 @@ def run_series(request: RunRequest, workload: Workload, recipe: Recipe, folder: 
         say(f"run {i} (seed {seed + i}): {result['status']} in {ttt}")
     say(f"results: {logs_dir}\nsystem description: {system_json}\nscore it: trainperf score {out_dir}")
     return 0 if finished == count else 1
+
+
+def interrupted(result: dict[str, Any]) -> bool:
+    """Whether a run ended because the user (or the system) stopped it, not because it failed."""
+    return (result.get("abort_reason") or "").startswith(("received SIG", "interrupted"))
 
 
 def summary(workload: Workload, scale: str, result: dict[str, Any], out_dir: Path) -> str:

@@ -27,6 +27,7 @@ Say = Callable[[str], None]
 # Before any workload has finished: a run's wall time beyond its time-to-train (process start, data
 # preparation, model build, untimed evaluations). Replaced by what the finished workloads show.
 FIRST_OVERHEAD_S = 8.0
+INTERRUPTED = "interrupted"
 
 
 @dataclass
@@ -38,7 +39,7 @@ class SuiteRow:
     target: str
     runs: int
     converged: int
-    status: str  # "ok", "partial" (some runs missed), "failed"
+    status: str  # "ok", "partial" (some runs missed), "failed", "not run" (the round was interrupted)
     reason: str = ""
     score_minutes: float | None = None  # MLPerf olympic mean, or the mean of converged runs when too few
     score_kind: str = ""  # "olympic" | "mean" | "single"
@@ -119,22 +120,28 @@ def run_suite(names: Sequence[str], scale: str, runs: int, out_dir: Path, seed: 
                                   data=str(data_root / workload.name) if data_root is not None else None,
                                   command=jobs.command_line(["run", workload.name, "--scale", scale,
                                                              "--seed", str(seed), "--runs", str(runs)]))
+        stopped = False
         try:
-            jobs.start(request, say=lambda line: None, warn=lambda line: None)
+            stopped = jobs.start(request, say=lambda line: None, warn=lambda line: None).code == 130
         except TrainperfError as exc:
             row.reason = str(exc)
         except KeyboardInterrupt:
-            row.reason = "interrupted"
-            _fill(row, out_dir / tree, time.perf_counter() - t0)
-            rows.append(row)
-            _save(out_dir, rows, scale, runs, seed, started)
-            raise
+            stopped = True
         except Exception as exc:  # noqa: BLE001 - a broken workload is a row with its reason, never the end
             last = traceback.extract_tb(exc.__traceback__)[-1]
             row.reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} " \
                          f"({Path(last.filename).name}:{last.lineno})"
         _fill(row, out_dir / tree, time.perf_counter() - t0)
         rows.append(row)
+        if stopped:  # the user stopped the round: what finished is kept and reported, the rest is not run
+            row.status, row.reason = "failed", INTERRUPTED
+            rows += [SuiteRow(workload=w.name, benchmark=w.benchmark, ruleset=w.recipe(scale).ruleset or w.ruleset,
+                              metric=w.metric.name, target=w.metric.describe_target(w.recipe(scale).target),
+                              runs=runs, converged=0, status="not run", reason="the round was interrupted")
+                     for w in workloads[index:]]
+            _save(out_dir, rows, scale, runs, seed, started)
+            warn(f"suite: interrupted during {workload.name}; the finished workloads are kept")
+            return rows
         _save(out_dir, rows, scale, runs, seed, started)
         estimate = estimate_s(workload, scale, runs)
         if estimate is not None and row.times_s and row.converged == row.runs:

@@ -66,6 +66,8 @@ def tune(workload: Workload, recipe: Recipe, scale: str, data_dir: Path, batches
             run_dir = out_dir / f"batch{batch}" / f"run{k}"
             result = jobs.run_once(request, workload, variant, data_dir, run_dir, seed + k)
             assert result is not None  # one process: rank 0
+            if jobs.interrupted(result):
+                raise KeyboardInterrupt  # the study stops; every finished run keeps its folder
             results.append(result)
             ttt = f"{result['time_to_train_s']:.1f} s" if result["status"] == "success" else result["abort_reason"]
             say(f"  run {k} (seed {seed + k}): {result['status']}, {ttt}")

@@ -115,7 +115,7 @@ def lr_factor(recipe: GNMTRecipe, steps_per_epoch: int) -> Callable[[int], float
 class GNMTWorkload(Workload[GNMTRecipe]):
     name = "gnmt"
     full_eval_forwards = 3_003
-    mini_median_s = 140.5  # benchmarks/mini_ttt.py, 10 seeds (README)
+    mini_median_s = 159.8  # benchmarks/mini_ttt.py, 10 seeds (README)
     benchmark = "gnmt"
     ruleset = RULESETS[benchmark]
     metric = Metric("bleu", higher_is_better=True)
