@@ -110,10 +110,7 @@ def run_suite(names: Sequence[str], scale: str, runs: int, out_dir: Path, seed: 
                f", about {_clock(sum(e for e in left if e is not None) * ratio + len(left) * runs * overhead)} left")
         say(f"[{index}/{len(workloads)}] {workload.name}: {runs} run(s) at {scale} scale "
             f"(elapsed {_clock(time.perf_counter() - started)}{eta})")
-        row = SuiteRow(workload=workload.name, benchmark=workload.benchmark, ruleset=ruleset,
-                       metric=workload.metric.name, target=workload.metric.describe_target(recipe.target), runs=runs,
-                       converged=0, status="failed",
-                       epoch_unit="samples" if recipe.log_epoch_num == "samples" else "epochs")
+        row = _row(workload, scale, runs, "failed")
         t0 = time.perf_counter()
         request = jobs.RunRequest(workload=workload.name, scale=scale, device=device, seed=seed, runs=runs,
                                   out=str(out_dir / tree), system=system, quiet=True,
@@ -135,10 +132,7 @@ def run_suite(names: Sequence[str], scale: str, runs: int, out_dir: Path, seed: 
         rows.append(row)
         if stopped:  # the user stopped the round: what finished is kept and reported, the rest is not run
             row.status, row.reason = "failed", INTERRUPTED
-            rows += [SuiteRow(workload=w.name, benchmark=w.benchmark, ruleset=w.recipe(scale).ruleset or w.ruleset,
-                              metric=w.metric.name, target=w.metric.describe_target(w.recipe(scale).target),
-                              runs=runs, converged=0, status="not run", reason="the round was interrupted")
-                     for w in workloads[index:]]
+            rows += [_row(w, scale, runs, "not run", "the round was interrupted") for w in workloads[index:]]
             _save(out_dir, rows, scale, runs, seed, started)
             warn(f"suite: interrupted during {workload.name}; the finished workloads are kept")
             return rows
@@ -158,6 +152,15 @@ def run_suite(names: Sequence[str], scale: str, runs: int, out_dir: Path, seed: 
     say(f"suite: {sum(r.status == 'ok' for r in rows)} of {len(rows)} workloads reached their targets in every "
         f"run; wall time {_clock(time.perf_counter() - started)}")
     return rows
+
+
+def _row(workload: Workload, scale: str, runs: int, status: str, reason: str = "") -> SuiteRow:
+    """A workload's row before its runs are read back."""
+    recipe = workload.recipe(scale)
+    return SuiteRow(workload=workload.name, benchmark=workload.benchmark, ruleset=recipe.ruleset or workload.ruleset,
+                    metric=workload.metric.name, target=workload.metric.describe_target(recipe.target), runs=runs,
+                    converged=0, status=status, reason=reason,
+                    epoch_unit="samples" if recipe.log_epoch_num == "samples" else "epochs")
 
 
 def _fill(row: SuiteRow, tree: Path, wall: float) -> None:

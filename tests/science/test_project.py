@@ -21,9 +21,9 @@ def test_ring_allreduce_cost_is_bandwidth_term_plus_latency_per_bucket():
 def test_backward_hides_the_allreduce_up_to_the_last_bucket():
     link = project.Link(bandwidth_gbs=10.0, latency_us=0.0, source="test")
     heavy = _inputs(compute_s=1.0, grad_bytes=100 * 2**20)  # 18 ms of all-reduce under 667 ms of backward
-    step, total, exposed = project.step_s(heavy, 8, link, overlap=1.0)
+    step, total, exposed = project.step_s(heavy.compute_s, heavy.gradient_bytes, 8, link, overlap=1.0)
     assert exposed == pytest.approx(project.allreduce_s(25 * 2**20, 8, link)) and step == pytest.approx(1 + exposed)
-    _, _, none_hidden = project.step_s(heavy, 8, link, overlap=0.0)
+    _, _, none_hidden = project.step_s(heavy.compute_s, heavy.gradient_bytes, 8, link, overlap=0.0)
     assert none_hidden == pytest.approx(total)
     light = _inputs(compute_s=0.001, grad_bytes=100 * 2**20)  # NCF-like: far more talk than work
     rows = project.project(light, [1, 2, 4, 8], link)

@@ -112,9 +112,7 @@ def predict_here(workload: Workload, recipe: Recipe, nproc: int, data: str | Non
     total_rate = rate * nproc
     if nproc > 1:
         ring = link(bandwidth, latency, nproc, out_dir, device)
-        inputs = Inputs(workload.name, per_device, per_device / rate, source, grad_bytes, None, None, 0.0,
-                        lambda b: (0.0, ""))
-        step, whole, exposed = project.step_s(inputs, nproc, ring, overlap)
+        step, whole, exposed = project.step_s(per_device / rate, grad_bytes, nproc, ring, overlap)
         total_rate = recipe.global_batch_size / step
         source += (f"; {nproc} devices: all-reduce {whole * 1e3:.2f} ms per step, {exposed * 1e3:.2f} ms exposed "
                    f"({ring.source})")

@@ -79,13 +79,14 @@ def allreduce_s(nbytes: int, devices: int, link: Link, bucket_bytes: int = BUCKE
     return hops / devices * nbytes / (link.bandwidth_gbs * 1e9) + buckets * hops * link.latency_us * 1e-6
 
 
-def step_s(inputs: Inputs, devices: int, link: Link, overlap: float) -> tuple[float, float, float]:
+def step_s(compute_s: float, gradient_bytes: int, devices: int, link: Link, overlap: float
+           ) -> tuple[float, float, float]:
     """(step time, whole all-reduce time, exposed all-reduce time) on `devices` devices."""
-    total = allreduce_s(inputs.gradient_bytes, devices, link)
-    last = allreduce_s(min(inputs.gradient_bytes, BUCKET_BYTES), devices, link)
-    hidden = overlap * BACKWARD_SHARE * inputs.compute_s
+    total = allreduce_s(gradient_bytes, devices, link)
+    last = allreduce_s(min(gradient_bytes, BUCKET_BYTES), devices, link)
+    hidden = overlap * BACKWARD_SHARE * compute_s
     exposed = min(total, max(total - hidden, last)) if devices > 1 else 0.0
-    return inputs.compute_s + exposed, total, exposed
+    return compute_s + exposed, total, exposed
 
 
 def project(inputs: Inputs, devices: Sequence[int], link: Link, overlap: float = 1.0) -> list[ProjectionRow]:
@@ -96,7 +97,7 @@ def project(inputs: Inputs, devices: Sequence[int], link: Link, overlap: float =
     for n in devices:
         gbs = inputs.per_device_batch * n
         epochs, source = inputs.epochs(gbs)
-        step, total, exposed = step_s(inputs, n, link, overlap)
+        step, total, exposed = step_s(inputs.compute_s, inputs.gradient_bytes, n, link, overlap)
         steps = ttt = None
         if inputs.epoch_samples:
             steps = math.ceil(epochs * inputs.epoch_samples / gbs)
