@@ -262,7 +262,7 @@ def cmd_allreduce(args: argparse.Namespace) -> int:
 
     placement = distributed.env_placement()
     if placement is not None and placement[2] > 1:  # one process of the probe's group
-        project.probe_in_group(Path(args.json))
+        project.probe_in_group(Path(args.json), device=args.device)
         return 0
     if args.nproc < 2:
         raise TrainperfError(f"--nproc {args.nproc}: the all-reduce probe needs at least 2 processes")

@@ -12,12 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from trainperf import registry
+from trainperf import devices, registry
 from trainperf.errors import TrainperfError
 from trainperf.files import copy_atomic
-from trainperf.spec import Assets, Recipe, RuntimeContext, Workload
+from trainperf.spec import Assets, Recipe, Workload
 
 Say = Callable[[str], None]
 
@@ -115,8 +113,7 @@ def check_switches(workload: Workload, recipe: Recipe, device: str | None) -> No
     checks again, on the device each process really gets)."""
     from trainperf.runtime import speedups
 
-    speedups.check_supported(workload, recipe, torch.device(device or ("cuda" if torch.cuda.is_available()
-                                                                        else "cpu")))
+    speedups.check_supported(workload, recipe, devices.resolve(device))
 
 
 def start(request: RunRequest, say: Say = print, warn: Say = print) -> RunOutcome:
@@ -204,7 +201,7 @@ def run_series(request: RunRequest, workload: Workload, recipe: Recipe, folder: 
     from trainperf.results import submission
 
     count = request.runs if request.runs else workload.mlperf_runs
-    device = RuntimeContext.create(request.device).device
+    device = devices.resolve(request.device)
     world = request.nproc if device.type == "cuda" else 1
     system = request.system or submission.default_system_name(device, world)
     logs_dir, system_json, details_dir = submission.layout_paths(out_dir, system, workload.benchmark)

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from trainperf import devices
 from trainperf.errors import TrainperfError
 
 T = TypeVar("T")
@@ -53,16 +54,13 @@ class DevicePrefetcher:
         if self.device.type != "cuda":
             yield from one_line_errors(self.loader)
             return
-        stream = torch.cuda.Stream(self.device)
+        stream = devices.side_stream(self.device)
         pending = None
         for batch in one_line_errors(self.loader):
-            with torch.cuda.stream(stream):
-                nxt = tuple(t.to(self.device, non_blocking=True) for t in batch)
+            nxt = tuple(devices.copy_async(t, self.device, stream) for t in batch)
             if pending is not None:
                 yield pending
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            for t in nxt:
-                t.record_stream(torch.cuda.current_stream(self.device))
+            devices.hand_over(nxt, self.device, stream)
             pending = nxt
         if pending is not None:
             yield pending

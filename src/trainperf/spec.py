@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 
+from trainperf import devices
 from trainperf.errors import TrainperfError
 
 SCALES = ("mini", "full")
@@ -448,6 +449,8 @@ class RuntimeContext:
     world_size: int = 1
     local_rank: int = 0
     seed: int = 0
+    # Whether this process joined a process group (a launcher started it), even a group of one.
+    grouped: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -455,12 +458,13 @@ class RuntimeContext:
 
     @property
     def distributed(self) -> bool:
-        return self.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+        """Collectives and DDP are in use: several processes, or a launched group of one."""
+        return ((self.world_size > 1 or self.grouped) and torch.distributed.is_available()
+                and torch.distributed.is_initialized())
 
     def synchronize(self) -> None:
         """Wait for queued device work, so that a clock read after it measures finished work."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        devices.synchronize(self.device)
 
     def barrier(self) -> None:
         if self.distributed:
@@ -530,19 +534,10 @@ class RuntimeContext:
 
     @classmethod
     def create(cls, device: str | None = None, seed: int = 0) -> RuntimeContext:
-        """A single-process context on `device` ('cpu', 'cuda', 'cuda:1'), or the best available."""
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        try:
-            dev = torch.device(device)
-        except RuntimeError:
-            raise TrainperfError(f"--device {device!r}: expected cpu, cuda or cuda:N") from None
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise TrainperfError(f"--device {device!r}: no CUDA GPU is visible on this machine")
-        if dev.type not in ("cpu", "cuda"):
-            raise TrainperfError(f"--device {device!r}: only cpu and cuda devices are supported")
-        if dev.type == "cuda":
-            torch.cuda.set_device(dev)
+        """A single-process context on `device` ('cpu', 'cuda', 'cuda:1'; a bare 'cuda' is the launcher's
+        LOCAL_RANK or the current device), or the best available."""
+        dev = devices.resolve(device)
+        devices.activate(dev)
         return cls(device=dev, seed=seed)
 
 

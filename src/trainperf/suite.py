@@ -223,8 +223,7 @@ def load(out_dir: Path) -> dict[str, Any]:
 
 def write_report(out_dir: Path, markdown: bool = True) -> list[Path]:
     """suite.html (and suite.md with its figures) from the suite's folder."""
-    import torch
-
+    from trainperf import devices
     from trainperf.report import collect, render
     from trainperf.runtime import environment
 
@@ -235,7 +234,7 @@ def write_report(out_dir: Path, markdown: bool = True) -> list[Path]:
     for group in groups:  # where the runs ran, as their results recorded it
         env = env or next((r.environment for r in group.runs if r.environment), {})
     if not env:
-        env = environment.describe(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        env = environment.describe(devices.resolve(None))
     return render.write_documents(render.suite_document(data, groups, env), out_dir / "suite.html", markdown)
 
 

@@ -215,3 +215,18 @@ def test_slurm_command_prints_the_script(capsys):
     assert main(["slurm", "resnet", "--nodes", "1", "--gpus-per-node", "4", "--", "--scale", "full"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("#!/bin/bash") and "--nproc-per-node=4" in out and "run resnet --scale full" in out
+
+
+@pytest.mark.slow
+def test_a_launched_group_of_one_trains_as_a_plain_process(tmp_path):
+    """`torchrun --nproc_per_node 1`: the process joins a group of one (DDP, collectives, the backend a
+    GPU would use: NCCL there, gloo here) and trains exactly as a plain process with the same seed."""
+    group, plain = tmp_path / "group", tmp_path / "plain"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
+    launched = subprocess.run([*torchrun, "-m", "trainperf", "run", "resnet", "--device", "cpu", "--seed", "4",
+                               "--out", str(group), "--quiet"], capture_output=True, text=True, timeout=300)
+    assert launched.returncode == 0, launched.stderr[-2000:]
+    assert main(["run", "resnet", "--device", "cpu", "--seed", "4", "--out", str(plain), "--quiet"]) == 0
+    a, b = (json.loads((d / "result.json").read_text()) for d in (group, plain))
+    assert [e["value"] for e in a["evaluations"]] == [e["value"] for e in b["evaluations"]]
+    assert a["status"] == "success" and check(group / "mlperf_log.txt").valid

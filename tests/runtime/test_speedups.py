@@ -100,7 +100,7 @@ def test_cuda_graphs_need_a_gpu():
         speedups.check_supported(ResNetWorkload(), BASE.with_overrides(["cuda_graphs=true"]), CPU)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_cuda_graphs_capture_once_and_replay():
     from torch._inductor import metrics
 

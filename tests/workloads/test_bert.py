@@ -327,7 +327,7 @@ def test_training_step_reads_nothing_back_from_the_device(monkeypatch):
         assert calls == [], f"host syncs in the step (fused={fused}): {calls}"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_training_step_has_no_sync_on_a_gpu():
     """On a GPU, CUDA's own sync detector: any synchronising call in the step raises."""
     from trainperf.runtime.step import TrainStep

@@ -372,7 +372,7 @@ def test_embedding_device_cpu_needs_one_process():
         MINI.with_overrides(["embedding_device=gpu"])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_host_embedding_tables_with_the_mlps_on_the_gpu():
     """embedding_device=cpu: tables and their sparse gradients on the host, MLPs on the GPU, and a
     training step that changes both."""

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from trainperf import devices
 from trainperf.runtime import distributed, environment, speedups
 from trainperf.runtime.step import TrainStep
 from trainperf.spec import Assets, EpochView, ModelParts, Recipe, Workload, bare_model
@@ -55,6 +56,8 @@ class BenchResult:
     step_time_p50_ms: float
     step_time_p90_ms: float
     data_share: float  # fraction of the timed wall clock spent waiting for the next batch
+    # What the timed steps held: on a GPU the caching allocator's reserved peak (what a batch must fit
+    # in: CUDA Graph pools included), on a CPU the process's peak RSS.
     peak_memory_mb: float
     peak_memory_kind: str
     flops_per_sample: float
@@ -71,6 +74,11 @@ class BenchResult:
     parameters: int = 0
     gradient_bytes: int = 0
     epoch_samples: int | None = None  # the dataset's training samples per epoch, when it was opened
+    # GPU only: the peak held by live tensors (graph pools not counted), and the whole device in use
+    # after the steps as the driver reports it (the CUDA context and other processes included).
+    peak_allocated_mb: float | None = None
+    device_in_use_mb: float | None = None
+    device_total_mb: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,7 +106,7 @@ def cpu_peak_tflops(precision: str) -> tuple[float | None, str]:
 def device_peak_tflops(device: torch.device, precision: str) -> tuple[float | None, str]:
     if device.type != "cuda":
         return cpu_peak_tflops(precision)
-    name = torch.cuda.get_device_name(device)
+    name = devices.name(device)
     for fragment, peaks in GPU_PEAKS.items():
         if fragment in name:
             peak = peaks.get(precision) or None
@@ -113,10 +121,18 @@ def count_flops(step: TrainStep, batch: Any) -> float:
     return float(counter.get_total_flops())
 
 
-def _peak_memory(device: torch.device) -> tuple[float, str]:
+RESERVED_KIND = "CUDA max_memory_reserved: tensors, allocator cache and CUDA Graph pools"
+
+
+def peak_memory(device: torch.device) -> dict[str, Any]:
+    """The BenchResult memory fields after the timed steps (see BenchResult)."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20, "CUDA max_memory_allocated"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process peak RSS"
+        peaks = devices.memory_peaks(device)
+        return {"peak_memory_mb": peaks.reserved_mib, "peak_memory_kind": RESERVED_KIND,
+                "peak_allocated_mb": peaks.allocated_mib, "device_in_use_mb": peaks.in_use_mib,
+                "device_total_mb": peaks.total_mib}
+    return {"peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_memory_kind": "process peak RSS"}
 
 
 def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | None, synthetic: bool,
@@ -159,8 +175,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
     for _ in range(warmup):
         step(next(feed))
     ctx.synchronize()
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
+    devices.reset_peaks(dev)
     times, waits, samples, units = [], 0.0, 0, 0
     counted = data.counters if data is not None and data.counters is not None else (lambda: {})
     before = counted()
@@ -184,7 +199,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
     rate = samples / total
     achieved = flops * rate / 1e12
     peak, source = device_peak_tflops(dev, recipe.precision)
-    memory, memory_kind = _peak_memory(dev)
+    memory = peak_memory(dev)
     ordered = sorted(times)
     return BenchResult(
         workload=workload.name, scale=scale, synthetic=synthetic, batch_size=batch_size, steps=steps,
@@ -193,7 +208,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         units=workload.loss_units_name if parts.loss_units is not None else None,
         step_time_p50_ms=statistics.median(ordered) * 1e3,
         step_time_p90_ms=ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] * 1e3,
-        data_share=waits / total, peak_memory_mb=memory, peak_memory_kind=memory_kind, flops_per_sample=flops,
+        data_share=waits / total, **memory, flops_per_sample=flops,
         achieved_tflops=achieved, peak_tflops=peak, peak_source=source,
         mfu=achieved / peak if peak else None, speedups=speedups.enabled(recipe), device=str(dev),
         sample_name=workload.sample_name,
@@ -223,7 +238,10 @@ def describe(result: BenchResult) -> str:
         f"  step time: p50 {result.step_time_p50_ms:.2f} ms, p90 {result.step_time_p90_ms:.2f} ms",
         f"  data loading: {result.data_share:.1%} of the time"
         + "".join(f"; {_rate(v)} {k}/s" for k, v in result.counter_rates.items()),
-        f"  peak memory: {result.peak_memory_mb:.0f} MiB ({result.peak_memory_kind})",
+        f"  peak memory: {result.peak_memory_mb:,.0f} MiB ({result.peak_memory_kind})"
+        + (f"; tensors alone {result.peak_allocated_mb:,.0f} MiB" if result.peak_allocated_mb is not None else "")
+        + (f"; device in use {result.device_in_use_mb:,.0f} of {result.device_total_mb:,.0f} MiB (CUDA context "
+           "included)" if result.device_in_use_mb is not None and result.device_total_mb else ""),
         f"  model FLOPs: {_flops(result.flops_per_sample)} per sample (forward + backward, torch.utils.flop_counter)",
         f"  achieved: {result.achieved_tflops:.3f} TFLOP/s; peak {result.peak_tflops or 0:.2f} TFLOP/s "
         f"({result.peak_source}); MFU {mfu}",

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from trainperf import devices
 from trainperf.files import write_json_atomic
 from trainperf.runtime import environment
 
@@ -56,7 +57,7 @@ def _os_name() -> str:
 
 def default_system_name(device: torch.device, world_size: int) -> str:
     if device.type == "cuda":
-        name = f"{world_size}x{torch.cuda.get_device_name(device)}"
+        name = f"{world_size}x{devices.name(device)}"
     else:
         name = f"{environment.cpu_model()} {os.cpu_count()}cpu"
     return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").lower()
@@ -65,7 +66,7 @@ def default_system_name(device: torch.device, world_size: int) -> str:
 def system_description(system_name: str, org: str, division: str, status: str, device: torch.device,
                        world_size: int) -> dict[str, Any]:
     cpu = environment.cpuinfo()
-    gpus = environment.gpu_names()
+    stack = devices.versions() if device.type == "cuda" else {}
     versions = environment.describe(device, world_size)["versions"]
     desc = {field: "" for field in FIELDS}
     desc.update({
@@ -82,19 +83,18 @@ def system_description(system_name: str, org: str, division: str, status: str, d
         "host_processor_caches": cpu.get("cache size", ""),
         "host_memory_capacity": _memory(),
         "accelerators_per_node": str(world_size if device.type == "cuda" else 0),
-        "accelerator_model_name": gpus[0] if gpus and device.type == "cuda" else "",
-        "accelerator_memory_capacity": (
-            f"{torch.cuda.get_device_properties(device).total_memory / 1024 ** 3:.0f} GB"
-            if device.type == "cuda" else ""),
+        "accelerator_model_name": devices.name(device) if device.type == "cuda" else "",
+        "accelerator_memory_capacity": (f"{devices.total_memory(device) / 1024 ** 3:.0f} GB"
+                                        if device.type == "cuda" else ""),
         "framework": f"PyTorch {torch.__version__}",
         "other_software_stack": {
             key: value for key, value in {
                 "trainperf": versions["trainperf"],
                 "python": platform.python_version(),
                 "torchvision": versions["torchvision"],
-                "cuda_version": torch.version.cuda if device.type == "cuda" else None,
-                "cudnn_version": str(torch.backends.cudnn.version()) if device.type == "cuda" else None,
-                "nccl_version": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
+                "cuda_version": stack.get("cuda"),
+                "cudnn_version": stack.get("cudnn"),
+                "nccl_version": stack.get("nccl"),
             }.items() if value
         },
         "operating_system": _os_name(),

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from trainperf import devices
 from trainperf.errors import TrainperfError
 from trainperf.spec import ModelParts, RuntimeContext
 
@@ -61,31 +62,28 @@ def env_placement(env: dict[str, str] | None = None) -> tuple[int, int, int] | N
 
 
 def init_from_env(device: str | None = None, timeout_s: float | None = None) -> RuntimeContext:
-    """Join the process group the environment describes (or run alone)."""
+    """Join the process group the environment describes, or run alone when no launcher started this
+    process. A launched process joins its group even when it is the only one (`torchrun
+    --nproc_per_node 1`): the collectives, DDP and NCCL then run as they would on N devices."""
     if timeout_s is None:
         timeout_s = float(os.environ.get("TRAINPERF_COLLECTIVE_TIMEOUT_S", DEFAULT_TIMEOUT_S))
     placement = env_placement()
-    if placement is None or placement[2] == 1:
+    if placement is None:
         return RuntimeContext.create(device)
     rank, local_rank, world = placement
-    use_cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
-    if use_cuda:
-        if not torch.cuda.is_available():
-            raise TrainperfError("--device cuda: no CUDA GPU is visible on this machine")
-        dev = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(dev)
-    else:
-        dev = torch.device("cpu")
-    backend = "nccl" if use_cuda else "gloo"
+    dev = devices.resolve(device, local_rank)
+    devices.activate(dev)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
     os.environ.setdefault("MASTER_ADDR", "localhost")
+    os.environ.setdefault("MASTER_PORT", "29500")
     try:
         dist.init_process_group(backend=backend, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s),
-                                device_id=dev if use_cuda else None)
+                                device_id=dev if dev.type == "cuda" else None)
     except Exception as exc:  # noqa: BLE001 - any rendezvous failure is the user's setup
         raise TrainperfError(f"rank {rank}: cannot join the {backend} process group at "
                              f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} ({exc})") from None
-    return RuntimeContext(device=dev, rank=rank, world_size=world, local_rank=local_rank)
+    return RuntimeContext(device=dev, rank=rank, world_size=world, local_rank=local_rank, grouped=True)
 
 
 def preflight(ctx: RuntimeContext) -> None:

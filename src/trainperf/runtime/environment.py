@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from trainperf import devices
+
 
 def cpuinfo(path: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     """The first processor's fields of /proc/cpuinfo (model name, cpu MHz, cpu cores, cache size,
@@ -40,15 +42,13 @@ def cpu_model() -> str:
 
 
 def gpu_names() -> list[str]:
-    if not torch.cuda.is_available():
-        return []
-    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return devices.names()
 
 
 def platform_name(device: torch.device, world_size: int = 1) -> str:
     """The `submission_platform` value: '<N>x<accelerator>' or '<cores>-core <CPU>'."""
     if device.type == "cuda":
-        return f"{world_size}x{torch.cuda.get_device_name(device)}"
+        return f"{world_size}x{devices.name(device)}"
     return f"{os.cpu_count()}-core {cpu_model()}"
 
 
@@ -86,11 +86,14 @@ def describe(device: torch.device, world_size: int = 1) -> dict[str, Any]:
         "platform": platform_name(device, world_size),
         "device": str(device),
         "world_size": world_size,
+        # The collective backend of the process group this process joined (nccl, gloo), or None.
+        "backend": (torch.distributed.get_backend() if torch.distributed.is_available()
+                    and torch.distributed.is_initialized() else None),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "gpus": gpu_names(),
-        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+        "cuda": devices.versions()["cuda"],
         "hostname": platform.node(),
         "os": platform.platform(),
         "python": platform.python_version(),

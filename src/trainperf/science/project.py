@@ -166,7 +166,7 @@ def save(rows: Sequence[ProjectionRow], out_dir: Path, title: str, details: dict
 PROBE_SIZES = (4 * 2**10, 64 * 2**10, 1 * 2**20, 16 * 2**20)
 
 
-def probe_in_group(out: Path, repeats: int = 10) -> None:
+def probe_in_group(out: Path, repeats: int = 10, device: str | None = None) -> None:
     """Run inside each process of a launched group: time all_reduce at several sizes; rank 0 fits
     latency and bandwidth to the ring model and writes them to `out` (JSON)."""
     import torch
@@ -174,7 +174,7 @@ def probe_in_group(out: Path, repeats: int = 10) -> None:
 
     from trainperf.runtime import distributed
 
-    ctx = distributed.init_from_env(None)
+    ctx = distributed.init_from_env(device)
     try:
         n = ctx.world_size
         if n < 2:
@@ -217,8 +217,10 @@ def fit(timings: dict[int, float], devices: int) -> Link:
 
 def measure_link(devices: int, out_dir: Path, device: str | None = None) -> Link:
     """Launch `devices` local processes (torch's elastic launcher) running the probe."""
+    from trainperf import devices as device_table
     from trainperf.runtime import distributed
 
+    device_table.resolve(device)  # a bad --device is one line here, not a failure in every launched process
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / "allreduce.json"
     argv = ["allreduce", "--nproc", "0", "--json", str(out)] + (["--device", device] if device else [])
