@@ -376,18 +376,59 @@ def cmd_bench(args: argparse.Namespace) -> int:
     sets = list(args.set)
     if args.batch_size is not None:
         sets.append(f"global_batch_size={args.batch_size}")
-    recipe = jobs.resolve_recipe(workload, args.scale, args.recipe, sets)
     if args.steps < 1 or args.warmup < 0:
         raise TrainperfError("--steps must be >= 1 and --warmup >= 0")
+    if args.count_ops:
+        return _count_ops(workload, args, sets)
+    recipe = jobs.resolve_recipe(workload, args.scale, args.recipe, sets)
     jobs.check_switches(workload, recipe, args.device)
     data_dir = None
-    if jobs.needs_data(workload, args.synthetic):
+    if jobs.needs_data(args.synthetic, args.data):
         data_dir = jobs.prepared_data(workload, args.scale, args.data)
+    if args.profile < 0:
+        raise TrainperfError(f"--profile {args.profile}: expected a number of steps >= 0")
     result = throughput.run_bench(workload, recipe, args.scale, data_dir, args.synthetic, args.steps, args.warmup,
-                                  args.device)
+                                  args.device, profile_steps=args.profile)
     print(throughput.describe(result))
+    if result.profile:
+        from trainperf.bench import profile
+
+        for key in ("by_device", "by_host"):
+            if result.profile[key]:
+                print(profile.table_text(result.profile, key))
     if args.json:
         write_json_atomic(Path(args.json), result.to_dict())
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _count_ops(workload: Any, args: argparse.Namespace, sets: list[str]) -> int:
+    """`bench --count-ops`: what one training step asks of the host (operators, synchronisations, host
+    data, host time), at full scale with the workload's CPU-sized probe settings unless overridden."""
+    from trainperf.bench import stepcount
+    from trainperf.files import write_json_atomic
+    from trainperf.runtime import distributed
+    from trainperf.spec import Assets
+
+    probe = list(workload.step_probe) if args.scale == "full" else []
+    recipe = jobs.resolve_recipe(workload, args.scale, args.recipe, [*probe, *sets])
+    jobs.check_switches(workload, recipe, args.device)
+    data_dir = jobs.prepared_data(workload, args.scale, args.data) if args.data or args.scale == "mini" else None
+    ctx = distributed.init_from_env(args.device)
+    try:
+        counts = stepcount.count_step(workload, recipe, ctx, Assets(workload.assets(recipe, data_dir)),
+                                      [*probe, *sets], warmup=args.warmup, steps=args.steps,
+                                      timed_steps=args.steps)
+    finally:
+        distributed.shutdown()
+    print(f"{workload.name} {args.scale} on {counts.device}, one training step (eager), settings: "
+          + (" ".join(counts.overrides) or "the recipe's"))
+    print(stepcount.table_text([counts]))
+    print("most dispatched: " + ", ".join(f"{name} {n:g}" for name, n in counts.top_ops))
+    for site, n in counts.sites.items():
+        print(f"  {n:g} x {site}")
+    if args.json:
+        write_json_atomic(Path(args.json), counts.to_dict())
         print(f"wrote {args.json}")
     return 0
 
@@ -398,7 +439,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     workload = registry.get(args.workload)
     recipe = jobs.resolve_recipe(workload, args.scale, args.recipe, args.set)
     data_dir = None
-    if jobs.needs_data(workload, args.synthetic) or args.check_quality:
+    if jobs.needs_data(args.synthetic, args.data) or args.check_quality:
         data_dir = jobs.prepared_data(workload, args.scale, args.data)
     out_dir = Path(args.out) if args.out else Path("runs") / f"ablate-{workload.name}-{_stamp()}"
     if args.reps < 1:
@@ -570,6 +611,13 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "bench":
             p.add_argument("--batch-size", type=int, help="global batch size (default: the recipe's)")
             p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+            p.add_argument("--profile", type=int, default=0, metavar="N",
+                           help="also profile N steps after the timed ones (torch.profiler): the top operators by "
+                                "device and by host time")
+            p.add_argument("--count-ops", action="store_true",
+                           help="count what one training step asks of the host instead: operators, host-device "
+                                "synchronisations (and where), tensors built from host data, host time (--scale "
+                                "full: the workload's CPU-sized probe settings, then --set)")
         else:
             p.add_argument("--check-quality", action="store_true",
                            help="also run the mini time-to-train of each configuration")

@@ -97,9 +97,10 @@ def prepared_data(workload: Workload, scale: str, data: str | None, say: Say = p
     return folder
 
 
-def needs_data(workload: Workload, synthetic: bool) -> bool:
-    """Whether a benchmark must open the dataset (real batches, or assets that live in it)."""
-    return not synthetic or workload.assets_in_data
+def needs_data(synthetic: bool, data: str | None) -> bool:
+    """Whether a benchmark opens the dataset: for real batches, or because the user named one (a
+    synthetic benchmark's model is then sized by it: DLRM's tables, NCF's embeddings)."""
+    return not synthetic or data is not None
 
 
 def resolve_recipe(workload: Workload, scale: str, name: str | None, sets: list[str]) -> Recipe:

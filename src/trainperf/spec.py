@@ -777,12 +777,14 @@ class Workload(ABC, Generic[R]):
     # was saved, its evaluations being replayed afterwards. The harness then stops the clock while an
     # evaluation runs (inference and scoring), so the log's times and time-to-train leave them out.
     untimed_evaluation: ClassVar[bool] = False
-    # Whether `assets` lives in the prepared dataset (so a synthetic benchmark still needs the data).
-    assets_in_data: ClassVar[bool] = False
     # What ModelParts.loss_units counts, as `bench` names its rate ("target tokens": tokens/s).
     loss_units_name: ClassVar[str] = "loss units"
     # What one sample is called where it matters to a reader of `bench` ("utterances": utterances/s).
     sample_name: ClassVar[str] = "samples"
+    # `--set` overrides that make the full recipe's training step cheap enough for a CPU while keeping
+    # its structure (the same layers, losses and optimizer, so the same operators): a small batch,
+    # smaller images or shorter sequences. `bench --count-ops` and the operator budgets use them.
+    step_probe: ClassVar[tuple[str, ...]] = ("global_batch_size=2",)
 
     @abstractmethod
     def recipes(self, scale: str) -> dict[str, R]:

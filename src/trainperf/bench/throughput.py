@@ -79,6 +79,8 @@ class BenchResult:
     peak_allocated_mb: float | None = None
     device_in_use_mb: float | None = None
     device_total_mb: float | None = None
+    # With --profile: the top operators per step by device and host time (bench/profile.py).
+    profile: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,7 +138,7 @@ def peak_memory(device: torch.device) -> dict[str, Any]:
 
 
 def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | None, synthetic: bool,
-              steps: int, warmup: int, device: str | None = None) -> BenchResult:
+              steps: int, warmup: int, device: str | None = None, profile_steps: int = 0) -> BenchResult:
     ctx = dataclasses.replace(distributed.init_from_env(device), seed=0)
     dev = ctx.device
     torch.manual_seed(0)
@@ -150,10 +152,9 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
     step = make_step(parts, max(steps, 1))
     batch = workload.synthetic_batch(recipe, ctx, parts.model)
     batch_size = workload.batch_samples(batch)
-    # FLOPs from an eager copy of the step's model: the counter does not see inside compiled graphs.
-    eager = workload.build(recipe, ctx, assets)
-    if recipe.channels_last:
-        eager.model = eager.model.to(memory_format=torch.channels_last)
+    # FLOPs from the step of the eager module under the runtime's wrappers (the counter does not see
+    # inside compiled graphs, and DDP's hooks are no model FLOPs); the optimizer steps once more.
+    eager = dataclasses.replace(parts, model=bare_model(parts.model))
     flops = count_flops(make_step(eager, 1), batch) / batch_size
 
     data = None
@@ -194,6 +195,11 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
             units += int(parts.loss_units(current))
     total = time.perf_counter() - start
     after = counted()
+    profiled = None
+    if profile_steps:
+        from trainperf.bench.profile import top_operators
+
+        profiled = top_operators(lambda: (step(next(feed)), ctx.synchronize()), profile_steps, dev)
     distributed.shutdown()
     trainable = [p for p in bare_model(parts.model).parameters() if p.requires_grad]
     rate = samples / total
@@ -215,7 +221,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         counter_rates={k: (after[k] - before.get(k, 0.0)) / total for k in after},
         parameters=sum(p.numel() for p in trainable),
         gradient_bytes=sum(p.numel() * p.element_size() for p in trainable),
-        epoch_samples=data.train_samples if data is not None else None,
+        epoch_samples=data.train_samples if data is not None else None, profile=profiled,
     )
 
 

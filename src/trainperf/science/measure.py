@@ -21,7 +21,7 @@ def bench_at(workload: Workload, recipe: Recipe, scale: str, data: str | None, b
     variant = recipe.with_overrides([f"global_batch_size={batch}"])
     folder = jobs.data_dir(workload, scale, data) if (data or scale == "mini") else None
     synthetic = folder is None or (scale == "full" and bool(workload.data_problems(scale, folder)))
-    if not synthetic or workload.assets_in_data:
+    if not synthetic:
         folder = jobs.prepared_data(workload, scale, data)
     result = throughput.run_bench(workload, variant, scale, folder, synthetic, steps, warmup, device)
     return result, ("synthetic batches: data loading not included" if synthetic else "real data, loading included")

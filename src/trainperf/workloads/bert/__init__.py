@@ -130,6 +130,7 @@ class BertWorkload(Workload[BertRecipe]):
                "shipped checkpoint on the standard library's docstrings)")
     mlperf_runs = 10
     speedups = frozenset({"precision", "compile", "fused_optimizer", "packing", "async_eval"})
+    step_probe = ("global_batch_size=2", "max_seq_length=128", "max_predictions=20", "checkpoint=none")
 
     def recipes(self, scale: str) -> dict[str, BertRecipe]:
         return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)

@@ -38,6 +38,10 @@ FULL_DAYS = 24
 # The mini dataset (generated once by `prepare`, so not a recipe field: a recipe cannot change it).
 MINI_DAYS, MINI_ROWS_PER_DAY = 4, 100_000
 MIN_LR = 1e-7  # the reference's floor during the polynomial decay
+# Criteo Terabyte's 26 table sizes after the reference's 40M cap (NVIDIA's v0.7 HugeCTR config): the
+# tables of a run without a prepared dataset (synthetic benchmarks).
+CRITEO_1TB_TABLE_SIZES = (39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10,
+                          2208, 11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36)
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,12 @@ class DLRMRecipe(Recipe):
     # Where the embedding tables live: "device" (with the MLPs) or "cpu" (host memory, the MLPs and
     # the interaction on the device). The reference tables (~96 GB in fp32) fit no single 80 GB GPU.
     embedding_device: str = "device"
+    # The tables of a run without a prepared dataset (synthetic benchmarks); a dataset's own sizes win.
+    table_sizes: tuple[int, ...] = CRITEO_1TB_TABLE_SIZES
+    # At most this many rows per table, ids taken modulo it (the reference's --max-ind-range, which its
+    # preprocessing already applies at 40,000,000); 0: no cap. Fits the 96 GB of reference tables on a
+    # smaller machine, at the price of hashed ids (no longer the reference model).
+    max_ind_range: int = 0
 
     CHOICES = {"embedding_device": ("device", "cpu")}
 
@@ -69,6 +79,11 @@ class DLRMRecipe(Recipe):
             raise TrainperfError(f"recipe: top_mlp must end with 1 (the click logit), got {self.top_mlp}")
         if min(self.warmup_steps, self.decay_start_step, self.decay_steps) < 0:
             raise TrainperfError("recipe: warmup_steps, decay_start_step and decay_steps must be >= 0")
+        if len(self.table_sizes) != D.N_SPARSE or min(self.table_sizes) < 1:
+            raise TrainperfError(f"recipe field table_sizes: {D.N_SPARSE} table sizes >= 1 expected, got "
+                                 f"{len(self.table_sizes)}")
+        if self.max_ind_range < 0:
+            raise TrainperfError(f"recipe field max_ind_range must be >= 0 (0: no cap), got {self.max_ind_range}")
 
 
 def _full(name: str, batch: int, lr: float, warmup: int, start: int, steps: int) -> DLRMRecipe:
@@ -88,7 +103,8 @@ FULL_RECIPES = {r.name: r for r in (
 MINI = DLRMRecipe(name="mini", global_batch_size=512, max_epochs=2, target=0.79, eval_every=1, eval_first=1,
                   evals_per_epoch=20, log_epoch_num="1+epochs", base_lr=1.0, warmup_steps=50, decay_start_step=600,
                   decay_steps=600,
-                  embedding_dim=16, bottom_mlp=(64, 16), top_mlp=(64, 32, 1), eval_batch_size=8192)
+                  embedding_dim=16, bottom_mlp=(64, 16), top_mlp=(64, 32, 1), eval_batch_size=8192,
+                  table_sizes=D.MINI_CARDINALITIES)
 
 
 def lr_factor(recipe: DLRMRecipe) -> Callable[[int], float]:
@@ -128,8 +144,11 @@ class DLRM(nn.Module):
     bottom output) and a top MLP to one click logit."""
 
     def __init__(self, table_sizes: list[int], dim: int, bottom: tuple[int, ...], top: tuple[int, ...],
-                 sparse: bool = True) -> None:
+                 sparse: bool = True, max_ind_range: int = 0) -> None:
         super().__init__()
+        self.max_ind_range = max_ind_range
+        if max_ind_range:
+            table_sizes = [min(n, max_ind_range) for n in table_sizes]
         self.embeddings = nn.ModuleList(nn.EmbeddingBag(n, dim, mode="sum", sparse=sparse) for n in table_sizes)
         for table, n in zip(self.embeddings, table_sizes, strict=True):
             nn.init.uniform_(table.weight, -(1.0 / n) ** 0.5, (1.0 / n) ** 0.5)
@@ -142,6 +161,8 @@ class DLRM(nn.Module):
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         x = self.bottom(dense)
+        if self.max_ind_range:
+            sparse = torch.remainder(sparse, self.max_ind_range)
         # Each sample has one id per table: a bag of one (input [B, 1]).
         vectors = [x] + [table(sparse[:, j:j + 1]) for j, table in enumerate(self.embeddings)]
         # (With the tables in host memory, the looked-up rows travel to the MLPs' device here.)
@@ -206,8 +227,7 @@ class DLRMWorkload(Workload[DLRMRecipe]):
     summary = "DLRM on Criteo Terabyte, ROC AUC (mini: planted-teacher day files in the raw TSV format)"
     mlperf_runs = 5
     speedups = frozenset({"precision", "compile", "async_eval"})
-    assets_in_data = True
-
+    step_probe = ("global_batch_size=128", "max_ind_range=1000")
     def recipes(self, scale: str) -> dict[str, DLRMRecipe]:
         return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
 
@@ -256,13 +276,21 @@ class DLRMWorkload(Workload[DLRMRecipe]):
         }
 
     def assets(self, recipe: DLRMRecipe, data_dir: Path | None) -> dict[str, Path]:
-        if data_dir is None:
-            raise TrainperfError("dlrm: the embedding tables are sized by the preprocessed dataset "
-                                 "(trainperf prepare dlrm)")
-        return {"dataset manifest": data_dir / D.MANIFEST}
+        # The tables are sized by the preprocessed dataset; without one (synthetic benchmarks), by the
+        # recipe's table_sizes.
+        return {"dataset manifest": data_dir / D.MANIFEST} if data_dir is not None else {}
+
+    def notes(self, recipe: DLRMRecipe, scale: str) -> list[str]:
+        if recipe.max_ind_range:
+            return [f"max_ind_range={recipe.max_ind_range}: tables capped at that many rows, ids hashed modulo it "
+                    "(the reference caps at 40,000,000): not the reference model"]
+        return []
 
     def build(self, recipe: DLRMRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
-        table_sizes = D.manifest_table_sizes(assets.json("dataset manifest"), assets["dataset manifest"])
+        if "dataset manifest" in assets:
+            table_sizes = D.manifest_table_sizes(assets.json("dataset manifest"), assets["dataset manifest"])
+        else:
+            table_sizes = list(recipe.table_sizes)
         # Sparse embedding gradients (only the rows a batch touched) on one process. Data parallelism
         # all-reduces dense ones instead: DDP's sparse all-reduce is unsupported on NCCL and was slow
         # (and once crashed) on gloo. The full tables (24e9 parameters) do not fit one GPU anyway:
@@ -271,7 +299,8 @@ class DLRMWorkload(Workload[DLRMRecipe]):
         if recipe.embedding_device == "cpu" and ctx.world_size > 1:
             raise TrainperfError("embedding_device=cpu: supported on a single process only (data parallelism "
                                  "would all-reduce the host tables)")
-        model = DLRM(table_sizes, recipe.embedding_dim, recipe.bottom_mlp, recipe.top_mlp, sparse=sparse)
+        model = DLRM(table_sizes, recipe.embedding_dim, recipe.bottom_mlp, recipe.top_mlp, sparse=sparse,
+                     max_ind_range=recipe.max_ind_range)
         model = model.to(ctx.device)
         if recipe.embedding_device == "cpu":
             model.embeddings.to("cpu")

@@ -122,6 +122,7 @@ class GNMTWorkload(Workload[GNMTRecipe]):
     summary = "GNMT v2 on WMT16 en-de, BLEU (mini: a synthetic English -> German-like corpus, BPE'd as WMT16)"
     mlperf_runs = 10
     speedups = frozenset({"precision", "fused_optimizer", "async_eval"})
+    step_probe = ("global_batch_size=4",)
     host_scoring = "process"  # sacrebleu and Moses detokenization are pure Python
     loss_units_name = "target tokens"
 

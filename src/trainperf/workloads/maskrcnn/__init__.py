@@ -141,6 +141,7 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
     metric = Metric("map", higher_is_better=True, parts=("BBOX", "SEGM"))
     summary = "Mask R-CNN R50-FPN on COCO 2017, box AND mask AP (mini: a small Mask R-CNN on shapes with masks)"
     speedups = frozenset({"precision", "channels_last", "fused_optimizer", "async_eval"})
+    step_probe = ("global_batch_size=2", "min_image_size=320", "max_image_size=512")
     data = DATA
     background = 1
     sample_name = "images"

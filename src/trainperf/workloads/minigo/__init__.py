@@ -157,6 +157,7 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
     summary = "MiniGo: self-play RL, win rate against a target model (mini: 5x5 Go, a small network)"
     mlperf_runs = 10
     speedups = frozenset({"precision", "channels_last", "fused_optimizer"})
+    step_probe = ("global_batch_size=8",)
     untimed_evaluation = True
     sample_name = "positions"
 

@@ -45,16 +45,22 @@ class NCFRecipe(Recipe):
     eps: float = 1e-8
     train_negatives: int = 4
     eval_batch_users: int = 256
+    # The embeddings of a run without a converted dataset (synthetic benchmarks): ml-20m's users and
+    # items; a dataset's own counts win.
+    users: int = 138_493
+    items: int = 26_744
 
     def validate(self) -> None:
         super().validate()
         if self.factors < 1 or len(self.mlp_layers) < 2 or self.mlp_layers[0] % 2 or self.train_negatives < 1:
             raise TrainperfError("recipe: need factors >= 1, >= 2 even-first mlp_layers, train_negatives >= 1")
+        if self.users < 1 or self.items < 1:
+            raise TrainperfError("recipe: need users >= 1 and items >= 1")
 
 
 FULL = NCFRecipe(name="reference", global_batch_size=2048, max_epochs=20, target=0.635, eval_every=1, eval_first=1)
 MINI = NCFRecipe(name="mini", global_batch_size=1024, max_epochs=12, target=0.35, eval_every=1, eval_first=1,
-                 factors=16, mlp_layers=(64, 32, 16), base_lr=4e-3)
+                 factors=16, mlp_layers=(64, 32, 16), base_lr=4e-3, users=MINI_USERS, items=MINI_ITEMS)
 
 
 class NeuMF(nn.Module):
@@ -117,7 +123,7 @@ class NCFWorkload(Workload[NCFRecipe]):
     summary = "NeuMF on MovieLens-20m, HR@10 (mini: planted-preference ratings in ml-20m format)"
     mlperf_runs = 10
     speedups = frozenset({"precision", "compile", "fused_optimizer", "async_eval"})
-    assets_in_data = True
+    step_probe = ("global_batch_size=256",)
 
     def recipes(self, scale: str) -> dict[str, NCFRecipe]:
         return {"mini": MINI} if scale == "mini" else {"reference": FULL}
@@ -169,13 +175,15 @@ class NCFWorkload(Workload[NCFRecipe]):
         }
 
     def assets(self, recipe: NCFRecipe, data_dir: Path | None) -> dict[str, Path]:
-        if data_dir is None:
-            raise TrainperfError("ncf: the model is sized by the converted dataset (trainperf prepare ncf)")
-        # The embeddings are sized by the converted dataset's user and item counts.
-        return {"dataset manifest": self._converted_dir(data_dir) / D.MANIFEST}
+        # The embeddings are sized by the converted dataset's user and item counts; without one
+        # (synthetic benchmarks), by the recipe's.
+        return {"dataset manifest": self._converted_dir(data_dir) / D.MANIFEST} if data_dir is not None else {}
 
     def build(self, recipe: NCFRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
-        users, items = D.manifest_sizes(assets.json("dataset manifest"), assets["dataset manifest"])
+        if "dataset manifest" in assets:
+            users, items = D.manifest_sizes(assets.json("dataset manifest"), assets["dataset manifest"])
+        else:
+            users, items = recipe.users, recipe.items
         model = NeuMF(users, items, recipe.factors, recipe.mlp_layers).to(ctx.device)
         impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
         optimizer = torch.optim.Adam(model.parameters(), lr=recipe.base_lr, betas=(recipe.beta1, recipe.beta2),

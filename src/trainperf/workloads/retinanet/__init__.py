@@ -110,6 +110,7 @@ class RetinaNetWorkload(Detector[RetinaNetRecipe]):
     ruleset = WORKLOAD_RULESETS["retinanet"]
     summary = "RetinaNet ResNeXt50-32x4d FPN on OpenImages-MLPerf, box AP (mini: a small RetinaNet on shapes)"
     speedups = frozenset({"precision", "channels_last", "fused_optimizer", "async_eval"})
+    step_probe = ("global_batch_size=2", "image_size=256")
     data = DATA
     background = 0
 

@@ -105,6 +105,7 @@ class UNet3DWorkload(Workload[UNet3DRecipe]):
     mlperf_runs = 40
     sample_name = "patches"
     speedups = frozenset({"precision", "channels_last", "compile", "fused_optimizer"})
+    step_probe = ("global_batch_size=1", "patch=64")
 
     def recipes(self, scale: str) -> dict[str, UNet3DRecipe]:
         return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)

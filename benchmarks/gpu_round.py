@@ -1,0 +1,404 @@
+"""A GPU round in one command, for whoever has a GPU for a few minutes.
+
+    python benchmarks/gpu_round.py --out DIR [--budget-min 9] [--sections env,tests,nccl,ladder,bench,counts,suite]
+
+Within the budget (sections in order of value; one that no longer fits is recorded as skipped):
+  env     the device, driver and software versions
+  tests   the GPU-only tests (python -m pytest -m gpu)
+  nccl    a launched group of one on the GPU (torchrun --nproc_per_node 1): NCCL, DDP, the collectives
+  ladder  ResNet-50 full, synthetic, batch 256: fp32 -> channels-last -> bf16 -> fused optimizer ->
+          compile -> CUDA Graphs, one `bench` per rung (throughput, step time, memory, MFU)
+  bench   every workload at full scale on synthetic data with the best eager switches, and a
+          torch.profiler table of its top operators by device and by host time
+  counts  benchmarks/step_ops.py on the device: operators, synchronisations, host time per step
+  suite   the mini suite on the device (the fast minis unless --suite-all)
+Writes DIR/round.json and DIR/round.md (device, versions, every command and its figures) after each
+section, and DIR/details.tar.gz (every command's output and JSON). The README's "GPU round" section
+says how to run it on a bare GPU machine (the wheels to carry).
+
+On a CPU (`--device cpu --quick`) every section runs at toy sizes: tests/test_gpu_round.py checks
+the summary's format and one workload's profile that way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SECTIONS = ("env", "tests", "nccl", "ladder", "bench", "counts", "suite")
+# Per-device batches of one GPU (NVIDIA's per-GPU batches where they publish them; the H100 round of
+# ../shared/gpu used the same), and what each workload needs to fit one 80 GB GPU.
+BENCH: dict[str, dict[str, Any]] = {
+    "resnet": {"batch": 256},
+    "ncf": {"batch": 65536},
+    "dlrm": {"batch": 8192, "sets": ["max_ind_range=10000000"]},  # 96 GB of reference tables: capped
+    "ssd": {"batch": 32},
+    "retinanet": {"batch": 16},
+    "maskrcnn": {"batch": 8},
+    "transformer": {"batch": 8192},  # tokens
+    "gnmt": {"batch": 128},
+    "bert": {"batch": 32, "switches": ["--packing"]},
+    "rnnt": {"batch": 32},
+    "unet3d": {"batch": 2},
+    "minigo": {"batch": 2048},
+}
+# The ladder: each rung adds one switch to the one before.
+LADDER = (("fp32", []), ("+ channels-last", ["--channels-last"]), ("+ bf16", ["--precision", "bf16"]),
+          ("+ fused optimizer", ["--fused-optimizer"]), ("+ compile", ["--compile"]),
+          ("+ CUDA Graphs (instead of compile)", ["--cuda-graphs"]))
+FAST_MINIS = "resnet,ncf,dlrm,ssd,transformer,gnmt,bert,unet3d"
+# Seconds each section needs at least (below that it is skipped), and may take at most.
+MIN_S = {"env": 5, "tests": 60, "nccl": 30, "ladder": 60, "bench": 60, "counts": 60, "suite": 60}
+MAX_S = {"env": 30, "tests": 240, "nccl": 120, "ladder": 270, "bench": 300, "counts": 150, "suite": 480}
+
+
+class Round:
+    def __init__(self, out: Path, budget_s: float, device: str, quick: bool) -> None:
+        self.out, self.device, self.quick = out, device, quick
+        self.deadline = time.monotonic() + budget_s
+        self.started = time.monotonic()
+        self.details: dict[str, bytes] = {}
+        self.summary: dict[str, Any] = {
+            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": device, "quick": quick, "budget_s": budget_s, "sections": []}
+
+    # -- running commands ---------------------------------------------------------------------------
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def run(self, name: str, argv: list[str], timeout: float, env: dict[str, str] | None = None,
+            shown: str | None = None) -> dict[str, Any]:
+        """One command: exit code, seconds, output tail; its whole output kept for details.tar.gz."""
+        t0 = time.monotonic()
+        timeout = max(1.0, min(timeout, self.left()))
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        try:
+            done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env)
+            code, output = done.returncode, done.stdout + done.stderr
+        except subprocess.TimeoutExpired as exc:
+            code = "timeout"
+            partial = exc.stdout or ""
+            output = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
+            output += f"\n[stopped after {timeout:.0f} s: the round's time was up]"
+        self.details[f"{name}.txt"] = output.encode()
+        command = shown or shlex.join(["python" if a == sys.executable else a.replace(f"{REPO}/", "")
+                                       for a in argv])
+        return {"name": name, "command": command, "exit": code, "seconds": round(time.monotonic() - t0, 1),
+                "tail": output.strip().splitlines()[-6:]}
+
+    def trainperf(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "trainperf", *args]
+
+    def json_of(self, path: Path) -> Any:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        self.details[path.name] = path.read_bytes()
+        return data
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+    def section(self, name: str, runner: Any) -> None:
+        entry: dict[str, Any] = {"name": name}
+        if self.left() < MIN_S[name]:
+            entry.update(status="skipped", reason=f"{self.left():.0f} s of the budget left, needs {MIN_S[name]} s")
+        else:
+            t0 = time.monotonic()
+            section_deadline = min(self.deadline, t0 + MAX_S[name])
+            saved, self.deadline = self.deadline, section_deadline
+            try:
+                entry.update(runner())
+                entry.setdefault("status", "ok")
+            except Exception as exc:  # noqa: BLE001 - a broken section must not lose the others
+                entry.update(status="error", reason=f"{type(exc).__name__}: {exc}")
+            finally:
+                self.deadline = saved
+            entry["seconds"] = round(time.monotonic() - t0, 1)
+        self.summary["sections"].append(entry)
+        self.write()
+
+    def write(self) -> None:
+        self.summary["wall_s"] = round(time.monotonic() - self.started, 1)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "round.json").write_text(json.dumps(self.summary, indent=1))
+        (self.out / "round.md").write_text(markdown(self.summary))
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            for name, data in sorted(self.details.items()):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        (self.out / "details.tar.gz").write_bytes(buffer.getvalue())
+
+    # -- the sections ---------------------------------------------------------------------------------
+    def env(self) -> dict[str, Any]:
+        code = ("import json, torch; from trainperf import devices; from trainperf.runtime import environment; "
+                f"d = devices.resolve({self.device!r}); e = environment.describe(d); "
+                "e['versions_cuda'] = devices.versions(); "
+                "e['memory_gib'] = round(devices.total_memory(d) / 2**30, 1) if d.type == 'cuda' else None; "
+                "print(json.dumps(e))")
+        ran = self.run("env", [sys.executable, "-c", code], 60,
+                       shown="python -c '<trainperf.runtime.environment.describe of the device>'")
+        env = json.loads(ran["tail"][-1]) if ran["exit"] == 0 else {}
+        smi = self.run("nvidia-smi", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                                      "--format=csv,noheader"], 20) if self.device != "cpu" else None
+        if smi and smi["exit"] == 0:
+            env["nvidia_smi"] = smi["tail"]
+        self.summary["environment"] = env
+        return {"commands": [ran] + ([smi] if smi else []), "status": "ok" if env else "error"}
+
+    def tests(self) -> dict[str, Any]:
+        ran = self.run("tests", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                                 "--durations=0"], self.left())
+        last = ran["tail"][-1] if ran["tail"] else ""
+        counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|error)", last)}
+        return {"commands": [ran], "results": counts,
+                "status": "ok" if ran["exit"] == 0 else "failed"}
+
+    def nccl(self) -> dict[str, Any]:
+        run_dir = self.out / "work" / "nccl"
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m",
+                "trainperf", "run", "resnet", "--device", self.device, "--seed", "0", "--quiet", "--out", str(run_dir)]
+        ran = self.run("nccl", argv, self.left())
+        result = self.json_of(run_dir / "result.json") or {}
+        env = result.get("environment", {})
+        results = {"status": result.get("status"), "backend": env.get("backend"),
+                   "time_to_train_s": result.get("time_to_train_s"), "device": env.get("device")}
+        return {"commands": [ran], "results": results,
+                "status": "ok" if ran["exit"] == 0 and result.get("status") == "success" else "failed"}
+
+    def _bench(self, name: str, workload: str, args: list[str]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        path = self.out / "work" / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ran = self.run(name, self.trainperf("bench", workload, "--device", self.device, *args, "--json", str(path)),
+                       self.left())
+        return ran, self.json_of(path) if ran["exit"] == 0 else None
+
+    def ladder(self) -> dict[str, Any]:
+        batch, steps, warmup = ("2", "2", "1") if self.quick else ("256", "20", "5")
+        rows, commands, switches = [], [], []
+        for label, added in LADDER:
+            if added == ["--cuda-graphs"]:
+                switches = [s for s in switches if s != "--compile"] + added
+            else:
+                switches = switches + added
+            if self.device == "cpu" and ("--cuda-graphs" in added or ("--compile" in added and self.quick)):
+                rows.append({"rung": label, "skipped": "needs a GPU" if "--cuda-graphs" in added else "quick"})
+                continue
+            ran, result = self._bench(f"ladder-{len(rows)}", "resnet", [
+                "--scale", "full", "--synthetic", "--batch-size", batch, "--steps", steps, "--warmup", warmup,
+                *switches])
+            commands.append(ran)
+            rows.append({"rung": label, **_bench_row(result)} if result else {"rung": label, "failed": ran["exit"]})
+        return {"commands": commands, "results": rows,
+                "status": "ok" if all("failed" not in r for r in rows) else "failed"}
+
+    def bench(self) -> dict[str, Any]:
+        rows, commands = [], []
+        workloads = self.summary.get("workloads") or list(BENCH)
+        for workload in workloads:
+            spec = BENCH[workload]
+            batch = "2" if self.quick else str(spec["batch"])
+            steps, warmup, profile = ("1", "1", "1") if self.quick else ("10", "3", "3")
+            args = ["--scale", "full", "--synthetic", "--batch-size", batch, "--steps", steps, "--warmup", warmup,
+                    "--profile", profile, "--precision", "bf16", *spec.get("switches", [])]
+            args += _supported_switches(workload)
+            for item in spec.get("sets", []):
+                args += ["--set", item]
+            if self.quick:
+                from trainperf import registry
+
+                for item in registry.get(workload).step_probe:
+                    if not item.startswith("global_batch_size"):
+                        args += ["--set", item]
+            if self.left() < 20:
+                rows.append({"workload": workload, "skipped": "budget"})
+                continue
+            ran, result = self._bench(f"bench-{workload}", workload, args)
+            commands.append(ran)
+            rows.append({"workload": workload, **_bench_row(result), "profile": (result or {}).get("profile")}
+                        if result else {"workload": workload, "failed": ran["exit"]})
+        return {"commands": commands, "results": rows,
+                "status": "ok" if all("failed" not in r for r in rows) else "failed"}
+
+    def counts(self) -> dict[str, Any]:
+        path = self.out / "work" / "counts.json"
+        only = ",".join(self.summary.get("workloads") or BENCH)
+        ran = self.run("counts", [sys.executable, str(REPO / "benchmarks" / "step_ops.py"), "--device", self.device,
+                                  "--only", only, "--steps", "1", "--json", str(path)], self.left())
+        return {"commands": [ran], "results": self.json_of(path) or [],
+                "status": "ok" if ran["exit"] == 0 else "failed"}
+
+    def suite(self) -> dict[str, Any]:
+        only = self.summary.get("suite_only") or FAST_MINIS
+        folder = self.out / "work" / "suite"
+        ran = self.run("suite", self.trainperf("suite", "--only", only, "--seed", "0", "--device", self.device,
+                                               "--out", str(folder)), self.left())
+        data = self.json_of(folder / "suite.json") or {}
+        if (folder / "suite.md").is_file():
+            self.details["suite.md"] = (folder / "suite.md").read_bytes()
+        rows = [{k: r.get(k) for k in ("workload", "status", "reason", "score_minutes", "converged", "runs",
+                                       "epochs_to_target", "samples_per_s", "wall_s")} for r in data.get("rows", [])]
+        return {"commands": [ran], "results": rows, "status": "ok" if ran["exit"] == 0 else "failed"}
+
+
+def _supported_switches(workload: str) -> list[str]:
+    from trainperf import registry
+
+    supported = registry.get(workload).speedups
+    return [flag for name, flag in (("channels_last", "--channels-last"), ("fused_optimizer", "--fused-optimizer"))
+            if name in supported]
+
+
+def _bench_row(result: dict[str, Any] | None) -> dict[str, Any]:
+    if not result:
+        return {}
+    keys = ("batch_size", "samples_per_s", "units_per_s", "units", "sample_name", "step_time_p50_ms",
+            "peak_memory_mb", "peak_allocated_mb", "device_in_use_mb", "achieved_tflops", "mfu", "data_share")
+    return {k: result.get(k) for k in keys} | {"switches": {k: v for k, v in result.get("speedups", {}).items() if v
+                                                              and v != "fp32"}}
+
+
+# -- the Markdown summary ------------------------------------------------------------------------------
+def _num(value: Any, fmt: str = ",.1f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    env = summary.get("environment", {})
+    versions = env.get("versions", {})
+    cuda = env.get("versions_cuda", {})
+    lines = [f"# GPU round: {env.get('platform', summary['device'])}", "",
+             f"Started {summary['started']}, {summary.get('wall_s', 0):.0f} s of wall time (budget "
+             f"{summary['budget_s']:.0f} s){', quick sizes' if summary.get('quick') else ''}.", "",
+             "| field | value |", "|---|---|"]
+    for key, value in (("device", env.get("device")), ("GPU", ", ".join(env.get("gpus") or []) or "-"),
+                       ("memory", f"{env['memory_gib']} GiB" if env.get("memory_gib") else "-"),
+                       ("nvidia-smi", "; ".join(env.get("nvidia_smi") or []) or "-"),
+                       ("CUDA / cuDNN / NCCL", " / ".join(str(cuda.get(k) or "-") for k in ("cuda", "cudnn", "nccl"))),
+                       ("torch / torchvision", f"{versions.get('torch')} / {versions.get('torchvision')}"),
+                       ("python", env.get("python")), ("CPU", f"{env.get('cpu')} ({env.get('cpu_count')} cores)"),
+                       ("trainperf", f"{versions.get('trainperf')} at {env.get('git_sha')}"),
+                       ("host", platform.node())):
+        lines.append(f"| {key} | {value} |")
+    for section in summary["sections"]:
+        name = section["name"]
+        lines += ["", f"## {name}: {section['status']}" + (f" ({section['reason']})" if section.get("reason") else "")
+                  + (f", {section['seconds']:.0f} s" if "seconds" in section else "")]
+        results = section.get("results")
+        if name == "tests" and results is not None:
+            lines.append(", ".join(f"{n} {kind}" for kind, n in results.items()) or "no result line")
+        elif name == "nccl" and results:
+            lines.append(f"run status {results['status']}, backend {results['backend']}, device {results['device']}, "
+                         f"time-to-train {_num(results['time_to_train_s'], '.2f')} s")
+        elif name == "ladder" and results:
+            lines += ["| rung | samples/s | uplift | step p50 ms | peak memory MiB | tensors MiB | MFU |",
+                      "|---|---|---|---|---|---|---|"]
+            previous = None
+            for r in results:
+                if "samples_per_s" not in r:
+                    lines.append(f"| {r['rung']} | {r.get('skipped') or 'failed'} | | | | | |")
+                    continue
+                uplift = f"{r['samples_per_s'] / previous:.2f}x" if previous else "-"
+                previous = r["samples_per_s"]
+                lines.append(f"| {r['rung']} | {_num(r['samples_per_s'])} | {uplift} "
+                             f"| {_num(r['step_time_p50_ms'], '.2f')} "
+                             f"| {_num(r['peak_memory_mb'], ',.0f')} | {_num(r['peak_allocated_mb'], ',.0f')} "
+                             f"| {_num((r['mfu'] or 0) * 100, '.1f')} % |")
+        elif name == "bench" and results:
+            lines += ["| workload | batch | throughput | step p50 ms | peak memory MiB | MFU | switches |",
+                      "|---|---|---|---|---|---|---|"]
+            for r in results:
+                if "samples_per_s" not in r:
+                    lines.append(f"| {r['workload']} | {r.get('skipped') or 'failed'} | | | | | |")
+                    continue
+                rate = f"{_num(r['samples_per_s'])} {r.get('sample_name') or 'samples'}/s"
+                if r.get("units_per_s"):
+                    rate += f" ({_num(r['units_per_s'], ',.0f')} {r['units']}/s)"
+                lines.append(f"| {r['workload']} | {r['batch_size']} | {rate} | {_num(r['step_time_p50_ms'], '.2f')} "
+                             f"| {_num(r['peak_memory_mb'], ',.0f')} | {_num((r['mfu'] or 0) * 100, '.1f')} % "
+                             f"| {', '.join(f'{k}={v}' for k, v in r['switches'].items())} |")
+            for r in results:
+                profile = r.get("profile")
+                if not profile:
+                    continue
+                lines += ["", f"### {r['workload']}: top operators per step ({profile['host_ms']:.1f} ms host, "
+                              f"{profile['device_ms']:.1f} ms device)", ""]
+                by_device, by_host = profile["by_device"][:6], profile["by_host"][:6]
+                if by_device:
+                    lines += ["| by device time | calls | device ms | | by host time | calls | host ms |",
+                              "|---|---|---|---|---|---|---|"]
+                else:  # no device (a CPU run): the host table alone
+                    lines += ["| by host time | calls | host ms |", "|---|---|---|"]
+                for i in range(max(len(by_device), len(by_host))):
+                    d = by_device[i] if i < len(by_device) else None
+                    h = by_host[i] if i < len(by_host) else None
+                    right = f"{h['name'][:50]} | {h['calls']:g} | {h['host_ms']:.2f}" if h else " | | "
+                    if by_device:
+                        left = f"{d['name'][:50]} | {d['calls']:g} | {d['device_ms']:.2f}" if d else " | | "
+                        lines.append(f"| {left} | | {right} |")
+                    else:
+                        lines.append(f"| {right} |")
+        elif name == "counts" and results:
+            lines += ["| workload | ops / step | kernels | syncs | host-data tensors | host ms | step ms |",
+                      "|---|---|---|---|---|---|---|"]
+            for r in results:
+                lines.append(f"| {r['workload']} | {r['ops']:,.0f} | {r['kernels']:,.0f} | {r['sync_total']:g} "
+                             f"| {r['host_data']:g} | {_num(r['host_ms'])} | {_num(r['step_ms'])} |")
+        elif name == "suite" and results:
+            lines += ["| workload | status | time-to-train s | converged | epochs to target | samples/s | wall s |",
+                      "|---|---|---|---|---|---|---|"]
+            for r in results:
+                ttt = None if r.get("score_minutes") is None else r["score_minutes"] * 60
+                lines.append(f"| {r['workload']} | {r['status']}{': ' + r['reason'] if r.get('reason') else ''} "
+                             f"| {_num(ttt)} | {r.get('converged')}/{r.get('runs')} | {r.get('epochs_to_target')} "
+                             f"| {_num(r.get('samples_per_s'))} | {_num(r.get('wall_s'), '.0f')} |")
+        for ran in section.get("commands", []):
+            lines.append(f"- `{ran['command']}` → exit {ran['exit']}, {ran['seconds']} s")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--budget-min", type=float, default=9.0, help="the whole round's time (default: 9 minutes)")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"a subset of {','.join(SECTIONS)}")
+    parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu (toy run of the format)")
+    parser.add_argument("--workloads", help="bench and counts only these (default: all)")
+    parser.add_argument("--suite-all", action="store_true", help="every mini in the suite (default: the fast ones)")
+    parser.add_argument("--quick", action="store_true", help="toy sizes (the CPU test of the format)")
+    args = parser.parse_args(argv)
+    sections = [s for s in args.sections.split(",") if s]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f"--sections: unknown {', '.join(unknown)} (choose from {', '.join(SECTIONS)})")
+    workloads = args.workloads.split(",") if args.workloads else None
+    if workloads and set(workloads) - set(BENCH):
+        parser.error(f"--workloads: unknown {', '.join(sorted(set(workloads) - set(BENCH)))}")
+    round_ = Round(args.out, args.budget_min * 60, args.device, args.quick)
+    round_.summary["workloads"] = workloads
+    round_.summary["suite_only"] = ",".join(BENCH) if args.suite_all else (",".join(workloads) if workloads else None)
+    for name in sections:
+        round_.section(name, getattr(round_, name))
+        print(f"gpu round: {name} {round_.summary['sections'][-1]['status']} "
+              f"({round_.summary['sections'][-1].get('seconds', 0):.0f} s)", flush=True)
+    print(f"wrote {args.out / 'round.md'}, {args.out / 'round.json'}, {args.out / 'details.tar.gz'}")
+    failed = [s["name"] for s in round_.summary["sections"] if s["status"] in ("failed", "error")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,278 @@
+"""What one training step asks of the host, counted on any machine (a CPU will do): the operators it
+dispatches, those that launch work, those that make a GPU and its host wait for each other, the
+tensors it builds from host data, and the host time spent outside operators.
+
+On a GPU every dispatched operator costs host time (Python, the dispatcher, a kernel launch: a few
+microseconds) while the device runs asynchronously; a step whose host work exceeds its device work is
+launch-bound, and every synchronisation drains the device's queue. These counts do not depend on the
+device, so a CPU run predicts where a GPU step will stall (compare ../shared/gpu: RNN-T at 0.1 % MFU).
+
+Synchronisations, by kind:
+- `item`: a value read back to the host (`.item()`, `float(t)`, `bool(t)`: aten::_local_scalar_dense);
+- `data-dependent shape`: an output whose size only the device knows (nonzero, masked_select, a
+  boolean-mask index, unique, repeat_interleave without output_size, bincount);
+- `host copy`: `.cpu()`, `.numpy()`, `.tolist()` of a tensor;
+- `device synchronize`: an explicit wait (trainperf.devices.synchronize).
+`host data` counts tensors built from Python or NumPy data inside the step (torch.tensor, as_tensor,
+from_numpy) by trainperf's code: on a GPU each is a pageable host-to-device copy.
+
+Counted as if every tensor of the step lived on the device, as it does on a GPU, except what torch
+keeps on the host by design: the optimizers' step counters (reading them is no synchronisation), and
+torch's own host-side scalars.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from trainperf import devices
+from trainperf.runtime import speedups
+from trainperf.runtime.step import TrainStep
+from trainperf.spec import Assets, Recipe, RuntimeContext, Workload
+
+aten = torch.ops.aten
+
+_DATA_DEPENDENT = {aten.nonzero, aten.masked_select, aten.unique_dim, aten._unique, aten._unique2,
+                   aten.unique_consecutive, aten.unique_dim_consecutive, aten.bincount, aten.masked_scatter}
+# Allocations and other operators that launch no kernel on a GPU (views are found by their schema).
+_NO_KERNEL = {aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty, aten.new_empty_strided,
+              aten.lift_fresh, aten.detach, aten._local_scalar_dense, aten.set_, aten.resize_, aten.sym_size,
+              aten.sym_stride, aten.sym_numel, aten.is_same_size, aten._has_compatible_shallow_copy_type}
+SYNC_KINDS = ("item", "data-dependent shape", "host copy", "device synchronize")
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SKIPPED_FILES = {__file__, contextlib.__file__}
+
+
+def _site() -> str:
+    """Where the current operator was called from: the innermost frame outside torch (and this module),
+    named relative to the package when it is trainperf's ('workloads/gnmt/model.py:88 (forward)')."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not path.startswith(_TORCH_DIR) and path not in _SKIPPED_FILES:
+            shown = os.path.relpath(path, _PACKAGE_DIR) if path.startswith(_PACKAGE_DIR) else os.path.basename(path)
+            node = torch._C._current_autograd_node()  # inside backward: which forward operator's gradient
+            during = f" in {node.name()}" if node is not None else ""
+            return f"{shown}:{frame.f_lineno} ({frame.f_code.co_name}){during}"
+        frame = frame.f_back
+    return "unknown"
+
+
+def sync_kind(func: Any, args: tuple, kwargs: dict) -> str | None:
+    """Why `func` with these arguments makes the host wait for the device (None: it does not)."""
+    packet = func.overloadpacket
+    if packet is aten._local_scalar_dense:
+        return "item"
+    if packet in _DATA_DEPENDENT:
+        return "data-dependent shape"
+    if packet is aten.repeat_interleave and func is aten.repeat_interleave.Tensor and kwargs.get("output_size") is None:
+        return "data-dependent shape"
+    if packet in (aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_):
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ()):
+            return "data-dependent shape"  # a boolean mask is turned into indices by nonzero
+    return None
+
+
+class _Dispatched(TorchDispatchMode):
+    """Counts every operator dispatched (forward, backward and the optimizer alike). `host_storage`:
+    the data pointers of tensors that live on the host even on a GPU (optimizer step counters)."""
+
+    def __init__(self, host_storage: set[int]) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+        self.kernels = 0
+        self.syncs: Counter[str] = Counter()
+        self.sites: Counter[str] = Counter()
+        self.host_storage = host_storage
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        self.ops[str(func.overloadpacket)] += 1
+        if not (func.is_view or func.overloadpacket in _NO_KERNEL):
+            self.kernels += 1
+        kind = sync_kind(func, args, kwargs)
+        if kind and not (kind == "item" and _storage(args[0]) in self.host_storage):
+            self.syncs[kind] += 1
+            self.sites[f"{kind}: {_site()}"] += 1
+        return func(*args, **kwargs)
+
+
+def _storage(tensor: Any) -> int | None:
+    return tensor.untyped_storage().data_ptr() if isinstance(tensor, torch.Tensor) else None
+
+
+def _host_counters(optimizer: torch.optim.Optimizer) -> set[int]:
+    """Storage of the optimizer's step counters that torch keeps on the host (non-capturable, unfused)."""
+    return {_storage(state["step"]) for state in optimizer.state.values()
+            if isinstance(state.get("step"), torch.Tensor) and state["step"].dim() == 0}
+
+
+@contextlib.contextmanager
+def _host_hooks(syncs: Counter[str], host_data: Counter[str], sites: Counter[str]) -> Iterator[None]:
+    """Count, at the Python level, what the dispatcher does not show: host copies of tensors, explicit
+    device waits, and tensors built from host data."""
+    saved: list[tuple[Any, str, Any]] = []
+
+    def wrap(owner: Any, name: str, counter: Counter[str], kind: str) -> None:
+        original = getattr(owner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if not sys._getframe(1).f_code.co_filename.startswith(_TORCH_DIR):  # torch's own host-side work
+                counter[kind] += 1
+                sites[f"{kind}: {_site()}"] += 1
+            return original(*args, **kwargs)
+
+        saved.append((owner, name, original))
+        setattr(owner, name, counted)
+
+    for method in ("cpu", "numpy", "tolist"):
+        wrap(torch.Tensor, method, syncs, "host copy")
+    wrap(devices, "synchronize", syncs, "device synchronize")
+    for factory in ("tensor", "as_tensor", "from_numpy"):
+        wrap(torch, factory, host_data, f"torch.{factory}")
+    try:
+        yield
+    finally:
+        for owner, name, original in reversed(saved):
+            setattr(owner, name, original)
+
+
+@dataclass
+class StepCounts:
+    """One training step's demands on the host (the means over the counted steps)."""
+
+    workload: str
+    recipe: str
+    overrides: list[str]
+    batch_size: int
+    ops: float  # operators dispatched per step
+    kernels: float  # of which launch device work (views and allocations left out)
+    syncs: dict[str, float]  # host-device synchronisations per step, by kind (SYNC_KINDS)
+    host_data: float  # tensors built from host data per step
+    step_ms: float | None  # wall time of a step on this machine (median; None: not timed)
+    host_ms: float | None  # of which outside operators: Python and framework code (median)
+    top_ops: list[tuple[str, float]] = field(default_factory=list)  # the most frequent operators per step
+    # Where the synchronisations and host-data tensors come from, per step: "kind: file:line (function)".
+    sites: dict[str, float] = field(default_factory=dict)
+    device: str = "cpu"
+
+    @property
+    def sync_total(self) -> float:
+        return sum(self.syncs.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "sync_total": self.sync_total}
+
+
+@contextlib.contextmanager
+def quiet_native_stderr() -> Iterator[None]:
+    """The profiler's native library logs every start and stop on file descriptor 2 (and, on a CUDA
+    build without a GPU, a device-count error): silenced while inside. Python errors are unaffected."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _time_inside_ops(step: Callable[[], Any]) -> tuple[float, float]:
+    """(wall seconds of one call of `step`, seconds inside outermost aten operators), from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU])
+    with quiet_native_stderr():
+        prof.start()
+    try:
+        t0 = time.perf_counter()
+        step()
+        wall = time.perf_counter() - t0
+    finally:
+        with quiet_native_stderr():
+            prof.stop()
+    inside = 0.0
+    for event in prof.events():
+        if not event.name.startswith("aten::"):
+            continue
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        if parent is None:  # outermost: its time covers the operators it calls
+            inside += event.cpu_time_total / 1e6
+    return wall, inside
+
+
+def count_step(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: Assets, overrides: list[str],
+               warmup: int = 1, steps: int = 2, timed_steps: int = 2) -> StepCounts:
+    """Count `steps` training steps of `recipe` (after `warmup` steps, which create optimizer state)
+    on one synthetic batch, eager (no compile or graphs: they would hide the operators); then time
+    `timed_steps` more under torch.profiler for the host time outside operators (0: not timed)."""
+    recipe = recipe.with_overrides([*overrides, "compile=false", "cuda_graphs=false", "async_eval=false"])
+    torch.manual_seed(0)
+    parts = speedups.assemble(workload, recipe, ctx, assets)
+    step = TrainStep(parts, 1000, recipe, ctx.device, ctx=ctx, split=workload.split_batch, count=workload.batch_samples)
+    batch = workload.synthetic_batch(recipe, ctx, parts.model)
+    parts.model.train()
+    for _ in range(warmup):
+        step(batch)
+    ctx.synchronize()
+    mode = _Dispatched(_host_counters(parts.optimizer))
+    host_data: Counter[str] = Counter()
+    with _host_hooks(mode.syncs, host_data, mode.sites), mode:
+        for _ in range(steps):
+            step(batch)
+    walls, hosts = [], []
+    for _ in range(timed_steps):
+        wall, inside = _time_inside_ops(lambda: (step(batch), ctx.synchronize()))
+        walls.append(wall)
+        hosts.append(max(wall - inside, 0.0))
+    per = 1.0 / steps
+    return StepCounts(
+        workload=workload.name, recipe=recipe.name, overrides=list(overrides),
+        batch_size=workload.batch_samples(batch), ops=sum(mode.ops.values()) * per, kernels=mode.kernels * per,
+        syncs={kind: mode.syncs.get(kind, 0) * per for kind in SYNC_KINDS},
+        host_data=sum(host_data.values()) * per,
+        step_ms=statistics.median(walls) * 1e3 if walls else None,
+        host_ms=statistics.median(hosts) * 1e3 if hosts else None,
+        top_ops=[(name, n * per) for name, n in mode.ops.most_common(8)], device=str(ctx.device),
+        sites={site: n * per for site, n in mode.sites.most_common()})
+
+
+def probe(workload: Workload, ctx: RuntimeContext, sets: list[str] | None = None, recipe_name: str | None = None,
+          warmup: int = 1, steps: int = 2, timed_steps: int = 2) -> StepCounts:
+    """The counts of `workload`'s full-scale step at its `step_probe` settings (then `sets`), built as
+    a synthetic benchmark builds it: no dataset."""
+    overrides = [*workload.step_probe, *(sets or [])]
+    recipe = workload.recipe("full", recipe_name).with_overrides(overrides)
+    workload.check_recipe(recipe)
+    assets = Assets(workload.assets(recipe, None))
+    return count_step(workload, recipe, ctx, assets, overrides, warmup=warmup, steps=steps, timed_steps=timed_steps)
+
+
+def table_text(rows: list[StepCounts]) -> str:
+    lines = [f"{'workload':<12} {'batch':>5} {'ops/step':>9} {'kernels':>8} {'syncs':>6} {'host data':>9} "
+             f"{'host ms':>8} {'step ms':>8}  sync kinds"]
+    for r in rows:
+        kinds = ", ".join(f"{k} {v:g}" for k, v in r.syncs.items() if v) or "-"
+        host = "-" if r.host_ms is None else f"{r.host_ms:.1f}"
+        wall = "-" if r.step_ms is None else f"{r.step_ms:.1f}"
+        lines.append(f"{r.workload:<12} {r.batch_size:>5} {r.ops:>9,.0f} {r.kernels:>8,.0f} {r.sync_total:>6g} "
+                     f"{r.host_data:>9g} {host:>8} {wall:>8}  {kinds}")
+    return "\n".join(lines)

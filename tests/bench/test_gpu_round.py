@@ -1,0 +1,57 @@
+"""benchmarks/gpu_round.py on a CPU at toy sizes: the summary it writes (JSON and Markdown), one
+workload's benchmark with its profile, the launched group of one, and what a budget too small skips."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_round.py"
+
+
+def _round(out: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--device", "cpu", "--quick", *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_the_round_summarises_its_sections(tmp_path):
+    done = _round(tmp_path, "--sections", "env,nccl,bench", "--workloads", "resnet", "--budget-min", "5")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((tmp_path / "round.json").read_text())
+    assert [s["name"] for s in summary["sections"]] == ["env", "nccl", "bench"]
+    assert all(s["status"] == "ok" for s in summary["sections"])
+    assert summary["environment"]["device"] == "cpu" and summary["environment"]["versions"]["torch"]
+    nccl = summary["sections"][1]["results"]
+    assert nccl["status"] == "success" and nccl["backend"] == "gloo"  # NCCL on a GPU
+    (row,) = summary["sections"][2]["results"]
+    assert row["workload"] == "resnet" and row["samples_per_s"] > 0 and row["switches"]["precision"] == "bf16"
+    by_host = row["profile"]["by_host"]
+    assert by_host and any(r["name"] == "aten::convolution_backward" for r in by_host)
+    assert all(r["calls"] > 0 and r["host_ms"] >= 0 for r in by_host)
+    text = (tmp_path / "round.md").read_text()
+    for heading in ("# GPU round:", "## env: ok", "## nccl: ok", "## bench: ok", "### resnet: top operators"):
+        assert heading in text
+    assert "| resnet | 2 |" in text and "`python -m trainperf bench resnet --device cpu" in text
+    with tarfile.open(tmp_path / "details.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"bench-resnet.txt", "bench-resnet.json", "nccl.txt", "result.json"} <= names
+
+
+def test_sections_that_do_not_fit_the_budget_are_skipped_and_said_so(tmp_path):
+    done = _round(tmp_path, "--sections", "tests,ladder", "--budget-min", "0.01")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "round.json").read_text())
+    assert [s["status"] for s in summary["sections"]] == ["skipped", "skipped"]
+    assert "of the budget left" in summary["sections"][0]["reason"]
+    assert "## tests: skipped (" in (tmp_path / "round.md").read_text()
+
+
+def test_unknown_sections_are_refused(tmp_path):
+    done = _round(tmp_path, "--sections", "env,warp")
+    assert done.returncode == 2 and "unknown warp" in done.stderr

@@ -1,0 +1,141 @@
+"""What a training step asks of the host, counted on a CPU: the counter finds what is planted in a step,
+and every workload's full-scale step stays within its budget of operators, synchronisations and
+host-data tensors (benchmarks/step_ops.py prints the figures; the README's GPU section has the table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from torch import nn
+
+from trainperf import registry
+from trainperf.bench import stepcount
+from trainperf.spec import Assets, ModelParts, Recipe, RuntimeContext
+
+CPU = RuntimeContext(device=torch.device("cpu"))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """At most this many per step: operators dispatched, synchronisations of each kind, host-data tensors.
+    Operators have ~10 % headroom over the measured count (torch versions differ a little); the
+    synchronisations and host-data tensors have none: a change that adds one fails here. Lower a budget
+    when a change removes work, so that it stays removed."""
+
+    ops: int
+    syncs: dict[str, int] = field(default_factory=dict)
+    host_data: int = 0
+
+
+BUDGETS: dict[str, Budget] = {
+    "resnet": Budget(ops=2_300),
+    "ncf": Budget(ops=150),
+    "dlrm": Budget(ops=620),
+    "ssd": Budget(ops=820, syncs={"data-dependent shape": 3}),
+    "retinanet": Budget(ops=2_210, syncs={"item": 6, "data-dependent shape": 1}),
+    "transformer": Budget(ops=3_870, host_data=1),
+    "gnmt": Budget(ops=1_250, syncs={"item": 8, "host copy": 4}),
+    "bert": Budget(ops=11_600),
+    "rnnt": Budget(ops=11_520, syncs={"item": 2}),
+    "unet3d": Budget(ops=780, syncs={"item": 2}),
+    "maskrcnn": Budget(ops=2_510, syncs={"item": 4, "data-dependent shape": 45}),
+    "minigo": Budget(ops=330),
+}
+
+
+def test_every_registered_workload_has_a_budget():
+    assert set(BUDGETS) == set(registry.names())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(BUDGETS))
+def test_the_full_training_step_stays_within_its_budget(name):
+    counts = stepcount.probe(registry.get(name), CPU, steps=1, timed_steps=0)
+    budget = BUDGETS[name]
+    over = {kind: n for kind, n in counts.syncs.items() if n > budget.syncs.get(kind, 0)}
+    assert not over, f"{name}: new host-device synchronisations {over}, from: {counts.sites}"
+    assert counts.host_data <= budget.host_data, f"{name}: new tensors built from host data, from: {counts.sites}"
+    assert counts.ops <= budget.ops, (f"{name}: {counts.ops:,.0f} operators per step, budget {budget.ops:,}; "
+                                      f"most dispatched: {counts.top_ops}")
+
+
+# -- the counter itself -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _PlantedRecipe(Recipe):
+    pass
+
+
+class _Planted:
+    """A step with known demands: one .item(), one boolean-mask index, one .tolist(), one torch.tensor."""
+
+
+    name = "planted"
+    step_probe = ()
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = nn.Linear(4, 1)
+
+    def loss(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        out = model(batch).squeeze(-1)
+        scale = out.abs().max().item()  # item
+        kept = out[out > -1e9]  # boolean-mask index: nonzero on a GPU
+        _ = batch[:, 0].tolist()  # host copy
+        bias = torch.tensor(0.5)  # host data
+        return (kept / (1 + scale)).pow(2).mean() + bias * 0
+
+
+def test_the_counter_finds_what_was_planted(monkeypatch):
+    planted = _Planted()
+    opt = torch.optim.Adam(planted.model.parameters(), lr=0.1)  # its host-side step counters are no syncs
+    parts = ModelParts(model=planted.model, optimizer=opt, loss_fn=planted.loss, lr_schedule=lambda s: (lambda k: 1.0))
+
+    class Workload:
+        name = "planted"
+
+        def check_recipe(self, recipe):
+            pass
+
+        def build(self, recipe, ctx, assets):
+            return parts
+
+        def synthetic_batch(self, recipe, ctx, model):
+            return torch.randn(8, 4)
+
+        def batch_samples(self, batch):
+            return batch.shape[0]
+
+        def split_batch(self, batch, n):
+            return [batch]
+
+        speedups = frozenset({"precision", "compile", "fused_optimizer"})
+        host_scoring = "thread"
+
+    recipe = _PlantedRecipe(name="p", global_batch_size=8, max_epochs=1, target=1.0, eval_every=1, eval_first=1)
+    counts = stepcount.count_step(Workload(), recipe, CPU, Assets(), [], steps=2, timed_steps=1)
+    # The boolean-mask index syncs twice: its forward and its backward each turn the mask into indices.
+    assert counts.syncs == {"item": 1, "data-dependent shape": 2, "host copy": 1, "device synchronize": 0}
+    assert counts.host_data == 1
+    forward = {site for site in counts.sites if "test_stepcount.py" in site}
+    assert len(forward) == 4 and sum(counts.sites[s] for s in forward) == 4  # item, mask, tolist, torch.tensor
+    (backward,) = set(counts.sites) - forward  # the mask index's gradient, from the step's backward()
+    assert backward.startswith("data-dependent shape: runtime/step.py") and "IndexBackward" in backward
+    assert counts.ops > 20 and counts.kernels < counts.ops and counts.step_ms > 0 and counts.host_ms >= 0
+
+
+@pytest.mark.parametrize(("make", "kind"), [
+    (lambda x: x.nonzero(), "data-dependent shape"),
+    (lambda x: x[x > 0], "data-dependent shape"),
+    (lambda x: torch.repeat_interleave(x.long().abs()), "data-dependent shape"),
+    (lambda x: x.sum().item(), "item"),
+    (lambda x: x[torch.tensor([0, 1])], None),  # an index tensor of positions: no sync
+    (lambda x: x * 2, None),
+])
+def test_sync_kinds(make, kind):
+    mode = stepcount._Dispatched(set())
+    with mode:
+        make(torch.tensor([1.0, -2.0, 3.0]))
+    assert dict(mode.syncs) == ({kind: 1} if kind else {})
