@@ -408,12 +408,19 @@ def test_warm_up_restores_model_ema_and_optimizer(tmp_path):
     recipe = workload.recipe("mini")
     torch.manual_seed(0)
     parts = speedups.assemble(workload, recipe, ctx, Assets())
-    before = {k: v.clone() for k, v in parts.model.state_dict().items()}
-    ema_before = {k: v.clone() for k, v in parts.eval_model.state_dict().items()}
+    def saved(module):  # tensors, and extra state such as the EMA's count of updates
+        return {k: v.clone() if torch.is_tensor(v) else dict(v) for k, v in module.state_dict().items()}
+
+    def same(a, b):
+        return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k]
+                                            for k in a)
+
+    before, ema_before = saved(parts.model), saved(parts.eval_model)
     speedups.warm_up(workload, recipe, ctx, parts, lambda: TrainStep(parts, 1, recipe, ctx.device), steps=3)
     assert workload.seen["after_step"] == 3
-    assert all(torch.equal(before[k], v) for k, v in parts.model.state_dict().items())
-    assert all(torch.equal(ema_before[k], v) for k, v in parts.eval_model.state_dict().items())
+    assert same(before, saved(parts.model))
+    assert same(ema_before, saved(parts.eval_model))
+    assert parts.eval_model.updates == 0  # the warm-up's three updates are forgotten: the first real one copies
     assert not parts.optimizer.state
 
 

@@ -125,3 +125,31 @@ def test_lamb_foreach_equals_the_per_parameter_loop():
     for a, b in zip(*runs, strict=True):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
     assert not torch.equal(runs[0][0], start[0])
+
+
+def test_ema_copies_then_averages_weights_and_buffers_without_a_host_sync():
+    from trainperf.bench.stepcount import _Dispatched
+    from trainperf.optim import ema
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    averaged = ema(model, 0.9)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    mode = _Dispatched()
+    with mode:
+        averaged.update_parameters(model)  # the first update copies
+        first = averaged.module[0].weight.clone()
+        with torch.no_grad():
+            model[0].weight.add_(1.0)
+            model(torch.randn(8, 3))  # BN statistics move; its counter (an integer buffer) too
+        averaged.update_parameters(model)
+    assert dict(mode.syncs) == {}  # torch's AveragedModel reads its counter back here each step
+    torch.testing.assert_close(first, model[0].weight - 1.0)
+    torch.testing.assert_close(averaged.module[0].weight, 0.9 * first + 0.1 * model[0].weight)
+    torch.testing.assert_close(averaged.module[1].running_mean, 0.1 * model[1].running_mean)
+    assert int(averaged.module[1].num_batches_tracked) == int(model[1].num_batches_tracked) == 1
+    state = averaged.state_dict()
+    fresh = ema(model, 0.9)
+    fresh.load_state_dict(state)
+    assert fresh.updates == 2  # the count travels with the state: a restore restores it

@@ -155,3 +155,28 @@ def test_mini_runs_end_to_end_and_log_passes_ruleset_070(tmp_path, mini_root):
     assert 0.0 <= result["evaluations"][-1]["value"] < 1.0
     events = read_log(out / "mlperf_log.txt")
     assert any(e["key"] == "opt_learning_rate_remain_steps" for e in events)
+
+
+def test_encoder_packs_as_torchs_unsorted_packing_does():
+    """The encoder sorts once on the host instead of in every layer: the same outputs and gradients as
+    pack_padded_sequence(enforce_sorted=False) layer by layer (lengths tied and untied)."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    from trainperf.workloads.gnmt.model import Encoder
+
+    torch.manual_seed(0)
+    encoder = Encoder(8, dropout=0.0)
+    x = torch.randn(6, 7, 8, requires_grad=True)
+    lengths = [3, 7, 5, 7, 1, 3]
+    ours = encoder(x, lengths)
+    ours.sum().backward()
+    ours_grad = x.grad.clone()
+    x.grad = None
+    y = x
+    for i, lstm in enumerate(encoder.layers):
+        out, _ = lstm(pack_padded_sequence(y, torch.tensor(lengths), batch_first=True, enforce_sorted=False))
+        out, _ = pad_packed_sequence(out, batch_first=True, total_length=7)
+        y = out + y if i >= 2 else out
+    y.sum().backward()
+    torch.testing.assert_close(ours, y)
+    torch.testing.assert_close(ours_grad, x.grad)

@@ -89,6 +89,88 @@ def test_loss_agrees_with_torchaudio_where_it_is_installed():
                                atol=1e-4)
 
 
+def _model_batch(seed: int = 0):
+    torch.manual_seed(seed)
+    net = M.RNNT(dataclasses.replace(SMALL, joint_dropout=0.3))  # dropout: the recomputation must replay it
+    g = torch.Generator().manual_seed(seed)
+    feats = torch.randn(5, 14, 240, generator=g)
+    frames = torch.tensor([14, 9, 12, 5, 14])
+    tokens = torch.randint(0, 11, (5, 4), generator=g)
+    labels = torch.tensor([4, 2, 3, 1, 0])
+    return net, (feats, frames, tokens, labels)
+
+
+@pytest.mark.parametrize("chunks", [2, 3, 5, 8])
+def test_the_joint_in_chunks_gives_the_same_losses(chunks):
+    """joint_chunks: the joint and the loss over slices of the batch (more slices than utterances
+    included) give each utterance's loss as the whole batch does; in training (dropout on, the slices
+    recomputed in backward), every parameter gets a finite gradient."""
+    from trainperf.workloads.rnnt import transducer_losses
+
+    loss = transducer_losses("wavefront", SMALL.pieces)
+    net, (feats, frames, tokens, labels) = _model_batch()
+    net.eval()
+    whole = net(feats, frames, tokens, labels=labels, loss=loss, chunks=1)
+    torch.testing.assert_close(net(feats, frames, tokens, labels=labels, loss=loss, chunks=chunks), whole)
+    net.train()
+    net(feats, frames, tokens, labels=labels, loss=loss, chunks=chunks).mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
+
+
+def test_chunked_gradients_equal_the_whole_batchs_without_dropout():
+    from trainperf.workloads.rnnt import transducer_losses
+
+    loss = transducer_losses("wavefront", SMALL.pieces)
+    grads = []
+    for k in (1, 3):
+        torch.manual_seed(0)
+        net = M.RNNT(SMALL)  # no dropout: both forms compute exactly the same function
+        _, (feats, frames, tokens, labels) = _model_batch()
+        net(feats, frames, tokens, labels=labels, loss=loss, chunks=k).mean().backward()
+        grads.append({n: p.grad for n, p in net.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-5, atol=1e-6)
+
+
+def test_torchaudio_loss_is_called_as_its_cuda_kernel_takes_it(monkeypatch):
+    """loss_impl=torchaudio: int32 lengths and labels (padding clamped), fp32 logits, the blank's index,
+    per utterance (a stand-in module checks the call: torchaudio has no build for this torch here)."""
+    import sys
+    import types
+
+    from trainperf.workloads.rnnt import transducer_losses
+
+    seen = {}
+
+    def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank, reduction):
+        seen.update(dtypes=(logits.dtype, targets.dtype, logit_lengths.dtype, target_lengths.dtype), blank=blank,
+                    reduction=reduction, min_target=int(targets.min()))
+        return transducer_loss_reference(logits, targets.long(), logit_lengths.long(), target_lengths.long(), blank)
+
+    fake = types.ModuleType("torchaudio")
+    fake.functional = types.ModuleType("torchaudio.functional")
+    fake.functional.rnnt_loss = rnnt_loss
+    monkeypatch.setitem(sys.modules, "torchaudio", fake)
+    monkeypatch.setitem(sys.modules, "torchaudio.functional", fake.functional)
+    logits, targets, frames, labels = _case(3, 4, 6, 3, 5)
+    targets[1, 2] = -1  # padding
+    theirs = transducer_losses("torchaudio", 4)(logits, targets, frames, labels)
+    ours = transducer_losses("wavefront", 4)(logits, targets.clamp_min(0), frames, labels)
+    assert seen == {"dtypes": (torch.float32, torch.int32, torch.int32, torch.int32), "blank": 4,
+                    "reduction": "none", "min_target": 0}
+    torch.testing.assert_close(theirs.float(), ours.float(), rtol=1e-4, atol=1e-4)
+
+
+def test_torchaudio_loss_without_torchaudio_is_one_line(monkeypatch):
+    import sys
+
+    from trainperf.workloads.rnnt import transducer_losses
+
+    monkeypatch.setitem(sys.modules, "torchaudio", None)  # import fails, as where it is not installed
+    with pytest.raises(TrainperfError, match="loss_impl=torchaudio: torchaudio cannot be imported"):
+        transducer_losses("torchaudio", 4)
+
+
 def test_a_certain_alignment_has_zero_loss_and_zero_gradient():
     """Logits that put all mass on one path: P = 1, loss 0, and the gradient vanishes."""
     t, u, v = 3, 2, 4

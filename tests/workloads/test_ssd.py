@@ -82,8 +82,13 @@ def test_batched_matching_equals_per_image():
         xy = torch.rand(n, 2, 2, generator=gen)
         boxes.append(torch.cat([xy.min(1).values, xy.max(1).values], 1))
         labels.append(torch.randint(1, 81, (n,), generator=gen))
+    # Two identical boxes claim the same best default box: the later one wins it (label 7, once), as in
+    # the per-image matching; their other matches go to the first (the IoU's argmax).
+    boxes.append(torch.tensor([[0.2, 0.2, 0.5, 0.6], [0.2, 0.2, 0.5, 0.6], [0.6, 0.1, 0.9, 0.3]]))
+    labels.append(torch.tensor([5, 7, 9]))
     batched, batched_labels = coder.match_batch(boxes, labels)
-    for i in range(4):
+    assert int((batched_labels[4] == 7).sum()) == 1 and int((batched_labels[4] == 5).sum()) > 1
+    for i in range(5):
         one, one_labels = coder.match(boxes[i], labels[i])
         assert torch.equal(one_labels, batched_labels[i])
         torch.testing.assert_close(one, batched[i])

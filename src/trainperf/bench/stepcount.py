@@ -13,8 +13,9 @@ Synchronisations, by kind:
   boolean-mask index, unique, repeat_interleave without output_size, bincount);
 - `host copy`: `.cpu()`, `.numpy()`, `.tolist()` of a tensor;
 - `device synchronize`: an explicit wait (trainperf.devices.synchronize).
-`host data` counts tensors built from Python or NumPy data inside the step (torch.tensor, as_tensor,
-from_numpy) by trainperf's code: on a GPU each is a pageable host-to-device copy.
+`host data` counts the step's host-to-device copies: host tensors moved to the device, and tensors
+made on the device from Python or NumPy data (torch.tensor, as_tensor, from_numpy given a device); on
+a GPU each is a pageable copy, before which CUDA synchronises the stream.
 
 Counted as if every tensor of the step lived on the device, as it does on a GPU, except what torch
 keeps on the host by design: the optimizers' step counters (reading them is no synchronisation), and
@@ -29,12 +30,15 @@ import os
 import statistics
 import sys
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainperf import devices
@@ -50,6 +54,8 @@ _DATA_DEPENDENT = {aten.nonzero, aten.masked_select, aten.unique_dim, aten._uniq
 _NO_KERNEL = {aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty, aten.new_empty_strided,
               aten.lift_fresh, aten.detach, aten._local_scalar_dense, aten.set_, aten.resize_, aten.sym_size,
               aten.sym_stride, aten.sym_numel, aten.is_same_size, aten._has_compatible_shallow_copy_type}
+# Operators whose outputs at these positions torch always keeps on the host (whatever the inputs).
+_HOST_OUTPUTS = {aten._pack_padded_sequence: (1,)}  # (data, batch_sizes): batch_sizes is a CPU tensor
 SYNC_KINDS = ("item", "data-dependent shape", "host copy", "device synchronize")
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,63 +93,178 @@ def sync_kind(func: Any, args: tuple, kwargs: dict) -> str | None:
     return None
 
 
-class _Dispatched(TorchDispatchMode):
-    """Counts every operator dispatched (forward, backward and the optimizer alike). `host_storage`:
-    the data pointers of tensors that live on the host even on a GPU (optimizer step counters)."""
+class Residency:
+    """Which tensors of the counted step live on the host even on a GPU, so that reading them is no
+    synchronisation: torch's optimizer step counters, tensors built from host data (until moved to the
+    step's device), host copies, and what operators make of host tensors alone. Every other tensor is
+    taken to be on the device, as it is on a GPU."""
 
-    def __init__(self, host_storage: set[int]) -> None:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        # id -> weak reference: a WeakSet would compare tensors with == (elementwise) on a hash clash.
+        self._host: dict[int, weakref.ref] = {}
+
+    def host(self, tensor: Any) -> bool:
+        if not isinstance(tensor, torch.Tensor):
+            return True  # a Python number
+        if self.device.type != "cpu" and tensor.device.type == "cpu":
+            return True  # a real device: where the tensor is says it
+        ref = self._host.get(id(tensor))
+        return ref is not None and ref() is tensor
+
+    def mark_host(self, tensor: Any) -> None:
+        if isinstance(tensor, torch.Tensor):
+            self._host[id(tensor)] = weakref.ref(tensor)
+
+    def mark_device(self, tensor: Any) -> None:
+        if isinstance(tensor, torch.Tensor):
+            self._host.pop(id(tensor), None)
+
+    def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """The step counters torch keeps on the host (non-capturable, unfused optimizers)."""
+        for state in optimizer.state.values():
+            step = state.get("step")
+            if isinstance(step, torch.Tensor) and step.dim() == 0:
+                self.mark_host(step)
+
+
+class _Dispatched(TorchDispatchMode):
+    """Counts every operator dispatched (forward, backward and the optimizer alike), and the
+    synchronisations among them (on tensors `residency` places on the device)."""
+
+    def __init__(self, residency: Residency | None = None) -> None:
         super().__init__()
         self.ops: Counter[str] = Counter()
         self.kernels = 0
         self.syncs: Counter[str] = Counter()
         self.sites: Counter[str] = Counter()
-        self.host_storage = host_storage
+        self.residency = residency or Residency(torch.device("cpu"))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         self.ops[str(func.overloadpacket)] += 1
         if not (func.is_view or func.overloadpacket in _NO_KERNEL):
             self.kernels += 1
+        inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        on_host = bool(inputs) and all(self.residency.host(t) for t in inputs)
         kind = sync_kind(func, args, kwargs)
-        if kind and not (kind == "item" and _storage(args[0]) in self.host_storage):
+        if kind and not on_host:
             self.syncs[kind] += 1
             self.sites[f"{kind}: {_site()}"] += 1
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if on_host:  # what is made of host tensors alone stays on the host
+            for tensor in pytree.tree_leaves(out):
+                self.residency.mark_host(tensor)
+        for index in _HOST_OUTPUTS.get(func.overloadpacket, ()):
+            self.residency.mark_host(out[index])
+        return out
 
 
-def _storage(tensor: Any) -> int | None:
-    return tensor.untyped_storage().data_ptr() if isinstance(tensor, torch.Tensor) else None
+def _on_host(device: Any) -> bool:
+    """Whether a factory's `device` argument asks for the host: none (torch's default device), or the
+    string "cpu". A torch.device is taken to be the step's device: that is what the step's code passes
+    (a run on a CPU cannot tell the two apart otherwise)."""
+    return device is None or (isinstance(device, str) and device.startswith("cpu"))
 
 
-def _host_counters(optimizer: torch.optim.Optimizer) -> set[int]:
-    """Storage of the optimizer's step counters that torch keeps on the host (non-capturable, unfused)."""
-    return {_storage(state["step"]) for state in optimizer.state.values()
-            if isinstance(state.get("step"), torch.Tensor) and state["step"].dim() == 0}
+_FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.randint,
+              torch.randperm, torch.arange, torch.linspace, torch.logspace, torch.eye, torch.empty_strided,
+              torch.scalar_tensor}
+
+
+class _HostFactories(TorchFunctionMode):
+    """A tensor factory called without a device makes a host tensor (torch's default device), such as
+    torchvision's `torch.empty(1).uniform_(...).item()` for a random choice: reading it is no sync.
+    (See _on_host for what a device argument says.)"""
+
+    def __init__(self, residency: Residency) -> None:
+        super().__init__()
+        self.residency = residency
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in _FACTORIES and _on_host(kwargs.get("device")):
+            self.residency.mark_host(out)
+        return out
 
 
 @contextlib.contextmanager
-def _host_hooks(syncs: Counter[str], host_data: Counter[str], sites: Counter[str]) -> Iterator[None]:
-    """Count, at the Python level, what the dispatcher does not show: host copies of tensors, explicit
-    device waits, and tensors built from host data."""
+def _host_hooks(syncs: Counter[str], host_data: Counter[str], sites: Counter[str], residency: Residency
+                ) -> Iterator[None]:
+    """At the Python level, what the dispatcher does not show: copies of device tensors to the host,
+    explicit device waits, tensors built from host data (and their moves to the device)."""
     saved: list[tuple[Any, str, Any]] = []
 
-    def wrap(owner: Any, name: str, counter: Counter[str], kind: str) -> None:
-        original = getattr(owner, name)
+    inside = [False]  # a wrapper's own call of torch comes back through torch's function modes
 
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            if not sys._getframe(1).f_code.co_filename.startswith(_TORCH_DIR):  # torch's own host-side work
-                counter[kind] += 1
-                sites[f"{kind}: {_site()}"] += 1
-            return original(*args, **kwargs)
+    def patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+        original = getattr(owner, name)
+        wrapper = make(original)
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if inside[0]:
+                return original(*args, **kwargs)
+            inside[0] = True
+            try:
+                return wrapper(*args, **kwargs)
+            finally:
+                inside[0] = False
 
         saved.append((owner, name, original))
-        setattr(owner, name, counted)
+        setattr(owner, name, guarded)
+
+    def ours() -> bool:
+        """Called from outside torch (torch's own host-side bookkeeping is not counted): the frame
+        above the wrapper that asks (frames: ours, the wrapper, guarded, the caller)."""
+        return not sys._getframe(3).f_code.co_filename.startswith(_TORCH_DIR)
+
+    def host_copy(original: Any) -> Any:
+        def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if not residency.host(tensor):  # a device tensor read back, by whomever (torch's code too)
+                syncs["host copy"] += 1
+                sites[f"host copy: {_site()}"] += 1
+                if original is torch.Tensor.cpu and tensor.device.type == "cpu":
+                    copy = tensor.clone()  # a distinct host tensor (on a CPU, .cpu() returns the tensor itself)
+                    residency.mark_host(copy)
+                    return copy
+            result = original(tensor, *args, **kwargs)
+            residency.mark_host(result)
+            return result
+        return counted
+
+    def from_host(original: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            if not (args and isinstance(args[0], torch.Tensor)):  # a tensor given: no data from the host
+                if _on_host(kwargs.get("device")):
+                    residency.mark_host(result)  # a host tensor: moving it to the device is counted then
+                elif ours():  # made on a device from host data: a copy (torch's own are host scalars)
+                    host_data[f"torch.{original.__name__}"] += 1
+                    sites[f"torch.{original.__name__}: {_site()}"] += 1
+            return result
+        return counted
+
+    def move(original: Any) -> Any:
+        def moved(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            result = original(tensor, *args, **kwargs)
+            target = next((a for a in (*args, kwargs.get("device")) if isinstance(a, (str, torch.device))), None)
+            if residency.host(tensor) and target is not None and torch.device(target) == residency.device:
+                host_data["host to device"] += 1  # by whomever: torch's code too
+                sites[f"host to device: {_site()}"] += 1
+                if result is tensor:  # on a CPU the move returns the tensor itself: it is a device tensor now
+                    result = tensor.clone()
+                residency.mark_device(result)
+            return result
+        return moved
 
     for method in ("cpu", "numpy", "tolist"):
-        wrap(torch.Tensor, method, syncs, "host copy")
-    wrap(devices, "synchronize", syncs, "device synchronize")
+        patch(torch.Tensor, method, host_copy)
+    patch(torch.Tensor, "to", move)
+    patch(devices, "synchronize", lambda original: lambda device: (
+        syncs.update(["device synchronize"]), sites.update([f"device synchronize: {_site()}"]), original(device)))
     for factory in ("tensor", "as_tensor", "from_numpy"):
-        wrap(torch, factory, host_data, f"torch.{factory}")
+        patch(torch, factory, from_host)
     try:
         yield
     finally:
@@ -233,9 +354,11 @@ def count_step(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: 
     for _ in range(warmup):
         step(batch)
     ctx.synchronize()
-    mode = _Dispatched(_host_counters(parts.optimizer))
+    residency = Residency(ctx.device)
+    residency.add_optimizer(parts.optimizer)
+    mode = _Dispatched(residency)
     host_data: Counter[str] = Counter()
-    with _host_hooks(mode.syncs, host_data, mode.sites), mode:
+    with _host_hooks(mode.syncs, host_data, mode.sites, residency), _HostFactories(residency), mode:
         for _ in range(steps):
             step(batch)
     walls, hosts = [], []

@@ -23,10 +23,12 @@ class LAMB(torch.optim.Optimizer):
     w = w - lr * trust * update."""
 
     def __init__(self, params: Iterable[Any], lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.0, foreach: bool = False) -> None:
+                 eps: float = 1e-6, weight_decay: float = 0.0, foreach: bool | None = None) -> None:
         if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
             raise ValueError("invalid LAMB hyperparameters")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, lamb_exclude=False))
+        # None: the multi-tensor form when the parameters live on a GPU, where the loop's ~10 small
+        # kernels per tensor (BERT-Large: ~400 tensors) make the step launch-bound.
         self.foreach = foreach
 
     @torch.no_grad()
@@ -46,7 +48,8 @@ class LAMB(torch.optim.Optimizer):
                     state["exp_avg"] = torch.zeros_like(p)
                     state["exp_avg_sq"] = torch.zeros_like(p)
                 state["step"] += 1
-            (self._step_foreach if self.foreach else self._step_loop)(group, params)
+            foreach = self.foreach if self.foreach is not None else all(p.is_cuda for p in params)
+            (self._step_foreach if foreach else self._step_loop)(group, params)
         return loss
 
     def _step_loop(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:

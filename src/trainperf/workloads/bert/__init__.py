@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from trainperf.errors import TrainperfError
-from trainperf.optim import LAMB
+from trainperf.optim import LAMB, multi_tensor
 from trainperf.rulesets import RULESETS
 from trainperf.spec import (
     Assets,
@@ -89,7 +89,7 @@ def _rcp(gbs: int, lr: float, steps: int, warmup: int, start: int, b1: float, b2
     return BertRecipe(name=f"gbs{gbs}", global_batch_size=gbs, max_epochs=0, target=0.720, eval_every=1,
                       eval_first=1, eval_every_samples=eval_interval(gbs), log_epoch_num="samples",
                       max_samples=steps * gbs, max_grad_norm=1.0, base_lr=lr, train_steps=steps, warmup_steps=warmup,
-                      start_warmup_step=start, beta1=b1, beta2=b2, weight_decay=wd)
+                      start_warmup_step=start, beta1=b1, beta2=b2, weight_decay=wd, fused_optimizer=True)
 
 
 FULL_RECIPES = {r.name: r for r in (
@@ -200,7 +200,8 @@ class BertWorkload(Workload[BertRecipe]):
             M.load_checkpoint(model, state, str(assets["phase-1 checkpoint"]))
         model = model.to(ctx.device)
         optimizer = LAMB(M.parameter_groups(model, recipe.weight_decay), lr=recipe.base_lr,
-                         betas=(recipe.beta1, recipe.beta2), eps=recipe.eps, foreach=recipe.fused_optimizer)
+                         betas=(recipe.beta1, recipe.beta2), eps=recipe.eps,
+                         foreach=multi_tensor(recipe.fused_optimizer))
         schedule = M.lr_factor(recipe.base_lr, recipe.warmup_steps, recipe.start_warmup_step, recipe.train_steps)
 
         def loss_fn(model: nn.Module, batch: B.PretrainingBatch) -> torch.Tensor:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainperf.errors import TrainperfError
+from trainperf.optim import kernels
 from trainperf.rulesets import RULESETS
 from trainperf.spec import (
     Assets,
@@ -158,12 +159,12 @@ class GNMTWorkload(Workload[GNMTRecipe]):
         vocab = -(-vocab // 8) * 8  # padded to a multiple of 8, as the reference does for tensor cores
         model = M.GNMT(vocab, recipe.hidden, recipe.dropout, recipe.init_scale, recipe.attention_scale or None,
                        recipe.forget_bias).to(ctx.device)
-        impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+        impl = kernels(recipe.fused_optimizer)
         optimizer = torch.optim.Adam(model.parameters(), lr=recipe.base_lr, **impl)
 
-        def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
-            src, tgt_in, tgt_out = batch
-            logits = model(src, tgt_in)
+        def loss_fn(model: nn.Module, batch: tuple[Any, ...]) -> torch.Tensor:
+            src, tgt_in, tgt_out, src_lengths = batch
+            logits = model(src, tgt_in, src_lengths)
             total = F.cross_entropy(logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD,
                                     label_smoothing=recipe.label_smoothing, reduction="sum")
             return total / src.shape[0]  # the reference normalises by sentences
@@ -187,7 +188,7 @@ class GNMTWorkload(Workload[GNMTRecipe]):
     def synthetic_batch(self, recipe: GNMTRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         # 30 tokens: a typical WMT16 sentence in BPE tokens.
         return P.synthetic_training_batch(recipe.global_batch_size // ctx.world_size, 30,
-                                          bare_model(model).embed.num_embeddings, ctx.device)
+                                          bare_model(model).embed.num_embeddings, ctx.device, source_lengths=True)
 
     def synthetic_eval_batch(self, recipe: GNMTRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         return P.random_tokens(min(recipe.eval_batch_size, 8), 8, bare_model(model).embed.num_embeddings,
@@ -206,9 +207,10 @@ class GNMTWorkload(Workload[GNMTRecipe]):
 
         first = epoch_batches(1)
 
-        def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        def train_batches(view: EpochView) -> Iterator[tuple[Any, ...]]:
             for rows in epoch_batches(view.epoch):
-                yield P.training_batch(data.train_src, data.train_tgt, batching.shard(rows, rank, world), device)
+                yield P.training_batch(data.train_src, data.train_tgt, batching.shard(rows, rank, world), device,
+                                       source_lengths=True)
 
         order = P.test_share(data.test_src.lengths, rank, world)
         metric = bleu.metric(data.test_references, "gnmt")

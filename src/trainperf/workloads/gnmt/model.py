@@ -51,11 +51,25 @@ class Encoder(nn.Module):
                                      nn.LSTM(hidden, hidden, batch_first=True)])
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        """`lengths` on the host (a list): packing needs them there.
+
+        Each layer packs the sentences sorted by length, as pack_padded_sequence(enforce_sorted=False)
+        would, but the permutation is made here once, on the host, and moved to the device once: torch's
+        own unsorted packing moves its sorted indices to the device and reads the inverse back to the
+        host in every layer (on a GPU, a synchronisation each way per layer)."""
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: ties keep their order
+        inverse = [0] * len(order)
+        for position, row in enumerate(order):
+            inverse[row] = position
+        permutation = torch.tensor(order + inverse, device=x.device)
+        sort, unsort = permutation[:len(order)], permutation[len(order):]
+        sorted_lengths = [lengths[i] for i in order]
         for i, lstm in enumerate(self.layers):
-            packed = pack_padded_sequence(self.drop(x), lengths.cpu(), batch_first=True, enforce_sorted=False)
+            packed = pack_padded_sequence(self.drop(x).index_select(0, sort), sorted_lengths, batch_first=True)
             out, _ = lstm(packed)
             out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+            out = out.index_select(0, unsort)
             x = out + x if i >= 2 else out
         return x
 
@@ -106,14 +120,19 @@ class GNMT(nn.Module):
                             with torch.no_grad():
                                 p[p.shape[0] // 4:p.shape[0] // 2].zero_()
 
-    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """-> (memory [B, S, H], projected keys, mask [B, S])."""
+    def encode(self, src: torch.Tensor, lengths: list[int] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (memory [B, S, H], projected keys, mask [B, S]). Without the sources' `lengths` (known on
+        the host where batches are made), they are read back from the device once."""
         mask = src != PAD
-        memory = self.encoder(self.embed(src), mask.sum(1))
+        if lengths is None:
+            lengths = mask.sum(1).tolist()
+        memory = self.encoder(self.embed(src), lengths)
         return memory, self.decoder.attention.key(memory), mask
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
-        memory, keys, mask = self.encode(src)
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, src_lengths: list[int] | None = None
+                ) -> torch.Tensor:
+        memory, keys, mask = self.encode(src, src_lengths)
         out, _, _ = self.decoder(self.embed(tgt_in), keys, memory, mask)
         return self.classifier(out)
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from trainperf.errors import TrainperfError
+from trainperf.optim import kernels
 from trainperf.rulesets import RULESETS
 from trainperf.spec import Assets, EvalPartial, Metric, ModelParts, RuntimeContext
 from trainperf.workloads.coco import data as C
@@ -190,7 +191,7 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
             model.roi_heads.fg_bg_sampler.batch_size_per_image = recipe.rois
             model.roi_heads.detections_per_img = recipe.max_detections
         model = M.unpasted(model).to(ctx.device)
-        impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+        impl = kernels(recipe.fused_optimizer)
         optimizer = torch.optim.SGD(param_groups(model, recipe), lr=recipe.base_lr, momentum=recipe.momentum, **impl)
 
         def loss_fn(model: nn.Module, batch: tuple[Any, list[dict[str, torch.Tensor]], Any]) -> torch.Tensor:

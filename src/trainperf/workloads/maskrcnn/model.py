@@ -14,6 +14,7 @@ BatchNorm trains), a narrow FPN and heads, anchors and RoIs sized to 64x64 image
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,6 +35,21 @@ BGR255_MEAN, BGR255_STD = (102.9801, 115.9465, 122.7717), (1.0, 1.0, 1.0)
 RGB_MEAN, RGB_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
+class TrainedMaskRCNN(MaskRCNN):
+    """torchvision's Mask R-CNN, whose training pass leaves out the per-image `if degenerate_boxes.any()`
+    (a host-device synchronisation for every image of every step): trainperf's COCO reader drops
+    degenerate boxes before they get here (workloads/coco/data.py). Evaluation is torchvision's."""
+
+    def forward(self, images: Any, targets: list[dict[str, torch.Tensor]] | None = None) -> Any:
+        if not self.training:
+            return super().forward(images, targets)
+        images, targets = self.transform(images, targets)
+        features = self.backbone(images.tensors)
+        proposals, proposal_losses = self.rpn(images, features, targets)
+        _detections, detector_losses = self.roi_heads(features, proposals, images.image_sizes, targets)
+        return {**detector_losses, **proposal_losses}
+
+
 def maskrcnn_resnet50_fpn(num_classes: int, min_size: int = 800, max_size: int = 1333, candidates: int = 1000,
                           bgr255: bool = True, backbone_weights: dict | None = None) -> MaskRCNN:
     """The reference Mask R-CNN. `candidates`: the RPN's post-NMS proposals kept per image in training
@@ -45,7 +61,7 @@ def maskrcnn_resnet50_fpn(num_classes: int, min_size: int = 800, max_size: int =
         backbone.body.load_state_dict(body)
     stride_in_1x1(backbone.body)
     mean, std = (BGR255_MEAN, BGR255_STD) if bgr255 else (RGB_MEAN, RGB_STD)
-    model = MaskRCNN(
+    model = TrainedMaskRCNN(
         backbone, num_classes, min_size=min_size, max_size=max_size, image_mean=list(mean), image_std=list(std),
         rpn_anchor_generator=AnchorGenerator(FULL_ANCHOR_SIZES, (RATIOS,) * len(FULL_ANCHOR_SIZES)),
         rpn_pre_nms_top_n_train=2000, rpn_pre_nms_top_n_test=1000, rpn_post_nms_top_n_train=candidates,
@@ -124,7 +140,7 @@ def mini_maskrcnn(num_classes: int, image_size: int = 64, width: int = 16, fpn_c
                                        canonical_level=4)
     # num_classes goes to the predictors: torchvision wants None when they are given (its default box
     # predictor assumes a 1024-wide head).
-    return MaskRCNN(
+    return TrainedMaskRCNN(
         backbone, None, min_size=image_size, max_size=image_size, fixed_size=(image_size, image_size),
         image_mean=list(RGB_MEAN), image_std=list(RGB_STD), rpn_anchor_generator=anchors,
         rpn_pre_nms_top_n_train=150, rpn_pre_nms_top_n_test=150, rpn_post_nms_top_n_train=candidates,

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from trainperf.errors import TrainperfError
+from trainperf.optim import kernels
 from trainperf.rulesets import RULESETS
 from trainperf.spec import (
     Assets,
@@ -211,7 +212,7 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
         if "bootstrap" in assets:
             model.load_state_dict(assets.state_dict("bootstrap", like=model.state_dict(), what="this recipe's network"))
         model = model.to(ctx.device)
-        impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+        impl = kernels(recipe.fused_optimizer)
         optimizer = torch.optim.SGD(M.param_groups(model, recipe.l2), lr=recipe.lr_rates[0], momentum=recipe.momentum,
                                     **impl)
 

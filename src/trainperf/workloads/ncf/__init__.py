@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainperf.errors import TrainperfError
+from trainperf.optim import kernels
 from trainperf.rulesets import RULESETS
 from trainperf.spec import (
     Assets,
@@ -185,7 +186,7 @@ class NCFWorkload(Workload[NCFRecipe]):
         else:
             users, items = recipe.users, recipe.items
         model = NeuMF(users, items, recipe.factors, recipe.mlp_layers).to(ctx.device)
-        impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+        impl = kernels(recipe.fused_optimizer)
         optimizer = torch.optim.Adam(model.parameters(), lr=recipe.base_lr, betas=(recipe.beta1, recipe.beta2),
                                      eps=recipe.eps, **impl)
 

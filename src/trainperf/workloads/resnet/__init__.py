@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from trainperf.errors import TrainperfError
 from trainperf.loaders import DevicePrefetcher
-from trainperf.optim import LARS, warmup_poly
+from trainperf.optim import LARS, kernels, multi_tensor, warmup_poly
 from trainperf.rulesets import RULESETS
 from trainperf.spec import (
     Assets,
@@ -238,12 +238,12 @@ class ResNetWorkload(Workload[ResNetRecipe]):
             # torch has no fused LARS: fused_optimizer selects trainperf's multi-tensor (foreach) form.
             optimizer: torch.optim.Optimizer = LARS(
                 groups, lr=recipe.base_lr, momentum=recipe.momentum, trust_coefficient=recipe.lars_eta,
-                eps=recipe.lars_epsilon, foreach=True if recipe.fused_optimizer else None,
+                eps=recipe.lars_epsilon, foreach=multi_tensor(recipe.fused_optimizer),
             )
         else:
             for group in groups:
                 group.pop("lars_exclude", None)
-            impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+            impl = kernels(recipe.fused_optimizer)
             optimizer = torch.optim.SGD(groups, lr=recipe.base_lr, momentum=recipe.momentum, **impl)
 
         smoothing = recipe.label_smoothing

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from trainperf.errors import TrainperfError
+from trainperf.optim import kernels
 from trainperf.rulesets import WORKLOAD_RULESETS
 from trainperf.spec import (
     Assets,
@@ -150,7 +151,7 @@ class RetinaNetWorkload(Detector[RetinaNetRecipe]):
             model = M.retinanet_resnext50(recipe.num_classes, recipe.image_size, weights)
             model.detections_per_img = recipe.max_detections
         model = model.to(ctx.device)
-        impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+        impl = kernels(recipe.fused_optimizer)
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.Adam(trainable, lr=recipe.base_lr, weight_decay=recipe.weight_decay, **impl)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -49,6 +50,17 @@ class BatchedRetinaNet(RetinaNet):
 
     BATCHED_BOX_LOSSES = ("l1", "smooth_l1", "giou")
 
+    def forward(self, images: Any, targets: list[dict[str, torch.Tensor]] | None = None) -> Any:
+        if not self.training:
+            return super().forward(images, targets)
+        # torchvision's training pass without its per-image `if degenerate_boxes.any()`: a host-device
+        # synchronisation for every image of every step. trainperf's readers drop degenerate boxes
+        # before they get here (workloads/coco/data.py), and resizing keeps boxes non-degenerate.
+        images, targets = self.transform(images, targets)
+        features = list(self.backbone(images.tensors).values())
+        head_outputs = self.head(features)
+        return self.compute_loss(targets, head_outputs, self.anchor_generator(images, features))
+
     def compute_loss(self, targets: list[dict[str, torch.Tensor]], head_outputs: dict[str, torch.Tensor],
                      anchors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         regression = self.head.regression_head
@@ -67,23 +79,30 @@ class BatchedRetinaNet(RetinaNet):
         foreground = matches >= 0
         per_image = foreground.sum(1).clamp(min=1).to(cls_logits.dtype)  # torchvision's max(1, num_foreground)
         gt_labels = labels.gather(1, matches.clamp(min=0)) if labels.shape[1] else torch.zeros_like(matches)
-        target = F.one_hot(gt_labels, cls_logits.shape[2]).to(cls_logits.dtype) * foreground[..., None]
+        # One-hot targets by scatter (F.one_hot reads the labels' range back to the host: two syncs).
+        target = torch.zeros_like(cls_logits).scatter_(2, gt_labels[..., None], 1.0) * foreground[..., None]
         focal = sigmoid_focal_loss(cls_logits, target, reduction="none")
         ignored = (matches == self.head.classification_head.BETWEEN_THRESHOLDS)[..., None]
         classification = (focal.masked_fill(ignored, 0).sum((1, 2)) / per_image).mean()
 
-        image, index = foreground.nonzero(as_tuple=True)
-        matched = boxes[image, matches[image, index]]
-        deltas, anchors_fg = box_deltas[image, index], anchor[image, index]
-        if regression._loss_type == "giou":
-            decoded = regression.box_coder.decode_single(deltas, anchors_fg)
-            loss = generalized_box_iou_loss(decoded, matched, reduction="none", eps=1e-7)
+        # The box loss over every anchor, the background's masked out: selecting the foreground's first
+        # (nonzero) would wait for the device to say how many there are. A background anchor is compared
+        # with itself (its loss finite, then zeroed), never with a padding box.
+        if boxes.shape[1]:
+            matched = boxes.gather(1, matches.clamp(min=0)[..., None].expand(-1, -1, 4))
+            matched = torch.where(foreground[..., None], matched, anchor)
         else:
-            wanted = regression.box_coder.encode_single(matched, anchors_fg)
-            loss = (F.l1_loss(deltas, wanted, reduction="none") if regression._loss_type == "l1"
-                    else F.smooth_l1_loss(deltas, wanted, reduction="none", beta=1.0)).sum(1)
-        weights = per_image.reciprocal()[image]
-        box = (loss * weights).sum() / max(1, batch)
+            matched = anchor
+        flat_deltas, flat_anchors = box_deltas.reshape(-1, 4), anchor.reshape(-1, 4)
+        if regression._loss_type == "giou":
+            decoded = regression.box_coder.decode_single(flat_deltas, flat_anchors)
+            loss = generalized_box_iou_loss(decoded, matched.reshape(-1, 4), reduction="none", eps=1e-7)
+        else:
+            wanted = regression.box_coder.encode_single(matched.reshape(-1, 4), flat_anchors)
+            loss = (F.l1_loss(flat_deltas, wanted, reduction="none") if regression._loss_type == "l1"
+                    else F.smooth_l1_loss(flat_deltas, wanted, reduction="none", beta=1.0)).sum(1)
+        loss = torch.where(foreground, loss.reshape(batch, count), 0.0)
+        box = (loss / per_image[:, None]).sum() / max(1, batch)
         return {"classification": classification, "bbox_regression": box}
 
     def _match(self, boxes: torch.Tensor, present: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:

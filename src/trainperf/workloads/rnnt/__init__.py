@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from trainperf.errors import TrainperfError
-from trainperf.optim import LAMB, ema
+from trainperf.optim import LAMB, ema, multi_tensor
+from trainperf.optim.ema import EMA
 from trainperf.rulesets import RULESETS
 from trainperf.spec import (
     Assets,
@@ -76,6 +77,15 @@ class RNNTRecipe(Recipe):
     # the 1,023 pieces); the mini's are 1.2 s and 3 pieces.
     synthetic_seconds: float = 12.3
     synthetic_pieces: int = 70
+    # The transducer loss: "wavefront" (trainperf's, in PyTorch: T + U steps of small kernels), or
+    # "torchaudio" (torchaudio.functional.rnnt_loss: one CUDA kernel per pass, where torchaudio is
+    # installed; it has no build for every torch).
+    loss_impl: str = "wavefront"
+    # The joint network and the loss over this many slices of the batch, recomputed in the backward
+    # pass: the B x T x U x V logits (GBs at full size) exist one slice at a time, for a larger batch.
+    joint_chunks: int = 1
+
+    CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"loss_impl": ("wavefront", "torchaudio")}
 
     def validate(self) -> None:
         super().validate()
@@ -87,6 +97,8 @@ class RNNTRecipe(Recipe):
             raise TrainperfError("recipe: need 0 <= ema < 1, base_lr > 0, 0 < decay <= 1, min_lr >= 0")
         if not self.train_subsets.strip(","):
             raise TrainperfError("recipe field train_subsets: name at least one LibriSpeech subset")
+        if self.joint_chunks < 1:
+            raise TrainperfError(f"recipe field joint_chunks must be >= 1, got {self.joint_chunks}")
 
     @property
     def subsets(self) -> list[str]:
@@ -97,7 +109,8 @@ def _rcp(name: str, gbs: int, lr: float, hold: int, decay: float, warmup: int, b
          ema_factor: float, scale: float, accum: int) -> RNNTRecipe:
     return RNNTRecipe(name=name, global_batch_size=gbs, max_epochs=100, target=0.058, eval_every=1, eval_first=1,
                       max_grad_norm=1.0, base_lr=lr, hold_epochs=hold, decay=decay, warmup_epochs=warmup,
-                      beta1=beta1, beta2=beta2, ema=ema_factor, init_scale=scale, grad_accum_steps=accum)
+                      beta1=beta1, beta2=beta2, ema=ema_factor, init_scale=scale, grad_accum_steps=accum,
+                      fused_optimizer=True)
 
 
 # The reference's train.sh (GBS 1024 on 8 GPUs x 16 x accumulation 8), then the RCP points of
@@ -105,7 +118,7 @@ def _rcp(name: str, gbs: int, lr: float, hold: int, decay: float, warmup: int, b
 # duration bucket; ruleset 1.0.0 fixes six, which these recipes use.
 FULL_RECIPES: dict[str, RNNTRecipe] = {
     "reference": RNNTRecipe(name="reference", global_batch_size=1024, max_epochs=100, target=0.058, eval_every=1,
-                            eval_first=1, max_grad_norm=1.0, grad_accum_steps=8),
+                            eval_first=1, max_grad_norm=1.0, grad_accum_steps=8, fused_optimizer=True),
     "bs512": _rcp("bs512", 512, 0.0062, 11, 0.915, 1, 0.9, 0.9985, 0.994, 0.45, 2),
     "bs1024": _rcp("bs1024", 1024, 0.007447, 17, 0.9037, 3, 0.9, 0.999, 0.992, 0.5, 4),
     "bs1536": _rcp("bs1536", 1536, 0.0072, 26, 0.92, 5, 0.9, 0.999, 0.995, 0.5, 4),
@@ -126,6 +139,25 @@ MINI = RNNTRecipe(name="mini", global_batch_size=8, max_epochs=10, target=0.25, 
                   pred_hidden=64, pred_layers=1, joint_hidden=128, enc_dropout=0.0, pred_dropout=0.0, joint_dropout=0.0,
                   train_subsets="train-clean-100", in_memory=True, loader_threads=2, eval_batch_size=128,
                   synthetic_seconds=1.2, synthetic_pieces=3)
+
+
+def transducer_losses(impl: str, blank: int) -> Callable[..., torch.Tensor]:
+    """loss(logits, tokens, frames, labels) -> each utterance's loss, by the recipe's loss_impl."""
+    if impl == "wavefront":
+        return lambda logits, tokens, frames, labels: transducer_loss(logits, tokens, frames, labels, blank, "none")
+    try:
+        from torchaudio.functional import rnnt_loss
+    except ImportError as exc:
+        raise TrainperfError(f"loss_impl=torchaudio: torchaudio cannot be imported ({exc}); install the build that "
+                             "matches your torch, or use loss_impl=wavefront") from None
+
+    def torchaudio_loss(logits: torch.Tensor, tokens: torch.Tensor, frames: torch.Tensor,
+                        labels: torch.Tensor) -> torch.Tensor:
+        # int32 lengths and labels, fp32 logits, as its CUDA kernel takes them; padding tokens are -1 here.
+        return rnnt_loss(logits.float(), tokens.clamp_min(0).int(), frames.int(), labels.int(), blank=blank,
+                         reduction="none")
+
+    return torchaudio_loss
 
 
 class RNNTWorkload(Workload[RNNTRecipe]):
@@ -204,19 +236,18 @@ class RNNTWorkload(Workload[RNNTRecipe]):
             pieces = load_tokenizer(assets["sentencepiece model"]).get_piece_size()
         torch.manual_seed(ctx.stream_seed("init"))
         model = M.RNNT(self._config(recipe, pieces)).to(ctx.device)
-        impl = {"foreach": recipe.fused_optimizer}
         optimizer = LAMB(model.parameters(), lr=recipe.base_lr, betas=(recipe.beta1, recipe.beta2), eps=recipe.eps,
-                         weight_decay=recipe.weight_decay, **impl)
+                         weight_decay=recipe.weight_decay, foreach=multi_tensor(recipe.fused_optimizer))
         averaged = ema(model, recipe.ema)
-        blank = model.cfg.blank
+        per_utterance = transducer_losses(recipe.loss_impl, model.cfg.blank)
+        chunks = recipe.joint_chunks
 
         def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
             feats, frames, tokens, labels = batch
-            logits, enc_frames = model(feats, frames, tokens)
-            return transducer_loss(logits, tokens, enc_frames, labels, blank)
+            return model(feats, frames, tokens, labels=labels, loss=per_utterance, chunks=chunks).mean()
 
         def forward(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> list[list[int]]:
-            net = model.module if isinstance(model, torch.optim.swa_utils.AveragedModel) else bare_model(model)
+            net = model.module if isinstance(model, EMA) else bare_model(model)
             return M.greedy_decode(net, batch[0], batch[1], recipe.max_symbols)
 
         def schedule(steps_per_epoch: int) -> Callable[[int], float]:

@@ -54,24 +54,30 @@ def _lattice(blank: torch.Tensor, label: torch.Tensor, frames: torch.Tensor, lab
     terminal = blank.masked_fill(~((tt == last_t) & (uu == labels[:, None, None])), NEG_INF)
     sb, sl, st = _skew(blank_edge), _skew(label_edge), _skew(terminal)
     diagonals = t + u1 - 1
-    neg = blank.new_full((b, 1), NEG_INF)
+    # The loops below run T + U times, so each diagonal costs as few operators as it can: the views of
+    # every diagonal are taken once (unbind), and each step writes into preallocated tensors (out=):
+    # three kernels per diagonal for alpha, four for beta (a GPU launches each; ~16 dispatches before).
+    sb_rows, sl_heads, st_rows = sb.unbind(1), sl[:, :, :-1].unbind(1), st.unbind(1)
+    stay, shifted, both = blank.new_empty((b, u1)), blank.new_full((b, u1), NEG_INF), blank.new_empty((b, u1))
 
-    alpha = [blank.new_full((b, u1), NEG_INF)]
-    alpha[0][:, 0] = 0.0
+    alpha_d = blank.new_full((b, diagonals, u1), NEG_INF)
+    alpha_d[:, 0, 0] = 0.0
+    alpha_rows, alpha_heads = alpha_d.unbind(1), alpha_d[:, :, :-1].unbind(1)
+    into_tail = shifted[:, 1:]  # column 0 stays -inf: (t, -1) does not exist
     for n in range(1, diagonals):
-        prev = alpha[-1]
-        stay = prev + sb[:, n - 1]  # (t-1, u) --blank--> (t, u), same index u on the previous diagonal
-        emit = torch.cat([neg, (prev + sl[:, n - 1])[:, :-1]], dim=1)  # (t, u-1) --label--> (t, u)
-        alpha.append(torch.logaddexp(stay, emit))
-    alpha_d = torch.stack(alpha, dim=1)
+        torch.add(alpha_rows[n - 1], sb_rows[n - 1], out=stay)  # (t-1, u) --blank--> (t, u): same u
+        torch.add(alpha_heads[n - 1], sl_heads[n - 1], out=into_tail)  # (t, u-1) --label--> (t, u)
+        torch.logaddexp(stay, shifted, out=alpha_rows[n])
 
-    beta: list[torch.Tensor] = [st[:, diagonals - 1]]
+    beta_d = st.clone()  # the terminal blank of each sample's lattice, -inf elsewhere
+    beta_rows, beta_tails = beta_d.unbind(1), beta_d[:, :, 1:].unbind(1)
+    shifted.fill_(NEG_INF)
+    into_head = shifted[:, :-1]  # the last column stays -inf: (t, U1) does not exist
     for n in range(diagonals - 2, -1, -1):
-        nxt = beta[-1]
-        stay = sb[:, n] + nxt  # (t, u) --blank--> (t+1, u)
-        emit = sl[:, n] + torch.cat([nxt[:, 1:], neg], dim=1)  # (t, u) --label--> (t, u+1)
-        beta.append(torch.logaddexp(torch.logaddexp(stay, emit), st[:, n]))
-    beta_d = torch.stack(beta[::-1], dim=1)
+        torch.add(sb_rows[n], beta_rows[n + 1], out=stay)  # (t, u) --blank--> (t+1, u)
+        torch.add(sl_heads[n], beta_tails[n + 1], out=into_head)  # (t, u) --label--> (t, u+1)
+        torch.logaddexp(stay, shifted, out=both)
+        torch.logaddexp(both, st_rows[n], out=beta_rows[n])
     return _unskew(alpha_d, t), _unskew(beta_d, t), beta_d[:, 0, 0]
 
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 # The tensors the closed rules require a weights_initialization event for, by module name.
 INITIALIZED = ("pre_rnn", "post_rnn", "pred_embed", "dec_rnn", "joint_pred", "joint_enc", "joint_net")
@@ -102,11 +104,31 @@ class RNNT(nn.Module):
         """enc (B, T, He), pred (B, U1, Hp) -> logits (B, T, U1, classes)."""
         return self.joint_net(self.joint_enc(enc)[:, :, None, :] + self.joint_pred(pred)[:, None, :, :])
 
-    def forward(self, feats: torch.Tensor, frames: torch.Tensor, tokens: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, feats: torch.Tensor, frames: torch.Tensor, tokens: torch.Tensor,
+                labels: torch.Tensor | None = None, loss: Callable[..., torch.Tensor] | None = None,
+                chunks: int = 1) -> Any:
+        """The joint's logits and the valid encoder frames; with `labels` and `loss`, the per-utterance
+        loss(logits, tokens, frames, labels) instead, the joint and the loss computed over `chunks`
+        slices of the batch and recomputed in the backward pass (activation checkpointing), so that the
+        B x T x U x V logits only ever exist one slice at a time."""
         enc, enc_frames = self.encode(feats, frames)
         pred, _ = self.predict(tokens)
-        return self.joint(enc, pred), enc_frames
+        if loss is None:
+            return self.joint(enc, pred), enc_frames
+        if labels is None:
+            raise ValueError("RNNT.forward: a loss needs the labels")
+        if chunks <= 1:
+            return loss(self.joint(enc, pred), tokens, enc_frames, labels)
+        b = enc.shape[0]
+        bounds = sorted({b * i // chunks for i in range(chunks + 1)})
+        parts = [checkpoint(self._joint_loss, enc[lo:hi], pred[lo:hi], tokens[lo:hi], enc_frames[lo:hi],
+                            labels[lo:hi], loss, use_reentrant=False)
+                 for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+        return torch.cat(parts)
+
+    def _joint_loss(self, enc: torch.Tensor, pred: torch.Tensor, tokens: torch.Tensor, frames: torch.Tensor,
+                    labels: torch.Tensor, loss: Callable[..., torch.Tensor]) -> torch.Tensor:
+        return loss(self.joint(enc, pred), tokens, frames, labels)
 
 
 @torch.no_grad()

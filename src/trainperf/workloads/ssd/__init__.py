@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from trainperf.errors import TrainperfError
+from trainperf.optim import kernels
 from trainperf.rulesets import RULESETS
 from trainperf.spec import (
     Assets,
@@ -175,11 +176,11 @@ class SSDWorkload(Detector[SSDRecipe]):
         coder = _coder(recipe, ctx.device)
         lr = recipe.base_lr * recipe.global_batch_size / 32
         if recipe.optimizer == "adamw":
-            impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+            impl = kernels(recipe.fused_optimizer)
             optimizer: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=lr,
                                                                  weight_decay=recipe.weight_decay, **impl)
         else:
-            impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+            impl = kernels(recipe.fused_optimizer)
             optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=recipe.momentum,
                                         weight_decay=recipe.weight_decay, **impl)
         size = recipe.image_size

@@ -118,10 +118,13 @@ class BoxCoder:
         ious = ious.masked_fill(~valid[:, :, None], -1.0)
         best_iou, best_gt = ious.max(dim=1)  # [N, A]
         best_default = ious.argmax(dim=2)  # [N, n]: each ground-truth box keeps its best default box
-        rows = torch.arange(n, device=device)[:, None].expand_as(best_default)[valid]
-        cols, gts = best_default[valid], torch.arange(longest, device=device)[None, :].expand_as(best_default)[valid]
-        best_iou[rows, cols] = 2.0
-        best_gt[rows, cols] = gts
+        # Each real box claims its best default box: the claim is the box's index + 1 (0: padding, no
+        # claim), and of several boxes that claim one default box the last wins, as in the reference's
+        # in-order assignment. A scatter, not a boolean-mask index (which would wait for the device).
+        claim = torch.arange(1, longest + 1, device=device)[None, :] * valid
+        claimed = torch.zeros_like(best_gt).scatter_reduce_(1, best_default, claim, reduce="amax")
+        best_iou = torch.where(claimed > 0, 2.0, best_iou)
+        best_gt = torch.where(claimed > 0, claimed - 1, best_gt)
         matched = best_iou > threshold
         picked = torch.gather(gt, 1, best_gt[..., None].expand(-1, -1, 4))
         target_labels = torch.where(matched, torch.gather(gt_labels, 1, best_gt), torch.zeros_like(best_gt))

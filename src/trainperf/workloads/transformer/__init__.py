@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainperf.errors import TrainperfError
+from trainperf.optim import kernels
 from trainperf.rulesets import RULESETS
 from trainperf.spec import (
     Assets,
@@ -143,7 +144,7 @@ class TransformerWorkload(Workload[TransformerRecipe]):
         positions = D.MAX_LENGTH + recipe.extra_length + 1  # the longest source's translation, BOS first
         model = M.Transformer(vocab, recipe.dim, recipe.heads, recipe.ffn, recipe.encoder_layers,
                               recipe.decoder_layers, recipe.dropout, max_positions=positions).to(ctx.device)
-        impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+        impl = kernels(recipe.fused_optimizer)
         optimizer = torch.optim.Adam(model.parameters(), lr=recipe.base_lr, betas=(recipe.beta1, recipe.beta2),
                                      eps=recipe.eps, **impl)
 

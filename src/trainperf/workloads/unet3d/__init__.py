@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from trainperf.errors import TrainperfError
+from trainperf.optim import kernels
 from trainperf.rulesets import RULESETS
 from trainperf.spec import (
     Assets,
@@ -144,7 +145,7 @@ class UNet3DWorkload(Workload[UNet3DRecipe]):
     def build(self, recipe: UNet3DRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         torch.manual_seed(ctx.stream_seed("init"))
         model = M.UNet3D(recipe.channels).to(ctx.device)
-        impl = {"fused": True} if recipe.fused_optimizer else {"foreach": True}
+        impl = kernels(recipe.fused_optimizer)
         optimizer = torch.optim.SGD(model.parameters(), lr=recipe.base_lr, momentum=recipe.momentum, nesterov=True,
                                     weight_decay=recipe.weight_decay, **impl)
 

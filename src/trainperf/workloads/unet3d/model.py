@@ -62,13 +62,20 @@ def dice_per_class(probs: torch.Tensor, onehot: torch.Tensor, smooth: float = 1e
     return (2 * inter + smooth) / (total + smooth)
 
 
+def one_hot(labels: torch.Tensor, classes: int) -> torch.Tensor:
+    """(B, D, H, W) integer classes -> (B, classes, D, H, W) float one-hot, by comparison: F.one_hot
+    reads the labels' range back to check it (two host-device synchronisations per call)."""
+    wanted = torch.arange(classes, device=labels.device).view(1, classes, *([1] * (labels.dim() - 1)))
+    return (labels.unsqueeze(1) == wanted).float()
+
+
 def dice_ce_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """(1 - mean Dice of the foreground classes over softmax + cross-entropy) / 2, as the reference.
     logits (B, C, D, H, W), labels (B, 1, D, H, W) or (B, D, H, W) integer classes."""
     labels = labels.reshape(labels.shape[0], *logits.shape[2:]).long()
     logits = logits.float()
     probs = torch.softmax(logits, dim=1)
-    onehot = torch.nn.functional.one_hot(labels, logits.shape[1]).movedim(-1, 1).to(probs.dtype)
+    onehot = one_hot(labels, logits.shape[1]).to(probs.dtype)
     dice = dice_per_class(probs, onehot)[:, 1:].mean()
     return (1 - dice + torch.nn.functional.cross_entropy(logits, labels)) / 2
 
@@ -76,6 +83,6 @@ def dice_ce_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def case_dice(prediction: torch.Tensor, label: torch.Tensor, classes: int = 3) -> torch.Tensor:
     """Dice of every foreground class of one case from hard predictions (argmax) and labels, both
     (D, H, W) integer volumes: (classes - 1,) values; a class absent from both scores 1."""
-    pred = torch.nn.functional.one_hot(prediction.long(), classes).movedim(-1, 0)[None].float()
-    true = torch.nn.functional.one_hot(label.long(), classes).movedim(-1, 0)[None].float()
+    pred = one_hot(prediction.long()[None], classes)
+    true = one_hot(label.long()[None], classes)
     return dice_per_class(pred, true)[0, 1:]

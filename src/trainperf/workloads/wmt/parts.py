@@ -4,18 +4,24 @@ each process's share of the test set decoded to text."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from trainperf.workloads.wmt.text import BOS, EOS, Encoded, pad_batch
+from trainperf.workloads.wmt.text import BOS, EOS, PAD, Encoded, pad_batch
 
 
-def training_batch(src: Encoded, tgt: Encoded, rows: np.ndarray, device: torch.device
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(source + EOS, BOS + target, target + EOS), padded, on the device."""
+def training_batch(src: Encoded, tgt: Encoded, rows: np.ndarray, device: torch.device,
+                   source_lengths: bool = False) -> tuple[Any, ...]:
+    """(source + EOS, BOS + target, target + EOS), padded, on the device; with `source_lengths`, then
+    the sources' lengths as a list of ints: known here on the host, they need no read-back from the
+    device in the step (a packed LSTM wants them on the host), and DDP leaves a list where it is."""
     arrays = (pad_batch(src, rows, suffix=EOS), pad_batch(tgt, rows, prefix=BOS), pad_batch(tgt, rows, suffix=EOS))
-    return tuple(torch.from_numpy(a).to(device, non_blocking=True) for a in arrays)  # type: ignore[return-value]
+    batch = tuple(torch.from_numpy(a).to(device, non_blocking=True) for a in arrays)
+    if source_lengths:
+        batch += ((arrays[0] != PAD).sum(1).tolist(),)
+    return batch
 
 
 def test_share(lengths: np.ndarray, rank: int, world: int) -> np.ndarray:
@@ -46,8 +52,10 @@ def random_tokens(rows: int, length: int, vocab: int, device: torch.device, seed
     return torch.randint(EOS + 1, vocab, (rows, length), device=device, generator=gen)
 
 
-def synthetic_training_batch(rows: int, length: int, vocab: int, device: torch.device
-                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(source, BOS + target, target) of `rows` random sentences of `length` tokens."""
+def synthetic_training_batch(rows: int, length: int, vocab: int, device: torch.device,
+                             source_lengths: bool = False) -> tuple[Any, ...]:
+    """(source, BOS + target, target) of `rows` random sentences of `length` tokens (and the sources'
+    lengths, as `training_batch`)."""
     src, tgt = random_tokens(rows, length, vocab, device, 0), random_tokens(rows, length, vocab, device, 1)
-    return src, torch.cat([torch.full_like(tgt[:, :1], BOS), tgt[:, :-1]], 1), tgt
+    batch = (src, torch.cat([torch.full_like(tgt[:, :1], BOS), tgt[:, :-1]], 1), tgt)
+    return batch + ([length] * rows,) if source_lengths else batch
