@@ -62,6 +62,7 @@ class FakeCuda:
     gpu_name: str = "NVIDIA H100 80GB HBM3"
     total: int = 80 * 2**30
     current: int = 0
+    capability: tuple[int, int] = (9, 0)
     calls: list[tuple[str, Any]] = field(default_factory=list)
     stream_stack: list[FakeStream] = field(default_factory=list)
 
@@ -104,7 +105,7 @@ class FakeCuda:
 
     def get_device_capability(self, device: Any = None) -> tuple[int, int]:
         self.index("get_device_capability", device)
-        return (9, 0)
+        return self.capability
 
     def mem_get_info(self, device: Any = None) -> tuple[int, int]:
         self.index("mem_get_info", device)

@@ -102,6 +102,11 @@ def names() -> list[str]:
     return [torch.cuda.get_device_name(torch.device("cuda", i)) for i in range(count())]
 
 
+def capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device."""
+    return tuple(torch.cuda.get_device_capability(_indexed(device)))  # type: ignore[return-value]
+
+
 def total_memory(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(_indexed(device)).total_memory)
 

@@ -275,7 +275,7 @@ class Recipe:
     # Gradient clipping by global norm (0: off), after unscaling under fp16 (GNMT 5, BERT/RNN-T 1).
     max_grad_norm: float = 0.0
     # Speedups the recipe turns on (applied by the runtime, never by the workload; see runtime/speedups).
-    precision: str = "fp32"  # fp32 | bf16 | fp16 (torch.autocast; fp16 with gradient scaling)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 | fp8 (torch.autocast; fp16 with gradient scaling; fp8 via torchao)
     channels_last: bool = False
     compile: bool = False  # torch.compile of the model and eval forward, warmed up before run_start
     cuda_graphs: bool = False  # capture the model's forward and backward once, replay them (GPU only)
@@ -323,8 +323,8 @@ class Recipe:
             raise TrainperfError(f"recipe field max_grad_norm must be >= 0 (0: no clipping), got {self.max_grad_norm}")
         if self.ruleset and not re.fullmatch(r"\d+\.\d+\.\d+", self.ruleset):
             raise TrainperfError(f"recipe field ruleset={self.ruleset!r}: expected a version such as 2.0.0, or blank")
-        if self.precision not in ("fp32", "bf16", "fp16"):
-            raise TrainperfError(f"recipe field precision={self.precision!r} is not one of: fp32, bf16, fp16")
+        if self.precision not in ("fp32", "bf16", "fp16", "fp8"):
+            raise TrainperfError(f"recipe field precision={self.precision!r} is not one of: fp32, bf16, fp16, fp8")
         if self.log_epoch_num not in EPOCH_NUM_STYLES:
             raise TrainperfError(f"recipe field log_epoch_num={self.log_epoch_num!r} is not one of: "
                                  + ", ".join(EPOCH_NUM_STYLES))
@@ -768,7 +768,8 @@ class Workload(ABC, Generic[R]):
     # 3D U-Net: its sliding-window patches). `predict` and `scale --project` read them; None: unknown.
     full_epoch_samples: ClassVar[int | None] = None
     full_eval_forwards: ClassVar[int | None] = None
-    # Speedup switches that apply to this workload (e.g. channels-last needs a convolutional model).
+    # Speedup switches that apply to this workload (e.g. channels-last needs a convolutional model);
+    # "fp8" says that precision=fp8 does (a model made of Linear layers).
     speedups: ClassVar[frozenset[str]] = frozenset({"precision", "compile", "fused_optimizer"})
     # Where asynchronous evaluation scores: "thread" (light or GIL-releasing metrics) or "process"
     # (Python-heavy host scoring: COCO AP, BLEU, WER).

@@ -200,3 +200,52 @@ def test_mini_with_async_eval_reaches_target_and_passes_checker(tmp_path):
     assert result["status"] == "success" and result["recipe"]["async_eval"]
     assert result["final_metric"] >= MINI_RECIPE.target
     assert check(run_dir / "mlperf_log.txt").valid
+
+
+# -- precision=fp8: torchao's float8 training layers (a CPU emulates the float8 products) --------------
+def _tiny_bert(*sets):
+    from trainperf.workloads.bert import BertWorkload
+
+    workload = BertWorkload()
+    recipe = workload.recipe("full").with_overrides(
+        ["global_batch_size=2", "max_seq_length=32", "max_predictions=4", "layers=2", "hidden=64", "heads=4",
+         "intermediate=128", "vocab_size=512", "checkpoint=none", "dropout=0", *sets])
+    return workload, recipe
+
+
+def test_fp8_swaps_the_linear_layers_and_trains_like_bf16():
+    pytest.importorskip("torchao.float8")
+    from torchao.float8.float8_linear import Float8Linear
+
+    losses = {}
+    for precision in ("bf16", "fp8"):
+        workload, recipe = _tiny_bert(f"precision={precision}")
+        ctx = RuntimeContext.create("cpu")
+        torch.manual_seed(0)
+        parts = speedups.assemble(workload, recipe, ctx, Assets())
+        swapped = [m for m in parts.model.modules() if isinstance(m, Float8Linear)]
+        assert (len(swapped) > 10) == (precision == "fp8")
+        batch = workload.synthetic_batch(recipe, ctx, parts.model)
+        step = TrainStep(parts, 10, recipe, CPU, split=workload.split_batch, count=workload.batch_samples)
+        losses[precision] = [float(step(batch)) for _ in range(3)]
+    assert all(math.isfinite(x) for x in losses["fp8"])
+    assert abs(losses["fp8"][0] - losses["bf16"][0]) < 0.05 * abs(losses["bf16"][0])
+    assert losses["fp8"][-1] < losses["fp8"][0]  # it learns
+
+
+def test_fp8_where_it_cannot_run_is_one_line(monkeypatch):
+    import sys
+
+    from tests.fakegpu import gpu_machine
+
+    with pytest.raises(TrainperfError, match="precision=fp8: not supported by resnet"):
+        speedups.check_supported(ResNetWorkload(), BASE.with_overrides(["precision=fp8"]), CPU)
+    workload, recipe = _tiny_bert("precision=fp8")
+    with gpu_machine(monkeypatch, capability=(8, 0), gpu_name="NVIDIA A100-SXM4-80GB"):
+        with pytest.raises(TrainperfError, match="A100-SXM4-80GB has compute capability 8.0; float8 needs 8.9"):
+            speedups.check_supported(workload, recipe, torch.device("cuda", 0))
+    with gpu_machine(monkeypatch, capability=(9, 0)):
+        speedups.check_supported(workload, recipe, torch.device("cuda", 0))  # an H100: accepted
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)
+    with pytest.raises(TrainperfError, match=r"precision=fp8: needs torchao \(pip install -e '.\[fp8\]'"):
+        speedups.to_float8(torch.nn.Linear(16, 16))

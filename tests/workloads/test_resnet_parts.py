@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 from tests.conftest import build_parts
+from trainperf.errors import TrainperfError
 from trainperf.spec import RuntimeContext
 from trainperf.workloads.resnet import FULL_RECIPES, MINI_RECIPE, ResNetWorkload, _param_groups
 from trainperf.workloads.resnet import data as D
@@ -52,3 +54,85 @@ def test_build_uses_the_recipe_optimizer():
     lars = build_parts(w, MINI_RECIPE.with_overrides(["optimizer=lars"]), ctx).optimizer
     assert type(lars).__name__ == "LARS"
     assert FULL_RECIPES["lars-3264"].train_epochs == 39
+
+
+# -- decode=device: workers read bytes, the device decodes and augments ------------------------------
+def test_crop_boxes_are_random_resized_crops_drawn_on_the_host():
+    import numpy as np
+
+    sizes = [(375, 500), (500, 333), (60, 600), (40, 40)] * 50
+    boxes = D.crop_boxes(sizes, 0.08, np.random.default_rng(0))
+    assert boxes == D.crop_boxes(sizes, 0.08, np.random.default_rng(0))  # the same draws from the same seed
+    ratios = []
+    for (h, w), (top, left, bh, bw) in zip(sizes, boxes, strict=True):
+        assert 0 <= top and top + bh <= h and 0 <= left and left + bw <= w and bh > 0 and bw > 0
+        area = bh * bw / (h * w)
+        assert 0.08 * 0.9 <= area <= 1.0
+        ratios.append(bw / bh)
+    # torchvision's aspect range 3/4-4/3 (a 60x600 image cannot always fit one: then its centre crop).
+    inside = [r for r, (h, w) in zip(ratios, sizes, strict=True) if (h, w) != (60, 600)]
+    assert min(inside) >= 0.7 and max(inside) <= 1.4
+
+
+def test_device_crops_and_eval_crops_are_torchvisions():
+    from torchvision.transforms.v2 import functional as TF
+
+    gen = torch.Generator().manual_seed(0)
+    image = torch.randint(0, 256, (3, 375, 500), generator=gen, dtype=torch.uint8)
+    ours = D.crop_resize([image, image], [(10, 20, 200, 300), (0, 0, 375, 500)], 224, [False, True])
+    theirs = TF.resized_crop(image.float(), 10, 20, 200, 300, [224, 224], antialias=True)
+    torch.testing.assert_close(ours[0], theirs, atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(ours[1], TF.resize(image.float(), [224, 224], antialias=True).flip(-1), atol=1e-3,
+                               rtol=1e-4)
+    for shape in ((375, 500), (500, 333), (256, 256)):
+        img = torch.randint(0, 256, (3, *shape), generator=gen, dtype=torch.uint8)
+        expected = D.eval_transform(224, 256)(img.float())
+        torch.testing.assert_close(D.resize_center_crop([img], 256, 224)[0], expected, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("decoder", ["torchcodec", "torchvision"])
+def test_device_decoding_reads_what_pillow_reads_and_falls_back_for_a_png(tmp_path, monkeypatch, decoder):
+    import sys
+
+    from PIL import Image
+
+    from tests.conftest import imagenet_folder
+
+    if decoder == "torchcodec":
+        pytest.importorskip("torchcodec.decoders")
+    else:
+        monkeypatch.setitem(sys.modules, "torchcodec.decoders", None)  # as where it is not installed
+
+    root = imagenet_folder(tmp_path / "imagenet")
+    jpeg = next((root / "train").rglob("*.JPEG"))
+    png = jpeg.with_name("disguised.JPEG")  # ImageNet holds a PNG under a .JPEG name
+    Image.open(jpeg).save(png, format="PNG")
+    datas = [torch.frombuffer(bytearray(p.read_bytes()), dtype=torch.uint8) for p in (jpeg, png)]
+    decoded = D.decode_batch(datas, [jpeg, png], torch.device("cpu"))
+    torch.testing.assert_close(decoded[1], D.decode(png))  # Pillow, where the JPEG decoder refuses
+    assert (decoded[0].float() - D.decode(jpeg).float()).abs().mean() < 2  # libjpeg against Pillow
+    broken = tmp_path / "broken.JPEG"
+    broken.write_bytes(b"not an image at all")
+    with pytest.raises(TrainperfError, match="broken.JPEG: cannot decode image"):
+        D.decode_batch([torch.frombuffer(bytearray(broken.read_bytes()), dtype=torch.uint8)], [broken],
+                       torch.device("cpu"))
+
+
+def test_decode_on_the_device_runs_the_full_path(tmp_path):
+    import json
+
+    from tests.conftest import imagenet_folder
+    from trainperf.cli import main
+
+    root = imagenet_folder(tmp_path / "imagenet", train_per_class=4, val_per_class=2)
+    out = tmp_path / "bench.json"
+    assert main(["bench", "resnet", "--scale", "full", "--data", str(root), "--batch-size", "4", "--steps", "2",
+                 "--warmup", "1", "--set", "decode=device", "--set", "num_workers=0", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["samples_per_s"] > 0
+    run = tmp_path / "run"
+    code = main(["run", "resnet", "--scale", "full", "--data", str(root), "--out", str(run), "--quiet",
+                 "--set", "decode=device", "--set", "num_workers=0", "--set", "global_batch_size=4",
+                 "--set", "max_epochs=1", "--set", "eval_first=1", "--set", "eval_every=1",
+                 "--set", "eval_batch_size=3"])
+    result = json.loads((run / "result.json").read_text())
+    assert code == 1 and result["eval_samples"] == 4 and len(result["evaluations"]) == 1  # evaluated, not converged

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from trainperf import devices
 from trainperf.errors import TrainperfError
 from trainperf.spec import Assets, ModelParts, Recipe, RuntimeContext, Workload, bare_model
 
@@ -40,8 +41,9 @@ SWITCHES: tuple[Switch, ...] = (
            True, "packing"),
     Switch("channels_last", "--channels-last", "NHWC memory layout for convolutions", False, True,
            "channels_last"),
-    Switch("precision", "--precision", "autocast precision (fp16 adds loss scaling)", "fp32", "bf16", "bf16",
-           choices=("fp32", "bf16", "fp16")),
+    Switch("precision", "--precision", "autocast precision (fp16 adds loss scaling; fp8: the Linear layers in "
+           "float8 through torchao, the rest in bf16)", "fp32", "bf16", "bf16",
+           choices=("fp32", "bf16", "fp16", "fp8")),
     Switch("fused_optimizer", "--fused-optimizer", "torch's fused optimizer kernels where they exist", False, True,
            "fused_optimizer"),
     Switch("compile", "--compile", "torch.compile the model and the evaluation forward (warmed up before "
@@ -51,7 +53,10 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("async_eval", "--async-eval", "score evaluations in the background while training continues", False,
            True, "async_eval", ladder=False),
 )
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# fp8 runs its Linear layers in float8 (torchao) and autocasts the rest to bf16.
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+# Float8 matrix products need a GPU of compute capability 8.9 or above (Ada, Hopper and later).
+FP8_CAPABILITY = (8, 9)
 
 
 def enabled(recipe: Recipe) -> dict[str, Any]:
@@ -72,6 +77,14 @@ def check_supported(workload: Workload, recipe: Recipe, device: torch.device) ->
     if recipe.cuda_graphs and device.type != "cuda":
         raise TrainperfError("cuda_graphs=true (--cuda-graphs): CUDA Graphs need a CUDA GPU; this run is on "
                              f"{device.type}")
+    if recipe.precision == "fp8":
+        if "fp8" not in workload.speedups:
+            raise TrainperfError(f"precision=fp8: not supported by {workload.name} (its model is not made of "
+                                 "Linear layers that float8 would speed up)")
+        if device.type == "cuda" and devices.capability(device) < FP8_CAPABILITY:
+            raise TrainperfError(f"precision=fp8: {devices.name(device)} has compute capability "
+                                 f"{'.'.join(map(str, devices.capability(device)))}; float8 needs 8.9 or above "
+                                 "(Ada, Hopper)")
     if workload.host_scoring not in ("thread", "process"):
         raise TrainperfError(f"{workload.name}: host_scoring must be 'thread' or 'process'")
 
@@ -92,6 +105,8 @@ def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: As
         parts.model = parts.model.to(memory_format=torch.channels_last)
         if parts.eval_model is not None:
             parts.eval_model = parts.eval_model.to(memory_format=torch.channels_last)
+    if recipe.precision == "fp8":
+        to_float8(parts.model)
     parts = distributed.wrap_data_parallel(parts, ctx)
     if recipe.cuda_graphs:
         # PyTorch's supported capture-and-replay ("reduce-overhead": static shapes, re-capture on change).
@@ -102,6 +117,24 @@ def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: As
         # The evaluation forward is compiled on its own (it runs the unwrapped module, without DDP).
         parts.eval_forward = torch.compile(parts.eval_forward)
     return parts
+
+
+def to_float8(model: torch.nn.Module) -> int:
+    """Swap the model's Linear layers for torchao's float8 training layers (dynamic tensorwise scaling:
+    inputs and weights in e4m3, gradients in e5m2), where both sizes are multiples of 16 (what float8
+    matrix products take); returns how many were swapped. torchao is an optional extra."""
+    try:
+        from torchao.float8 import convert_to_float8_training
+    except ImportError:
+        raise TrainperfError("precision=fp8: needs torchao (pip install -e '.[fp8]', or pip install torchao)") from None
+
+    def eligible(module: torch.nn.Module, _name: str) -> bool:
+        return (isinstance(module, torch.nn.Linear) and module.in_features % 16 == 0
+                and module.out_features % 16 == 0)
+
+    before = sum(1 for m in model.modules() if eligible(m, ""))
+    convert_to_float8_training(model, module_filter_fn=eligible)
+    return before
 
 
 def _call_model(model: torch.nn.Module, batch: Any) -> Any:

@@ -129,7 +129,7 @@ class BertWorkload(Workload[BertRecipe]):
     summary = ("BERT-Large phase 2 from the phase-1 checkpoint, masked-LM accuracy (mini: a small BERT from a "
                "shipped checkpoint on the standard library's docstrings)")
     mlperf_runs = 10
-    speedups = frozenset({"precision", "compile", "fused_optimizer", "packing", "async_eval"})
+    speedups = frozenset({"precision", "fp8", "compile", "fused_optimizer", "packing", "async_eval"})
     step_probe = ("global_batch_size=2", "max_seq_length=128", "max_predictions=20", "checkpoint=none")
 
     def recipes(self, scale: str) -> dict[str, BertRecipe]:

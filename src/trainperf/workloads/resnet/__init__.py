@@ -7,13 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from trainperf.errors import TrainperfError
-from trainperf.loaders import DevicePrefetcher
+from trainperf.loaders import DevicePrefetcher, one_line_errors
 from trainperf.optim import LARS, kernels, multi_tensor, warmup_poly
 from trainperf.rulesets import RULESETS
 from trainperf.spec import (
@@ -58,13 +59,18 @@ class ResNetRecipe(Recipe):
     hflip: bool = True
     in_memory: bool = False
     num_workers: int = 8
+    # Full scale: who decodes the JPEGs. "workers": DataLoader workers (Pillow) decode and augment each
+    # image; "device": the workers only read the files, and the training device decodes each batch in one
+    # call (nvjpeg on a GPU, through TorchCodec where installed) and crops, resizes and flips it there.
+    decode: str = "workers"
     eval_batch_size: int = 256
     # mini model shape (model=mini)
     stem_width: int = 32
     widths: tuple[int, ...] = (16, 32, 64)
     blocks: tuple[int, ...] = (1, 1, 1)
 
-    CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("resnet50", "mini"), "optimizer": ("sgd", "lars")}
+    CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("resnet50", "mini"), "optimizer": ("sgd", "lars"),
+                                                     "decode": D.DECODERS}
 
     def validate(self) -> None:
         super().validate()
@@ -277,6 +283,8 @@ class ResNetWorkload(Workload[ResNetRecipe]):
                                  f"{recipe.num_classes} outputs (--set num_classes=N)")
         if recipe.in_memory:
             return self._resident_data(recipe, train_index, val_index, ctx)
+        if recipe.decode == "device":
+            return self._device_decoded_data(recipe, train_index, val_index, ctx)
         return self._streamed_data(recipe, train_index, val_index, ctx)
 
     def _resident_data(self, recipe: ResNetRecipe, train_index: D.ImageIndex, val_index: D.ImageIndex,
@@ -293,6 +301,7 @@ class ResNetWorkload(Workload[ResNetRecipe]):
         usable = n if n % batch >= ctx.world_size or n % batch == 0 else n - n % batch
         steps = -(-usable // batch)
         eval_shard = ctx.shard(val_x.shape[0])
+        mean = D.channel_means(device)
         val_x, val_y = val_x[eval_shard.start:eval_shard.stop], val_y[eval_shard.start:eval_shard.stop]
 
         def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -302,13 +311,13 @@ class ResNetWorkload(Workload[ResNetRecipe]):
                 mine = ctx.shard(global_idx.shape[0])
                 idx = global_idx[mine.start:mine.stop]
                 images = D.random_resized_crop(train_x[idx].float(), recipe.min_crop_area, recipe.hflip, aug_gen)
-                yield D.normalize(images), train_y[idx]
+                yield D.normalize(images, mean), train_y[idx]
 
         def evaluate(forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
             correct = torch.zeros((), dtype=torch.long, device=device)
             for start in range(0, val_x.shape[0], recipe.eval_batch_size):
                 labels = val_y[start:start + recipe.eval_batch_size]
-                images = D.normalize(val_x[start:start + recipe.eval_batch_size])
+                images = D.normalize(val_x[start:start + recipe.eval_batch_size], mean)
                 correct += (forward((images, labels)) == labels).sum()
             count = torch.tensor(val_x.shape[0], device=device)
             return EvalPartial(metric=_top1, sums={"correct": correct, "count": count})
@@ -339,18 +348,64 @@ class ResNetWorkload(Workload[ResNetRecipe]):
                                 pin_memory=pin, **extra)
         train_feed = DevicePrefetcher(train_loader, device)
         val_feed = DevicePrefetcher(val_loader, device)
+        mean = D.channel_means(device)
 
         def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
             sampler.set_epoch(view.epoch)
             for images, labels in train_feed:
-                yield D.normalize(images.to(device)), labels.to(device)
+                yield D.normalize(images.to(device), mean), labels.to(device)
 
         def evaluate(forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
             correct = torch.zeros((), dtype=torch.long, device=device)
             count = torch.zeros((), dtype=torch.long, device=device)
             for images, labels in val_feed:
                 labels = labels.to(device)
-                correct += (forward((D.normalize(images.to(device)), labels)) == labels).sum()
+                correct += (forward((D.normalize(images.to(device), mean), labels)) == labels).sum()
+                count += labels.shape[0]
+            return EvalPartial(metric=_top1, sums={"correct": correct, "count": count})
+
+        return DataParts(train_batches=train_batches, steps_per_epoch=len(train_loader),
+                         train_samples=len(train_set), eval_samples=len(val_index.paths), evaluate=evaluate)
+
+    def _device_decoded_data(self, recipe: ResNetRecipe, train_index: D.ImageIndex, val_index: D.ImageIndex,
+                             ctx: RuntimeContext) -> DataParts:
+        """decode=device: workers read the files' bytes; the device decodes each batch and augments it
+        (the crop boxes drawn on the host from the images' sizes: no value comes back from the device)."""
+        device = ctx.device
+        workers = recipe.num_workers
+        extra = {"persistent_workers": True, "prefetch_factor": 4} if workers > 0 else {}
+        per_process = recipe.global_batch_size // ctx.world_size
+        train_set = D.RawFolder(train_index)
+        sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
+                                     seed=ctx.stream_seed("order") % 2**31, drop_last=True)
+        pin = device.type == "cuda"
+        train_loader = DataLoader(train_set, batch_size=per_process, sampler=sampler, num_workers=workers,
+                                  pin_memory=pin, drop_last=len(sampler) >= per_process, collate_fn=D.collate_raw,
+                                  **extra)
+        val_set = Subset(D.RawFolder(val_index), list(ctx.shard(len(val_index.paths))))
+        val_loader = DataLoader(val_set, batch_size=recipe.eval_batch_size, shuffle=False, num_workers=workers,
+                                pin_memory=pin, collate_fn=D.collate_raw, **extra)
+        mean = D.channel_means(device)
+        seed = ctx.stream_seed("augment", per_rank=True)
+
+        def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            sampler.set_epoch(view.epoch)
+            rng = np.random.default_rng([seed, view.epoch])
+            for datas, labels, rows in one_line_errors(train_loader):
+                images = D.decode_batch(datas, [train_index.paths[i] for i in rows], device)
+                boxes = D.crop_boxes([tuple(im.shape[-2:]) for im in images], recipe.min_crop_area, rng)
+                flips = (rng.random(len(images)) < 0.5).tolist() if recipe.hflip else [False] * len(images)
+                batch = D.crop_resize(images, boxes, recipe.image_size, flips)
+                yield D.normalize(batch, mean), labels.to(device, non_blocking=True)
+
+        def evaluate(forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
+            correct = torch.zeros((), dtype=torch.long, device=device)
+            count = torch.zeros((), dtype=torch.long, device=device)
+            for datas, labels, rows in one_line_errors(val_loader):
+                images = D.decode_batch(datas, [val_index.paths[i] for i in rows], device)
+                batch = D.normalize(D.resize_center_crop(images, recipe.eval_resize, recipe.image_size), mean)
+                labels = labels.to(device, non_blocking=True)
+                correct += (forward((batch, labels)) == labels).sum()
                 count += labels.shape[0]
             return EvalPartial(metric=_top1, sums={"correct": correct, "count": count})
 

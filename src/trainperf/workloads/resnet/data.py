@@ -214,10 +214,144 @@ def eval_transform(image_size: int, resize: int) -> Callable[[torch.Tensor], tor
     return v2.Compose([v2.Resize(resize, antialias=True), v2.CenterCrop(image_size)])
 
 
-def normalize(images: torch.Tensor) -> torch.Tensor:
+def channel_means(device: torch.device) -> torch.Tensor:
+    """The ImageNet means as a (1, 3, 1, 1) tensor on `device`: made once per loader (on a GPU, making it
+    from Python numbers is a host-to-device copy)."""
+    return torch.tensor(RGB_MEANS, device=device, dtype=torch.float32).view(1, 3, 1, 1)
+
+
+def normalize(images: torch.Tensor, mean: torch.Tensor | None = None) -> torch.Tensor:
     """uint8 or float (N,3,H,W) 0-255 -> float with the ImageNet means subtracted (batched, on device)."""
-    mean = torch.tensor(RGB_MEANS, device=images.device, dtype=torch.float32).view(1, 3, 1, 1)
-    return images.float() - mean
+    return images.float() - (mean if mean is not None else channel_means(images.device))
+
+
+# ---------------------------------------------------------------------------------------------
+# full scale, decoded on the device: workers read bytes, the device decodes and augments batches
+# ---------------------------------------------------------------------------------------------
+DECODERS = ("workers", "device")
+
+
+class RawFolder(Dataset):
+    """The files' bytes, labels and positions: DataLoader workers only read; decoding happens on the
+    training device, a batch at a time (`decode_batch`)."""
+
+    def __init__(self, index: ImageIndex) -> None:
+        self.index = index
+
+    def __len__(self) -> int:
+        return len(self.index.paths)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
+        path = self.index.paths[i]
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise TrainperfError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8), self.index.labels[i], i
+
+
+def collate_raw(samples: list[tuple[torch.Tensor, int, int]]) -> tuple[list[torch.Tensor], torch.Tensor, list[int]]:
+    return [s[0] for s in samples], torch.tensor([s[1] for s in samples]), [s[2] for s in samples]
+
+
+def _jpeg_decoder() -> Callable[..., list[torch.Tensor]]:
+    """TorchCodec's batched JPEG decoder where it is installed (nvjpeg on a GPU), else torchvision's
+    (deprecated there from 0.29 in favour of TorchCodec's)."""
+    try:
+        from torchcodec.decoders import decode_jpeg
+
+        return lambda datas, device: decode_jpeg(datas, mode="RGB", device=device)
+    except ImportError:
+        import warnings
+
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        def decode(datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                return decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)
+
+        return decode
+
+
+def decode_batch(datas: list[torch.Tensor], paths: list[Path], device: torch.device) -> list[torch.Tensor]:
+    """uint8 RGB (3, H, W) images on `device` from the files' bytes, decoded there in one call; a file
+    the JPEG decoder refuses (ImageNet holds a PNG and CMYK JPEGs under .JPEG names) is decoded by
+    Pillow instead, and a file nothing decodes is one line naming it."""
+    decoder = _jpeg_decoder()
+    try:
+        return list(decoder(datas, device))
+    except RuntimeError:
+        images = []
+        for data, path in zip(datas, paths, strict=True):
+            try:
+                images.append(decoder([data], device)[0])
+            except RuntimeError:
+                images.append(decode(path).to(device))
+        return images
+
+
+def crop_boxes(sizes: list[tuple[int, int]], min_area: float, rng: np.random.Generator,
+               attempts: int = 10) -> list[tuple[int, int, int, int]]:
+    """torchvision's RandomResizedCrop sampling, for a batch at once on the host from the images'
+    sizes (no value is read back from the device): (top, left, height, width) of a crop of area
+    min_area-1 of the image and aspect 3/4-4/3, tried `attempts` times, else the centre crop of the
+    aspect clamped to that range."""
+    n = len(sizes)
+    h = np.array([s[0] for s in sizes], dtype=np.float64)
+    w = np.array([s[1] for s in sizes], dtype=np.float64)
+    area = rng.uniform(min_area, 1.0, (attempts, n)) * (h * w)
+    ratio = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3), (attempts, n)))
+    cw = np.round(np.sqrt(area * ratio))
+    ch = np.round(np.sqrt(area / ratio))
+    fits = (cw > 0) & (ch > 0) & (cw <= w) & (ch <= h)
+    first = fits.argmax(0)
+    found = fits.any(0)
+    pick_w, pick_h = cw[first, np.arange(n)], ch[first, np.arange(n)]
+    u, v = rng.random(n), rng.random(n)
+    boxes = []
+    for i in range(n):
+        if found[i]:
+            bh, bw = int(pick_h[i]), int(pick_w[i])
+            top, left = int(u[i] * (h[i] - bh + 1)), int(v[i] * (w[i] - bw + 1))
+        else:  # torchvision's fallback: the centre crop, its aspect clamped to 3/4-4/3
+            aspect = w[i] / h[i]
+            if aspect < 3 / 4:  # tall: the whole width
+                bw, bh = int(w[i]), int(round(w[i] / (3 / 4)))
+            elif aspect > 4 / 3:  # wide: the whole height
+                bw, bh = int(round(h[i] * (4 / 3))), int(h[i])
+            else:
+                bw, bh = int(w[i]), int(h[i])
+            top, left = (int(h[i]) - bh) // 2, (int(w[i]) - bw) // 2
+        boxes.append((top, left, bh, bw))
+    return boxes
+
+
+def crop_resize(images: list[torch.Tensor], boxes: list[tuple[int, int, int, int]], size: int,
+                flips: list[bool]) -> torch.Tensor:
+    """Float (N, 3, size, size): each image's box resized bilinearly (antialiased, as RandomResizedCrop)
+    and mirrored where `flips` says, on the images' device."""
+    out = []
+    for image, (top, left, bh, bw), flip in zip(images, boxes, flips, strict=True):
+        crop = image[None, :, top:top + bh, left:left + bw].float()
+        resized = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+        out.append(resized.flip(-1) if flip else resized)
+    return torch.cat(out)
+
+
+def resize_center_crop(images: list[torch.Tensor], resize: int, size: int) -> torch.Tensor:
+    """Float (N, 3, size, size): the reference evaluation crop (short side to `resize`, aspect kept,
+    centre crop), each image on its device."""
+    out = []
+    for image in images:
+        h, w = image.shape[-2:]
+        # torchvision's Resize(resize): the short side to `resize`, the long one truncated to an integer.
+        nh, nw = (resize, int(resize * w / h)) if h <= w else (int(resize * h / w), resize)
+        resized = F.interpolate(image[None].float(), size=(nh, nw), mode="bilinear", antialias=True,
+                                align_corners=False)
+        top, left = int(round((nh - size) / 2.0)), int(round((nw - size) / 2.0))  # torchvision's CenterCrop
+        out.append(resized[:, :, top:top + size, left:left + size])
+    return torch.cat(out)
 
 
 # ---------------------------------------------------------------------------------------------

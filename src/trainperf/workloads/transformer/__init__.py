@@ -106,7 +106,7 @@ class TransformerWorkload(Workload[TransformerRecipe]):
     metric = Metric("bleu", higher_is_better=True)
     summary = "Transformer-big on WMT17 en-de, BLEU (mini: a synthetic English -> German-like corpus)"
     mlperf_runs = 10
-    speedups = frozenset({"precision", "fused_optimizer", "async_eval"})
+    speedups = frozenset({"precision", "fp8", "fused_optimizer", "async_eval"})
     step_probe = ("global_batch_size=256",)
     host_scoring = "process"  # sacrebleu is pure Python
     loss_units_name = "target tokens"
