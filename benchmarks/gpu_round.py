@@ -11,6 +11,11 @@ Within the budget (sections in order of value; one that no longer fits is record
   bench   every workload at full scale on synthetic data with the best eager switches, and a
           torch.profiler table of its top operators by device and by host time
   counts  benchmarks/step_ops.py on the device: operators, synchronisations, host time per step
+  pipeline the full ResNet-50 input pipeline on an ImageNet-like JPEG folder (benchmarks/imagenet_like.py):
+          the data share of the step with decoding in DataLoader workers and on the device
+  peers   the hand-written loops on the same device: ResNet-50 (benchmarks/vs_plain_loop.py) and
+          Hugging Face BERT (benchmarks/bert_peer.py)
+  fp8     BERT with --precision fp8 --compile (torchao's float8 training)
   suite   the mini suite on the device (the fast minis unless --suite-all)
 Writes DIR/round.json and DIR/round.md (device, versions, every command and its figures) after each
 section, and DIR/details.tar.gz (every command's output and JSON). The README's "GPU round" section
@@ -38,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ("env", "tests", "nccl", "ladder", "bench", "counts", "suite")
+SECTIONS = ("env", "tests", "nccl", "ladder", "bench", "counts", "pipeline", "peers", "fp8", "suite")
 # Per-device batches of one GPU (NVIDIA's per-GPU batches where they publish them; the H100 round of
 # ../shared/gpu used the same), and what each workload needs to fit one 80 GB GPU.
 BENCH: dict[str, dict[str, Any]] = {
@@ -61,8 +66,10 @@ LADDER = (("fp32", []), ("+ channels-last", ["--channels-last"]), ("+ bf16", ["-
           ("+ CUDA Graphs (instead of compile)", ["--cuda-graphs"]))
 FAST_MINIS = "resnet,ncf,dlrm,ssd,transformer,gnmt,bert,unet3d"
 # Seconds each section needs at least (below that it is skipped), and may take at most.
-MIN_S = {"env": 5, "tests": 60, "nccl": 30, "ladder": 60, "bench": 60, "counts": 60, "suite": 60}
-MAX_S = {"env": 30, "tests": 240, "nccl": 120, "ladder": 270, "bench": 300, "counts": 150, "suite": 480}
+MIN_S = {"env": 5, "tests": 60, "nccl": 30, "ladder": 60, "bench": 60, "counts": 60, "pipeline": 60, "peers": 60,
+         "fp8": 60, "suite": 60}
+MAX_S = {"env": 30, "tests": 240, "nccl": 120, "ladder": 270, "bench": 300, "counts": 150, "pipeline": 180,
+         "peers": 240, "fp8": 180, "suite": 480}
 
 
 class Round:
@@ -242,6 +249,55 @@ class Round:
         return {"commands": [ran], "results": self.json_of(path) or [],
                 "status": "ok" if ran["exit"] == 0 else "failed"}
 
+    def pipeline(self) -> dict[str, Any]:
+        folder = self.out / "work" / "imagenet-like"
+        per_class, batch, steps = ("4", "4", "2") if self.quick else ("256", "256", "10")
+        commands = [self.run("imagenet-like", [sys.executable, str(REPO / "benchmarks" / "imagenet_like.py"), "--out",
+                                               str(folder), "--classes", "10", "--train-per-class", per_class,
+                                               "--val-per-class", "2"], self.left())]
+        rows = []
+        for decode in ("workers", "device"):
+            workers = str(min(16, os.cpu_count() or 1))
+            ran, result = self._bench(f"pipeline-{decode}", "resnet", [
+                "--scale", "full", "--data", str(folder), "--batch-size", batch, "--steps", steps, "--warmup", "2",
+                "--precision", "bf16", "--channels-last", "--set", f"decode={decode}",
+                "--set", f"num_workers={workers}"])
+            commands.append(ran)
+            rows.append({"decode": decode, **_bench_row(result)} if result else
+                        {"decode": decode, "failed": ran["exit"]})
+        return {"commands": commands, "results": rows,
+                "status": "ok" if all("failed" not in r for r in rows) else "failed"}
+
+    def peers(self) -> dict[str, Any]:
+        resnet = ["--batch-size", "4", "--steps", "2", "--warmup", "1"] if self.quick else \
+            ["--batch-size", "256", "--steps", "30", "--warmup", "10"]
+        bert = ["--batch-size", "2", "--seq", "64", "--predictions", "10", "--layers", "2", "--hidden", "128",
+                "--heads", "2", "--steps", "2", "--warmup", "1"] if self.quick else \
+            ["--batch-size", "32", "--steps", "10", "--warmup", "3"]
+        commands = [self.run("peer-resnet", [sys.executable, str(REPO / "benchmarks" / "vs_plain_loop.py"), "--device",
+                                             self.device, "--reps", "1", *resnet], self.left()),
+                    self.run("peer-bert", [sys.executable, str(REPO / "benchmarks" / "bert_peer.py"), "--device",
+                                           self.device, "--reps", "1", *bert], self.left())]
+        lines = [line for ran in commands for line in ran["tail"] if ":" in line and ("/s" in line or "x" in line)]
+        return {"commands": commands, "results": lines,
+                "status": "ok" if all(ran["exit"] == 0 for ran in commands) else "failed"}
+
+    def fp8(self) -> dict[str, Any]:
+        sizes = ["--batch-size", "2", "--set", "max_seq_length=64", "--set", "max_predictions=10", "--set", "layers=2",
+                 "--set", "hidden=128",
+                 "--set", "heads=2", "--set", "intermediate=512", "--steps", "1", "--warmup", "1"] if self.quick else \
+            ["--batch-size", "32", "--steps", "10", "--warmup", "3"]
+        rows, commands = [], []
+        for precision in ("bf16", "fp8"):
+            extra = [] if self.quick else ["--compile"]
+            ran, result = self._bench(f"fp8-{precision}", "bert", ["--scale", "full", "--synthetic", "--precision",
+                                                                   precision, "--packing", *extra, *sizes])
+            commands.append(ran)
+            rows.append({"precision": precision, **_bench_row(result)} if result else
+                        {"precision": precision, "failed": ran["exit"]})
+        return {"commands": commands, "results": rows,
+                "status": "ok" if all("failed" not in r for r in rows) else "failed"}
+
     def suite(self) -> dict[str, Any]:
         only = self.summary.get("suite_only") or FAST_MINIS
         folder = self.out / "work" / "suite"
@@ -358,6 +414,18 @@ def markdown(summary: dict[str, Any]) -> str:
             for r in results:
                 lines.append(f"| {r['workload']} | {r['ops']:,.0f} | {r['kernels']:,.0f} | {r['sync_total']:g} "
                              f"| {r['host_data']:g} | {_num(r['host_ms'])} | {_num(r['step_ms'])} |")
+        elif name in ("pipeline", "fp8") and results:
+            key = "decode" if name == "pipeline" else "precision"
+            lines += [f"| {key} | throughput | data share | step p50 ms | MFU |", "|---|---|---|---|---|"]
+            for r in results:
+                if "samples_per_s" not in r:
+                    lines.append(f"| {r[key]} | failed | | | |")
+                    continue
+                lines.append(f"| {r[key]} | {_num(r['samples_per_s'])} {r.get('sample_name') or 'samples'}/s "
+                             f"| {_num((r['data_share'] or 0) * 100, '.1f')} % | {_num(r['step_time_p50_ms'], '.2f')} "
+                             f"| {_num((r['mfu'] or 0) * 100, '.1f')} % |")
+        elif name == "peers" and results:
+            lines += [f"    {line}" for line in results]
         elif name == "suite" and results:
             lines += ["| workload | status | time-to-train s | converged | epochs to target | samples/s | wall s |",
                       "|---|---|---|---|---|---|---|"]

@@ -82,6 +82,10 @@ class BertRecipe(Recipe):
             raise TrainperfError("recipe: need max_per_row, eval_batch_size, max_predictions and layers >= 1")
         if not 0 <= self.dropout < 1:
             raise TrainperfError("recipe: need 0 <= dropout < 1")
+        if self.max_predictions + 3 > self.max_seq_length:
+            raise TrainperfError(f"recipe fields max_predictions={self.max_predictions} and max_seq_length="
+                                 f"{self.max_seq_length}: a sequence holds [CLS], two [SEP] and at most "
+                                 "max_seq_length - 3 masked positions")
 
 
 def _rcp(gbs: int, lr: float, steps: int, warmup: int, start: int, b1: float, b2: float, wd: float) -> BertRecipe:
