@@ -10,7 +10,7 @@ from pathlib import Path
 import trainperf
 
 PACKAGE = Path(trainperf.__file__).parent
-LEAVES = {"__init__", "errors", "rulesets", "files", "plots", "paths", "prepared", "loaders", "devices"}
+LEAVES = {"__init__", "errors", "rulesets", "files", "plots", "paths", "prepared", "loaders", "devices", "optional"}
 # What each part may import, besides itself and the leaves.
 ALLOWED: dict[str, set[str]] = {
     "spec": set(),

@@ -304,6 +304,33 @@ def _project(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from trainperf.files import write_json_atomic
+    from trainperf.runtime import recsys
+
+    workload = registry.get(args.workload)
+    if not workload.model_parallel_sets:
+        raise TrainperfError(f"plan {workload.name}: it has no model-parallel embedding tables to shard")
+    if args.devices < 1 or (args.local_devices is not None and args.local_devices < 1):
+        raise TrainperfError("--devices and --local-devices: expected numbers of devices >= 1")
+    recipe = jobs.resolve_recipe(workload, "full", args.recipe, [*workload.model_parallel_sets, *args.set])
+    local = args.local_devices or min(args.devices, 8)
+    batch = (args.batch_size or recipe.global_batch_size) // args.devices
+    if batch < 1:
+        raise TrainperfError(f"--devices {args.devices}: more devices than samples in the global batch")
+    device_bytes = recsys.parse_bytes(args.memory, "--memory")
+    host_bytes = recsys.parse_bytes(args.host_memory, "--host-memory")
+    result = recsys.plan_for(workload, recipe, args.devices, local, device_bytes, host_bytes, batch)
+    print(f"{workload.name} {recipe.name}: {len(result['tables'])} tables on {args.devices} device(s) of "
+          f"{recsys.size_text(device_bytes)} ({local} per node, {recsys.size_text(host_bytes)} of host memory "
+          f"each), {batch} samples per device, TorchRec's planner")
+    print(recsys.plan_table(result))
+    if args.json:
+        write_json_atomic(Path(args.json), result)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def cmd_slurm(args: argparse.Namespace) -> int:
     from trainperf.runtime.slurm import sbatch_script
 
@@ -635,6 +662,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", help="system name for the results layout (default: from the machine)")
     p.add_argument("--out", metavar="DIR", help="suite folder (default: runs/suite-<scale>-<UTC time>/)")
     p.set_defaults(func=cmd_suite)
+
+    p = sub.add_parser("plan", help="how TorchRec would shard a workload's embedding tables on N devices (DLRM; "
+                                    "no data, no devices needed)")
+    p.add_argument("workload", help="a workload with model-parallel embedding tables (dlrm)")
+    p.add_argument("--devices", type=int, required=True, help="GPUs in all")
+    p.add_argument("--local-devices", type=int, help="GPUs per node (default: up to 8)")
+    p.add_argument("--memory", default="80GB", help="memory of each GPU (default: 80GB)")
+    p.add_argument("--host-memory", default="256GB",
+                   help="host memory per GPU, for tables kept there behind a GPU cache (default: 256GB)")
+    p.add_argument("--batch-size", type=int, help="global batch (default: the recipe's)")
+    p.add_argument("--recipe", metavar="NAME", help="a named full recipe (default: the first)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe field")
+    p.add_argument("--json", metavar="FILE", help="also write the plan as JSON")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("slurm", help="print an sbatch script: one torchrun per node, c10d rendezvous")
     p.add_argument("workload")

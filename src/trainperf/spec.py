@@ -707,6 +707,12 @@ class ModelParts:
     # data not yet opened at initialisation (GNMT's remain and decay steps, fractions of all the
     # run's iterations in the reference); logged when the data is opened, after run_start.
     epoch_hyperparameters: Callable[[int | None], dict[str, Any]] | None = None
+    # The model holds TorchRec embedding collections (built on the meta device, their optimizer applied
+    # in the backward pass) for the runtime to shard across the processes (DistributedModelParallel,
+    # runtime/recsys.py) instead of replicating the model with DDP; `optimizer` is then the dense one.
+    model_parallel: bool = False
+    # How the runtime distributed the model (the sharding plan), filled by it and kept with the result.
+    layout: dict[str, Any] | None = None
 
 
 @dataclass
@@ -786,6 +792,9 @@ class Workload(ABC, Generic[R]):
     # its structure (the same layers, losses and optimizer, so the same operators): a small batch,
     # smaller images or shorter sequences. `bench --count-ops` and the operator budgets use them.
     step_probe: ClassVar[tuple[str, ...]] = ("global_batch_size=2",)
+    # `--set` overrides that give this workload model-parallel embedding tables (ModelParts.model_parallel):
+    # `trainperf plan` applies them. Empty: it has none.
+    model_parallel_sets: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def recipes(self, scale: str) -> dict[str, R]:
@@ -918,6 +927,7 @@ class RunResult:
     log_file: str | None = None
     steps: int = 0  # optimizer steps taken
     cadence: dict[str, Any] = field(default_factory=dict)  # the evaluation cadence as resolved for the data
+    layout: dict[str, Any] | None = None  # how the model was distributed: the sharding plan (ModelParts.layout)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -17,7 +17,8 @@ from trainperf.cli import main
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
 from trainperf.runtime import speedups
-from trainperf.spec import RuntimeContext
+from trainperf.spec import Assets, RuntimeContext
+from trainperf.workloads.dlrm import CRITEO_1TB_TABLE_SIZES as D_SIZES
 from trainperf.workloads.dlrm import DLRM, MINI, DLRMWorkload, auc, lr_factor
 from trainperf.workloads.dlrm import data as D
 
@@ -394,3 +395,128 @@ def test_host_embedding_tables_with_the_mlps_on_the_gpu():
     assert not torch.equal(before[0], parts.model.embeddings[0].weight)
     assert not torch.equal(before[1], parts.model.top[0].weight)
     assert 0.0 <= score(parts, data, recipe, ctx) <= 1.0
+
+
+# -- embeddings=torchrec: the tables sharded by TorchRec's planner, SGD fused into FBGEMM's backward ----
+def _needs_torchrec():
+    pytest.importorskip("torchrec")
+    pytest.importorskip("fbgemm_gpu")
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory) -> Path:
+    _needs_torchrec()
+    out = tmp_path_factory.mktemp("dlrm-torchrec") / "run"
+    assert main(["run", "dlrm", "--seed", "0", "--set", "embeddings=torchrec", "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_sharded_tables_reach_the_target_and_record_their_plan(sharded_run):
+    result = json.loads((sharded_run / "result.json").read_text())
+    assert result["status"] == "success" and result["final_metric"] >= MINI.target
+    layout = result["layout"]
+    assert layout["engine"] == "torchrec" and len(layout["tables"]) == 26
+    # Every table sharded with the optimizer fused into FBGEMM's kernel (none replicated data-parallel).
+    assert {(t["sharding"], t["kernel"]) for t in layout["tables"]} == {("table_wise", "fused")}
+    assert check(sharded_run / "mlperf_log.txt").valid
+
+
+@pytest.mark.slow
+def test_two_processes_with_sharded_tables_train_as_one(sharded_run, tmp_path):
+    """2 gloo processes: the tables split between them (model parallel, an all-to-all of the lookups), the
+    MLPs data-parallel, the same global batches: the target reached like one process's run, its
+    evaluations within the mini's seed spread of it."""
+    out = tmp_path / "np2"
+    assert main(["run", "dlrm", "--seed", "0", "--nproc", "2", "--set", "embeddings=torchrec", "--out", str(out),
+                 "--quiet"]) == 0
+    result = json.loads((out / "result.json").read_text())
+    single = json.loads((sharded_run / "result.json").read_text())
+    assert result["status"] == "success" and result["environment"]["world_size"] == 2
+    assert result["final_metric"] == pytest.approx(single["final_metric"], abs=0.01)
+    ranks = sorted({r for t in result["layout"]["tables"] for r in t["ranks"]})
+    assert ranks == [0, 1]  # both processes hold tables
+    assert check(out / "mlperf_log.txt").valid
+
+
+def test_the_schedule_reaches_the_fused_embedding_update_of_the_same_step():
+    """FBGEMM updates the rows inside the backward with the rate its kernel was last given: each step's
+    update must use that step's scheduled rate (the LR factor changes every step here)."""
+    _needs_torchrec()
+    from trainperf.runtime.step import TrainStep
+
+    workload = DLRMWorkload()
+    recipe = MINI.with_overrides(["embeddings=torchrec", "global_batch_size=4", "warmup_steps=4",
+                                  "decay_start_step=100", "decay_steps=10"])
+    ctx = RuntimeContext.create("cpu")
+    torch.manual_seed(0)
+    parts = speedups.assemble(workload, recipe, ctx, Assets())
+    try:
+        table = parts.model.module.embeddings.embedding_bags["t0"].weight
+        batch = workload.synthetic_batch(recipe, ctx, parts.model)
+        step = TrainStep(parts, 100, recipe, ctx.device, ctx=ctx, split=workload.split_batch,
+                         count=workload.batch_samples)
+        factor = lr_factor(recipe)
+        for k in range(3):
+            rate = recipe.base_lr * factor(k)
+            assert parts.optimizer.param_groups[0]["lr"] == pytest.approx(rate)
+            before = table.detach().clone()
+            step(batch)
+            moved = (table.detach() - before).abs().max().item()
+            # The warmup's first rate is 0: no row moves; then rows move at a growing rate.
+            assert (moved == 0.0) == (rate == 0.0)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_sharded_evaluation_pads_every_rank_to_the_same_batches(monkeypatch):
+    """With sharded tables every rank must run the same evaluation batches (collectives): shares padded
+    to ceil(N / ranks), the padding's scores dropped, every sample scored once."""
+    root = mini_data("dlrm")
+    workload = DLRMWorkload()
+    recipe = MINI.with_overrides(["embeddings=torchrec", "eval_batch_size=7000"])
+    n = D.open_split(root, "test").shape[0]
+    seen, kept = [], 0
+    for rank in range(3):
+        ctx = RuntimeContext(device=torch.device("cpu"), rank=rank, world_size=3)
+        data = workload.load_data(recipe, root, ctx)
+        sizes = []
+        partial = data.evaluate(lambda batch, sizes=sizes: (sizes.append(batch[0].shape[0]), torch.zeros(
+            batch[0].shape[0]))[1])
+        seen.append(sizes)
+        kept += partial.gathers["scores"].shape[0]
+    assert seen[0] == seen[1] == seen[2] and sum(seen[0]) == -(-n // 3)
+    assert kept == n
+
+
+def test_sharding_plans_of_the_full_tables_on_1_8_and_64_gpus(capsys, tmp_path):
+    """`trainperf plan`, without data or devices: one 80 GB GPU keeps the largest tables in host memory
+    behind a cache; 8 hold the tables whole; 64 split them by rows."""
+    _needs_torchrec()
+    kinds = {}
+    for devices in (1, 8, 64):
+        out = tmp_path / f"plan{devices}.json"
+        assert main(["plan", "dlrm", "--devices", str(devices), "--memory", "80GB", "--json", str(out)]) == 0
+        plan = json.loads(out.read_text())
+        kinds[devices] = {(t["sharding"], t["kernel"]) for t in plan["tables"]}
+        per_rank = [0] * devices
+        for table in plan["tables"]:
+            for rank, size in table["rank_bytes"].items():
+                per_rank[int(rank)] += size
+        if devices > 1:
+            assert max(per_rank) <= 0.85 * 80 * 2**30  # what the planner may give tables of each device
+        assert sum(per_rank) == sum(t["bytes"] for t in plan["tables"]) == 4 * 128 * sum(D_SIZES)
+    assert ("table_wise", "fused_uvm_caching") in kinds[1]
+    assert kinds[8] == {("table_wise", "fused")}
+    assert {s for s, _k in kinds[64]} <= {"table_row_wise", "row_wise"}
+    assert "fused_uvm_caching" in capsys.readouterr().out
+
+
+def test_torchrec_without_torchrec_is_one_line(monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torchrec", None)
+    assert main(["bench", "dlrm", "--synthetic", "--set", "embeddings=torchrec", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "embeddings=torchrec: torchrec cannot be imported" in err and "pip install --no-deps torchrec" in err
+    assert err.count("\n") == 1

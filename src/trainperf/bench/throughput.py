@@ -82,6 +82,7 @@ class BenchResult:
     device_total_mb: float | None = None
     # With --profile: the top operators per step by device and host time (bench/profile.py).
     profile: dict[str, Any] | None = None
+    layout: dict[str, Any] | None = None  # how the model was distributed (the sharding plan)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -222,7 +223,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         counter_rates={k: (after[k] - before.get(k, 0.0)) / total for k in after},
         parameters=sum(p.numel() for p in trainable),
         gradient_bytes=sum(p.numel() * p.element_size() for p in trainable),
-        epoch_samples=data.train_samples if data is not None else None, profile=profiled,
+        epoch_samples=data.train_samples if data is not None else None, profile=profiled, layout=parts.layout,
     )
 
 
@@ -252,6 +253,7 @@ def describe(result: BenchResult) -> str:
         f"  model FLOPs: {_flops(result.flops_per_sample)} per sample (forward + backward, torch.utils.flop_counter)",
         f"  achieved: {result.achieved_tflops:.3f} TFLOP/s; peak {result.peak_tflops or 0:.2f} TFLOP/s "
         f"({result.peak_source}); MFU {mfu}",
+        *(f"  sharding: {line}" for line in (result.layout or {}).get("summary", [])),
     ])
 
 

@@ -45,6 +45,10 @@ class PlainProgress:
         """`at`: where it was taken ("epoch 3", "samples 150000"); `quality` and `target` as text."""
         self._print(f"eval  {at}  {quality}  (target {target})")
 
+    def note(self, text: str) -> None:
+        """A line a user should see before training starts (the sharding plan, say)."""
+        self._print(text)
+
     def close(self) -> None:
         pass
 

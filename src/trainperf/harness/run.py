@@ -344,6 +344,7 @@ class _TimedLoop:
         self._parts: ModelParts | None = None
         self._data: DataParts | None = None
         self._forward: Callable[[Any], Any] | None = None
+        self._layout: dict[str, Any] | None = None
 
     # -- the sequence ---------------------------------------------------------------------------
     def execute(self) -> bool:
@@ -369,6 +370,9 @@ class _TimedLoop:
         torch.manual_seed(config.seed)
         assets = Assets(workload.assets(recipe, config.data_dir))
         parts = speedups.assemble(workload, recipe, ctx, assets)
+        self._layout = parts.layout
+        for line in (parts.layout or {}).get("summary", []):
+            self.progress.note(f"sharding: {line}")
         for tensor in workload.initialized_tensors(recipe, bare_model(parts.model)):
             log.event(C.WEIGHTS_INITIALIZATION, metadata={"tensor": tensor}, time_ms=clock.now_ms())
         if recipe.compile or recipe.cuda_graphs:
@@ -471,6 +475,7 @@ class _TimedLoop:
             log_file=str(config.log_path) if config.log_path else None,
             steps=self.steps,
             cadence=dataclasses.asdict(self.cadence),
+            layout=self._layout,
         )
 
     # -- the timed part -------------------------------------------------------------------------

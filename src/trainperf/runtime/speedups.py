@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from trainperf import devices
+from trainperf import devices, optional
 from trainperf.errors import TrainperfError
 from trainperf.spec import Assets, ModelParts, Recipe, RuntimeContext, Workload, bare_model
 
@@ -107,7 +107,15 @@ def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: As
             parts.eval_model = parts.eval_model.to(memory_format=torch.channels_last)
     if recipe.precision == "fp8":
         to_float8(parts.model)
-    parts = distributed.wrap_data_parallel(parts, ctx)
+    if parts.model_parallel:
+        if recipe.compile or recipe.cuda_graphs:
+            raise TrainperfError(f"{workload.name}: compile and cuda_graphs do not apply to model-parallel "
+                                 "embedding tables (TorchRec's sharded modules)")
+        from trainperf.runtime import recsys
+
+        parts = recsys.shard(parts, ctx, max(1, recipe.global_batch_size // ctx.world_size))
+    else:
+        parts = distributed.wrap_data_parallel(parts, ctx)
     if recipe.cuda_graphs:
         # PyTorch's supported capture-and-replay ("reduce-overhead": static shapes, re-capture on change).
         parts.model = torch.compile(parts.model, mode="reduce-overhead")
@@ -123,10 +131,8 @@ def to_float8(model: torch.nn.Module) -> int:
     """Swap the model's Linear layers for torchao's float8 training layers (dynamic tensorwise scaling:
     inputs and weights in e4m3, gradients in e5m2), where both sizes are multiples of 16 (what float8
     matrix products take); returns how many were swapped. torchao is an optional extra."""
-    try:
-        from torchao.float8 import convert_to_float8_training
-    except ImportError:
-        raise TrainperfError("precision=fp8: needs torchao (pip install -e '.[fp8]', or pip install torchao)") from None
+    convert_to_float8_training = optional.require("torchao.float8", "precision=fp8",
+                                                  optional.TORCHAO).convert_to_float8_training
 
     def eligible(module: torch.nn.Module, _name: str) -> bool:
         return (isinstance(module, torch.nn.Linear) and module.in_features % 16 == 0

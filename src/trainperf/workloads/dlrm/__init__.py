@@ -18,6 +18,7 @@ from torch import nn
 # Imported with the workload, not at the first evaluation: the import (~1.4 s here) is not training time.
 from torchmetrics.functional.classification import binary_auroc
 
+from trainperf import optional
 from trainperf.errors import TrainperfError
 from trainperf.rulesets import RULESETS
 from trainperf.spec import (
@@ -67,8 +68,12 @@ class DLRMRecipe(Recipe):
     # preprocessing already applies at 40,000,000); 0: no cap. Fits the 96 GB of reference tables on a
     # smaller machine, at the price of hashed ids (no longer the reference model).
     max_ind_range: int = 0
+    # The tables' engine: "torch" (one EmbeddingBag per table, replicated by DDP on every process), or
+    # "torchrec" (one TorchRec EmbeddingBagCollection sharded across the processes by TorchRec's planner,
+    # FBGEMM's table-batched kernels with SGD fused into the backward: the full tables need it on GPUs).
+    embeddings: str = "torch"
 
-    CHOICES = {"embedding_device": ("device", "cpu")}
+    CHOICES = {"embedding_device": ("device", "cpu"), "embeddings": ("torch", "torchrec")}
 
     def validate(self) -> None:
         super().validate()
@@ -84,6 +89,12 @@ class DLRMRecipe(Recipe):
                                  f"{len(self.table_sizes)}")
         if self.max_ind_range < 0:
             raise TrainperfError(f"recipe field max_ind_range must be >= 0 (0: no cap), got {self.max_ind_range}")
+        if self.embeddings == "torchrec" and self.embedding_device == "cpu":
+            raise TrainperfError("recipe fields embeddings=torchrec and embedding_device=cpu: TorchRec places the "
+                                 "tables itself (in host memory behind a device cache where a GPU cannot hold them)")
+        if self.embeddings == "torchrec" and self.grad_accum_steps > 1:
+            raise TrainperfError("recipe fields embeddings=torchrec and grad_accum_steps > 1: the tables' update is "
+                                 "fused into each backward pass, so it cannot wait for several micro-batches")
 
 
 def _full(name: str, batch: int, lr: float, warmup: int, start: int, steps: int) -> DLRMRecipe:
@@ -144,14 +155,26 @@ class DLRM(nn.Module):
     bottom output) and a top MLP to one click logit."""
 
     def __init__(self, table_sizes: list[int], dim: int, bottom: tuple[int, ...], top: tuple[int, ...],
-                 sparse: bool = True, max_ind_range: int = 0) -> None:
+                 sparse: bool = True, max_ind_range: int = 0, engine: str = "torch") -> None:
         super().__init__()
         self.max_ind_range = max_ind_range
         if max_ind_range:
             table_sizes = [min(n, max_ind_range) for n in table_sizes]
-        self.embeddings = nn.ModuleList(nn.EmbeddingBag(n, dim, mode="sum", sparse=sparse) for n in table_sizes)
-        for table, n in zip(self.embeddings, table_sizes, strict=True):
-            nn.init.uniform_(table.weight, -(1.0 / n) ** 0.5, (1.0 / n) ** 0.5)
+        self.table_sizes, self.dim, self.engine = list(table_sizes), dim, engine
+        if engine == "torchrec":
+            # One collection of every table, on the meta device: the runtime shards and materialises it
+            # (U(-sqrt(1/n), sqrt(1/n)) as the reference, by FBGEMM's initialiser).
+            from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+            self.features = [f"f{j}" for j in range(len(table_sizes))]
+            self.embeddings = EmbeddingBagCollection(tables=[
+                EmbeddingBagConfig(name=f"t{j}", embedding_dim=dim, num_embeddings=n, feature_names=[f"f{j}"],
+                                   weight_init_min=-(1.0 / n) ** 0.5, weight_init_max=(1.0 / n) ** 0.5)
+                for j, n in enumerate(table_sizes)], device=torch.device("meta"))
+        else:
+            self.embeddings = nn.ModuleList(nn.EmbeddingBag(n, dim, mode="sum", sparse=sparse) for n in table_sizes)
+            for table, n in zip(self.embeddings, table_sizes, strict=True):
+                nn.init.uniform_(table.weight, -(1.0 / n) ** 0.5, (1.0 / n) ** 0.5)
         self.bottom = _mlp([D.N_DENSE, *bottom], last_relu=True)
         vectors = len(table_sizes) + 1
         self.top = _mlp([dim + vectors * (vectors - 1) // 2, *top], last_relu=False)
@@ -163,10 +186,19 @@ class DLRM(nn.Module):
         x = self.bottom(dense)
         if self.max_ind_range:
             sparse = torch.remainder(sparse, self.max_ind_range)
-        # Each sample has one id per table: a bag of one (input [B, 1]).
-        vectors = [x] + [table(sparse[:, j:j + 1]) for j, table in enumerate(self.embeddings)]
-        # (With the tables in host memory, the looked-up rows travel to the MLPs' device here.)
-        t = torch.stack([v.to(device=x.device, dtype=x.dtype) for v in vectors], dim=1)
+        if self.engine == "torchrec":
+            from torchrec import KeyedJaggedTensor
+
+            # Feature-major ids, one per sample and table (bags of one), as TorchRec's jagged input.
+            ids = KeyedJaggedTensor(keys=self.features, values=sparse.t().reshape(-1),
+                                    lengths=torch.ones(sparse.numel(), dtype=torch.int32, device=sparse.device))
+            pooled = self.embeddings(ids).values().view(sparse.shape[0], len(self.features), self.dim)
+            t = torch.cat([x[:, None, :], pooled.to(x.dtype)], dim=1)
+        else:
+            # Each sample has one id per table: a bag of one (input [B, 1]).
+            vectors = [x] + [table(sparse[:, j:j + 1]) for j, table in enumerate(self.embeddings)]
+            # (With the tables in host memory, the looked-up rows travel to the MLPs' device here.)
+            t = torch.stack([v.to(device=x.device, dtype=x.dtype) for v in vectors], dim=1)
         z = torch.bmm(t, t.transpose(1, 2))
         return self.top(torch.cat([x, z[:, self.pair_rows, self.pair_cols]], dim=1)).squeeze(-1)
 
@@ -228,6 +260,8 @@ class DLRMWorkload(Workload[DLRMRecipe]):
     mlperf_runs = 5
     speedups = frozenset({"precision", "compile", "async_eval"})
     step_probe = ("global_batch_size=128", "max_ind_range=1000")
+    model_parallel_sets = ("embeddings=torchrec",)
+
     def recipes(self, scale: str) -> dict[str, DLRMRecipe]:
         return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
 
@@ -299,6 +333,8 @@ class DLRMWorkload(Workload[DLRMRecipe]):
         if recipe.embedding_device == "cpu" and ctx.world_size > 1:
             raise TrainperfError("embedding_device=cpu: supported on a single process only (data parallelism "
                                  "would all-reduce the host tables)")
+        if recipe.embeddings == "torchrec":
+            return self._build_torchrec(recipe, ctx, table_sizes)
         model = DLRM(table_sizes, recipe.embedding_dim, recipe.bottom_mlp, recipe.top_mlp, sparse=sparse,
                      max_ind_range=recipe.max_ind_range)
         model = model.to(ctx.device)
@@ -315,14 +351,37 @@ class DLRMWorkload(Workload[DLRMRecipe]):
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn,
                           lr_schedule=lambda steps: lr_factor(recipe), eval_forward=_click_probability)
 
+    def _build_torchrec(self, recipe: DLRMRecipe, ctx: RuntimeContext, table_sizes: list[int]) -> ModelParts:
+        """The tables as one TorchRec collection, their SGD applied inside the backward by FBGEMM (the
+        reference's optimizer), the MLPs with plain SGD; the runtime shards the tables (model_parallel)."""
+        optional.require("torchrec", "embeddings=torchrec", optional.TORCHREC)
+        from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+        model = DLRM(table_sizes, recipe.embedding_dim, recipe.bottom_mlp, recipe.top_mlp,
+                     max_ind_range=recipe.max_ind_range, engine="torchrec")
+        for name, child in model.named_children():
+            if name != "embeddings":
+                child.to(ctx.device)
+        model.pair_rows, model.pair_cols = model.pair_rows.to(ctx.device), model.pair_cols.to(ctx.device)
+        apply_optimizer_in_backward(torch.optim.SGD, model.embeddings.parameters(), {"lr": recipe.base_lr})
+        dense = [p for name, p in model.named_parameters() if not name.startswith("embeddings.")]
+        optimizer = torch.optim.SGD(dense, lr=recipe.base_lr)
+
+        def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            dense_x, sparse_x, labels = batch
+            return F.binary_cross_entropy_with_logits(model(dense_x, sparse_x).float(), labels)
+
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, model_parallel=True,
+                          lr_schedule=lambda steps: lr_factor(recipe), eval_forward=_click_probability)
+
     def synthetic_batch(self, recipe: DLRMRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         bare = bare_model(model)
         n = recipe.global_batch_size // ctx.world_size
         gen = torch.Generator(device=ctx.device).manual_seed(0)
         dense = torch.rand((n, D.N_DENSE), device=ctx.device, generator=gen) * 5
-        tables = bare.embeddings[0].weight.device
-        sparse = torch.stack([torch.randint(0, t.num_embeddings, (n,), device=ctx.device, generator=gen)
-                              for t in bare.embeddings], dim=1).to(tables)
+        tables = ctx.device if bare.engine == "torchrec" else bare.embeddings[0].weight.device
+        sparse = torch.stack([torch.randint(0, rows, (n,), device=ctx.device, generator=gen)
+                              for rows in bare.table_sizes], dim=1).to(tables)
         return dense, sparse, torch.randint(0, 2, (n,), device=ctx.device, generator=gen).float()
 
     def load_data(self, recipe: DLRMRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
@@ -351,13 +410,29 @@ class DLRMWorkload(Workload[DLRMRecipe]):
 
             return _prefetched(read()) if device.type == "cuda" else read()
 
+        # Sharded tables look rows up with collectives: every rank must evaluate the same number of batches
+        # of the same sizes. Its share is then padded to ceil(N / ranks) with its last row; the padding's
+        # scores are dropped before they are gathered. (Replicated tables need no padding.)
+        if recipe.embeddings == "torchrec":
+            per = -(-test.shape[0] // ctx.world_size)
+            first = min(ctx.rank * per, test.shape[0])
+            shard = range(first, min(first + per, test.shape[0]))
+            padded = per
+        else:
+            padded = len(shard)
+
         def evaluate(forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
             scores, labels = [], []
-            for start in range(shard.start, shard.stop, recipe.eval_batch_size):
-                rows = test[start:min(start + recipe.eval_batch_size, shard.stop)]
+            for offset in range(0, padded, recipe.eval_batch_size):
+                size = min(recipe.eval_batch_size, padded - offset)
+                real = max(0, min(size, len(shard) - offset))
+                start = shard.start + offset
+                rows = test[start:start + real]
+                if real < size:  # padding rows (sharded tables): the last real row of the set, repeated
+                    rows = np.concatenate([rows, np.repeat(test[test.shape[0] - 1:], size - real, axis=0)])
                 dense, sparse, label = to_batch(rows, device, tables)
-                scores.append(forward((dense, sparse, label)))
-                labels.append(label)
+                scores.append(forward((dense, sparse, label))[:real])
+                labels.append(label[:real])
             empty = torch.zeros(0, device=device)
             return EvalPartial(
                 metric=lambda t: auc(t["labels"], t["scores"]),
