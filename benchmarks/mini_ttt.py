@@ -33,7 +33,8 @@ def trainperf_run(workload, recipe, data_dir: Path, seed: int) -> tuple[float, b
                      f"{e.epoch:g}:(" + ", ".join(f"{k} {v:.3f}" for k, v in e.value.items()) + ")"
                      for e in result.evaluations)
     print(f"  evaluations (epoch:quality) {curve}", flush=True)
-    return result.time_to_train_s, result.status == "success", result.epochs_to_target
+    reached = result.samples_to_target if recipe.log_epoch_num == "samples" else result.epochs_to_target
+    return result.time_to_train_s, result.status == "success", reached
 
 
 def plain_loop(data_dir: Path, target: float, seed: int, max_epochs: int = 12) -> tuple[float, bool, int | None]:
@@ -84,6 +85,10 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--vs-plain", action="store_true", help="also time a plain PyTorch loop (resnet)")
+    parser.add_argument("--record", action="store_true",
+                        help="write the result into trainperf's calibration file (src/trainperf/calibration.json), "
+                             "replacing the entry of the same workload and settings")
+    parser.add_argument("--note", default="", help="a remark kept with the recorded calibration")
     args = parser.parse_args()
 
     workload = registry.get(args.workload)
@@ -106,6 +111,39 @@ def main() -> None:
         print(summary("plain loop", plain))
         ratio = statistics.median(t for t, _, _ in plain) / statistics.median(t for t, _, _ in ours)
         print(f"speed vs plain loop (median plain / median trainperf): {ratio:.2f}x")
+    if args.record:
+        record(workload, recipe, args, ours)
+
+
+def _range(values: list) -> str:
+    found = sorted(v for v in values if v is not None)
+    if not found:
+        return "-"
+    text = [f"{v:,.0f}" if v >= 1000 else f"{v:g}" for v in (found[0], found[-1])]
+    return text[0] if text[0] == text[1] else f"{text[0]}–{text[1]}"
+
+
+def record(workload, recipe, args, rows: list[tuple[float, bool, int | None]]) -> None:
+    import datetime
+    import shlex
+
+    from trainperf import calibration
+    from trainperf.runtime import environment
+
+    times = [t for t, _, _ in rows]
+    reached = [t for t, ok, _ in rows if ok]
+    unit = "samples" if recipe.log_epoch_num == "samples" else "epochs"
+    entry = calibration.Calibration(
+        workload=workload.name, target=calibration.target_text(workload.metric, recipe.target),
+        seeds=len(rows), reached=len(reached), median_s=round(statistics.median(times), 2),
+        min_s=round(min(reached), 2) if reached else None, max_s=round(max(reached), 2) if reached else None,
+        progress=f"{_range([e for _, ok, e in rows if ok])} {unit}",
+        date=datetime.date.today().isoformat(), machine=environment.platform_name(torch.device("cpu")),
+        command=shlex.join(["python", "benchmarks/mini_ttt.py", workload.name, "--runs", str(args.runs),
+                            *[x for s in args.set for x in ("--set", s)]]),
+        sets=list(args.set), nproc=1, note=args.note)
+    calibration.record(entry)
+    print(f"recorded in {calibration.PATH}")
 
 
 if __name__ == "__main__":

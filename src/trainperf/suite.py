@@ -66,10 +66,14 @@ def parse_only(text: str | None) -> list[str]:
 
 
 def estimate_s(workload: Workload, scale: str, runs: int) -> float | None:
-    """A workload's expected time-to-train for `runs` runs (calibrated mini medians; unknown at full)."""
-    if scale != "mini" or workload.mini_median_s is None:
+    """A workload's expected time-to-train for `runs` runs (the calibrated mini medians of
+    calibration.json; unknown at full scale or where not calibrated)."""
+    from trainperf import calibration
+
+    found = calibration.main(workload.name) if scale == "mini" else None
+    if found is None:
         return None
-    return workload.mini_median_s * runs
+    return found.median_s * runs
 
 
 def _clock(seconds: float) -> str:

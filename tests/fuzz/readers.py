@@ -31,6 +31,9 @@ class Reader:
     outputs: tuple[str, ...] = field(default=())
     # Share of the harness's example budget (a reader that runs a subprocess per input gets fewer).
     budget: float = 1.0
+    # The workloads whose data this reader reads (none: a results file every workload writes). The
+    # conformance test wants every registered workload named by at least one reader.
+    workloads: tuple[str, ...] = ()
 
 
 # -- valid examples ---------------------------------------------------------------------------------
@@ -476,26 +479,29 @@ def _read_minigo_network(path: Path) -> object:
 
 
 READERS: list[Reader] = [
-    Reader("imagenet jpeg", "n0_0.JPEG", _jpeg, _decode),
-    Reader("imagenet png named JPEG", "n0_1.JPEG", _png, _decode),
+    Reader("imagenet jpeg", "n0_0.JPEG", _jpeg, _decode, workloads=("resnet",)),
+    Reader("imagenet png named JPEG", "n0_1.JPEG", _png, _decode, workloads=("resnet",)),
     Reader("movielens ratings.csv", "ratings.csv", _ratings, _convert_ratings,
-           outputs=("train-ratings.csv", "test-ratings.csv", "test-negative.csv", "trainperf_ncf.json")),
-    Reader("criteo day", "day_0", _criteo_day, _parse_day),
-    Reader("coco instances json", "instances_train2017.json", _coco_instances, _read_coco),
-    Reader("coco instances json with masks", "instances_train2017.json", _coco_instances, _read_coco_masks),
-    Reader("wmt parallel text", "corpus.en", _english, _read_parallel),
-    Reader("gnmt vocab.bpe", "vocab.bpe.32000", _vocab_bpe, _read_vocab_bpe),
-    Reader("bert tfrecord", "part-00000-of-00500", _bert_tfrecord, _read_bert_tfrecord),
-    Reader("bert vocab.txt", "vocab.txt", _bert_vocab, _read_bert_vocab),
-    Reader("librispeech flac", "19-198-0000.flac", _flac, _read_flac),
-    Reader("librispeech trans.txt", "19-198.trans.txt", _transcripts, _read_transcripts),
-    Reader("rnnt manifest", "librispeech-dev-clean.json", _manifest, _read_manifest),
-    Reader("sentencepiece model", "librispeech1023.model", _spm_model, _read_spm_model),
-    Reader("kits19 case image .npy", "case_00000_x.npy", _kits_image, _read_kits_image),
-    Reader("kits19 case label .npy", "case_00000_y.npy", _kits_label, _read_kits_label),
-    Reader("kits19 nifti", "imaging.nii.gz", _nifti, _read_nifti),
-    Reader("minigo target network", "target.pt", _minigo_network, _read_minigo_network),
-    Reader("criteo day.gz", "day_0.gz", _gz(_criteo_day), _parse_gz_day),
+           outputs=("train-ratings.csv", "test-ratings.csv", "test-negative.csv", "trainperf_ncf.json"),
+           workloads=("ncf",)),
+    Reader("criteo day", "day_0", _criteo_day, _parse_day, workloads=("dlrm",)),
+    Reader("coco instances json", "instances_train2017.json", _coco_instances, _read_coco,
+           workloads=("ssd", "retinanet")),
+    Reader("coco instances json with masks", "instances_train2017.json", _coco_instances, _read_coco_masks,
+           workloads=("maskrcnn",)),
+    Reader("wmt parallel text", "corpus.en", _english, _read_parallel, workloads=("transformer", "gnmt")),
+    Reader("gnmt vocab.bpe", "vocab.bpe.32000", _vocab_bpe, _read_vocab_bpe, workloads=("gnmt",)),
+    Reader("bert tfrecord", "part-00000-of-00500", _bert_tfrecord, _read_bert_tfrecord, workloads=("bert",)),
+    Reader("bert vocab.txt", "vocab.txt", _bert_vocab, _read_bert_vocab, workloads=("bert",)),
+    Reader("librispeech flac", "19-198-0000.flac", _flac, _read_flac, workloads=("rnnt",)),
+    Reader("librispeech trans.txt", "19-198.trans.txt", _transcripts, _read_transcripts, workloads=("rnnt",)),
+    Reader("rnnt manifest", "librispeech-dev-clean.json", _manifest, _read_manifest, workloads=("rnnt",)),
+    Reader("sentencepiece model", "librispeech1023.model", _spm_model, _read_spm_model, workloads=("rnnt",)),
+    Reader("kits19 case image .npy", "case_00000_x.npy", _kits_image, _read_kits_image, workloads=("unet3d",)),
+    Reader("kits19 case label .npy", "case_00000_y.npy", _kits_label, _read_kits_label, workloads=("unet3d",)),
+    Reader("kits19 nifti", "imaging.nii.gz", _nifti, _read_nifti, workloads=("unet3d",)),
+    Reader("minigo target network", "target.pt", _minigo_network, _read_minigo_network, workloads=("minigo",)),
+    Reader("criteo day.gz", "day_0.gz", _gz(_criteo_day), _parse_gz_day, workloads=("dlrm",)),
     Reader("mlperf log header", "result_0.txt", _mlperf_log, _log_header),
     Reader("mlperf log (check)", "result_0.txt", _mlperf_log, _check_log, budget=0.1),  # the official checker
     Reader("mlperf log (score)", "result_0.txt", _mlperf_log, _score_log),

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from trainperf.errors import TrainperfError
-from trainperf.rulesets import RULESETS
 from trainperf.spec import (
     Assets,
     DataParts,
@@ -56,7 +55,7 @@ class Regression(Workload[FakeRecipe]):
 
     name = "fake"
     benchmark = "resnet"
-    ruleset = RULESETS["resnet"]
+    ruleset = "1.0.0"
     metric = Metric("score")
     summary = "test double"
     mlperf_runs = 5
@@ -135,7 +134,7 @@ class TwoMetrics(Regression):
     """Quality {"BBOX": …, "SEGM": …} with a target each; logged as Mask R-CNN's closed rules want."""
 
     benchmark = "maskrcnn"
-    ruleset = RULESETS["maskrcnn"]
+    ruleset = "1.0.0"
     metric = Metric("ap", parts=("BBOX", "SEGM"))
 
     def __init__(self, scores: list[dict[str, float]]) -> None:
@@ -202,7 +201,7 @@ def sample_recipe(**overrides: Any) -> FakeRecipe:
 
 class SampleCadence(Regression):
     benchmark = "bert"
-    ruleset = RULESETS["bert"]
+    ruleset = "1.0.0"
 
 
 # -- training data the model produces, of unknown length (MiniGo self-play) -------------------------
@@ -212,7 +211,7 @@ class SelfPlay(Regression):
     as MiniGo's rules require."""
 
     benchmark = "minigo"
-    ruleset = RULESETS["minigo"]
+    ruleset = "1.0.0"
 
     def train_batches(self, recipe: FakeRecipe, ctx: RuntimeContext, view: EpochView) -> Iterator[Any]:
         self.seen["views"].append(view)

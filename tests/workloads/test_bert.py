@@ -184,13 +184,11 @@ def test_reference_lr_schedule():
     assert g(0) == 1.0 and g(50) == pytest.approx(0.5)
 
 
-def test_full_recipes_pass_the_closed_rules(tmp_path):
-    ctx = RuntimeContext.create("cpu")
-    for recipe in FULL_RECIPES.values():
-        hyper = BertWorkload().mlperf_hyperparameters(recipe, ctx)
-        log = tmp_path / f"{recipe.name}.txt"
-        write_minimal_closed_log(log, "bert", recipe.global_batch_size, hyper, 0.7205, 2_500_000)
-        assert check(log, "1.0.0").valid, recipe.name
+def test_the_closed_rules_refuse_a_log_without_start_warmup_step(tmp_path):
+    """Every full recipe passing the closed rules is the conformance test's; this is BERT's own key."""
+    recipe = next(iter(FULL_RECIPES.values()))
+    hyper = BertWorkload().mlperf_hyperparameters(recipe, RuntimeContext.create("cpu"))
+    log = tmp_path / "log.txt"
     del hyper["start_warmup_step"]
     write_minimal_closed_log(log, "bert", 256, hyper, 0.7205, 2_500_000)
     assert not check(log, "1.0.0").valid

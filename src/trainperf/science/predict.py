@@ -17,7 +17,6 @@ from typing import Any
 
 from trainperf.errors import TrainperfError
 from trainperf.results.logs import read_records
-from trainperf.rulesets import RCP_TRAIN_SAMPLES, ruleset_for
 from trainperf.science.project import duration
 from trainperf.science.rcp import Convergence, epochs_to_converge
 from trainperf.spec import Cadence, Recipe, Workload
@@ -44,6 +43,7 @@ class Prediction:
     low_s: float  # the band: epochs one reference standard deviation either way, throughput p90/p50 spread
     high_s: float
     notes: list[str] = field(default_factory=list)
+    samples_unit: bool = False  # the converge point counts training samples (BERT), not epochs
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,7 +81,7 @@ def evaluations_until(cadence: Cadence, samples: float, epoch_samples: int | Non
 
 def convergence(workload: Workload, recipe: Recipe, batch: int, epochs: float | None = None) -> Convergence:
     """From the RCPs of the recipe's ruleset, or `epochs` (the user's) where the ruleset has none."""
-    ruleset = ruleset_for(workload.benchmark, workload.name, recipe.ruleset or None) or workload.ruleset
+    ruleset = recipe.ruleset or workload.ruleset
     if epochs is not None:
         return Convergence(workload.benchmark, ruleset, batch, epochs, 0.0, "given with --epochs", [])
     try:
@@ -95,7 +95,7 @@ def predict(workload: Workload, recipe: Recipe, devices: int, samples_per_s: flo
     """`samples_per_s`: the whole system's training throughput; `spread`: its relative uncertainty."""
     batch = recipe.global_batch_size
     conv = convergence(workload, recipe, batch, epochs)
-    style = recipe.log_epoch_num if conv.benchmark not in RCP_TRAIN_SAMPLES else "samples"
+    style = "samples" if workload.rcp_in_samples else recipe.log_epoch_num
     epoch_samples = workload.full_epoch_samples
     samples = samples_at(conv.mean, style, epoch_samples)
     notes = []
@@ -122,11 +122,11 @@ def predict(workload: Workload, recipe: Recipe, devices: int, samples_per_s: flo
         devices=devices, converge_point=conv.mean, converge_stdev=conv.stdev, converge_source=conv.how,
         samples_to_train=samples, samples_per_s=samples_per_s, throughput_source=throughput_source,
         train_s=train_s, evaluations=evals, eval_s=eval_s, eval_source=eval_source, time_to_train_s=total,
-        low_s=low, high_s=high, notes=notes)
+        low_s=low, high_s=high, notes=notes, samples_unit=workload.rcp_in_samples)
 
 
 def describe(p: Prediction) -> str:
-    unit = {"samples": "samples"}.get("samples" if p.benchmark in RCP_TRAIN_SAMPLES else "", "epochs")
+    unit = "samples" if p.samples_unit else "epochs"
     lines = [
         f"{p.workload} full: predicted time-to-train {duration(p.time_to_train_s)} "
         f"(band {duration(p.low_s)} - {duration(p.high_s)}) on {p.devices} device(s), global batch {p.global_batch}",
@@ -199,7 +199,7 @@ def _check_records(path: Path, records: list[dict], workload: Workload) -> LogCh
     if not isinstance(batch, int):
         raise TrainperfError(f"{path}: no global_batch_size record")
     recipe = workload.recipe("full")
-    style = recipe.log_epoch_num if workload.benchmark not in RCP_TRAIN_SAMPLES else "samples"
+    style = "samples" if workload.rcp_in_samples else recipe.log_epoch_num
     times = {r["key"]: float(r["time_ms"]) for r in records if r["key"] in ("run_start", "run_stop")}
     stop = next((r for r in records if r["key"] == "run_stop"), None)
     converged = stop is not None and (stop.get("metadata") or {}).get("status") == "success"

@@ -23,18 +23,30 @@ class Workload(ABC, Generic[R]):
 
     name: ClassVar[str]
     benchmark: ClassVar[str]  # the mllog `submission_benchmark` value
-    ruleset: ClassVar[str]  # the compliance-checker ruleset that knows this benchmark
+    # The compliance-checker ruleset this workload is written against (its logs name it; `check`,
+    # `score` and `predict` use it, and score published logs of its benchmark key by it).
+    ruleset: ClassVar[str]
     metric: ClassVar[Metric]
     summary: ClassVar[str]
     mlperf_runs: ClassVar[int]  # number of runs MLPerf scores with the olympic mean
-    # Median mini time-to-train in seconds over 10 calibration seeds on the project's 2-core CPU
-    # (benchmarks/mini_ttt.py; the README's table states the same): `suite` estimates the time left from it.
-    mini_median_s: ClassVar[float | None] = None
+    olympic_drop: ClassVar[int] = 1  # the runs the olympic mean drops at each end (3D U-Net: 4 of 40)
+    # Whether the RCP checker reads its convergence in training samples (the train_samples records):
+    # BERT logs no epochs.
+    rcp_in_samples: ClassVar[bool] = False
+    # Rules for the official checker where no official ruleset knows the benchmark (NCF, retired after
+    # v0.5): a YAML file of the checker's format, run with the ruleset's common rules.
+    own_rules: ClassVar[Path | None] = None
     # The full dataset's training samples per epoch (ImageNet's 1,281,167 images), and what one full
     # evaluation costs in forward passes of one training sample (NCF: 138,493 users x 1,000 candidates;
     # 3D U-Net: its sliding-window patches). `predict` and `scale --project` read them; None: unknown.
     full_epoch_samples: ClassVar[int | None] = None
     full_eval_forwards: ClassVar[int | None] = None
+    # The full evaluation set's size as the log's `eval_samples` gives it (3D U-Net: 42 cases; some
+    # closed rules require the exact count). None: the evaluation is not a fixed set (MiniGo's games).
+    full_eval_samples: ClassVar[int | None] = None
+    # Full recipes that are not meant to pass the closed rules of the workload's ruleset (an older
+    # round's settings: MiniGo's v0.6 9x9 plays 4,096 games a generation, 1.0.0 requires 8,192).
+    open_recipes: ClassVar[frozenset[str]] = frozenset()
     # Speedup switches that apply to this workload (e.g. channels-last needs a convolutional model);
     # "fp8" says that precision=fp8 does (a model made of Linear layers).
     speedups: ClassVar[frozenset[str]] = frozenset({"precision", "compile", "fused_optimizer"})
@@ -142,6 +154,16 @@ class Workload(ABC, Generic[R]):
     def split_batch(self, batch: Any, parts: int) -> list[Any]:
         """This workload's batch as `parts` micro-batches (see `split_batch` for the default rules)."""
         return split_batch(batch, parts)
+
+    def reference_devices(self, recipe: R) -> int:
+        """The devices a full recipe's reference run used, for the hyperparameters it logs per device
+        (Mask R-CNN's proposals per image times images per device): the conformance test's closed log."""
+        return 8
+
+    def logged_during_run(self, recipe: R) -> dict[str, Any]:
+        """Keys the closed rules require that this workload logs inside the timed region (through
+        EpochView.log), with the values a run of `recipe` logs: MiniGo's self-play games per generation."""
+        return {}
 
     def check_recipe(self, recipe: R) -> None:
         """A recipe's target fits the metric (one value, or one per named value)."""

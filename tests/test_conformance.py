@@ -1,0 +1,153 @@
+"""Every registered workload held to the contract, in one place: what a new workload must satisfy to
+join (its folder, its docs page, a calibration, a fuzzed reader) is checked here, not copied into each
+workload's tests. Those keep only what is particular to the workload (a rule its log must break when
+a value is wrong, the RCP file its recipes come from).
+
+- its declarations: ruleset known to the official checker, runs and scoring rule, recipes valid;
+- every full recipe: built (on the meta device: no memory, no data), its hyperparameters, the values
+  it logs once the data is open and during the run, the tensors it initialises, in a closed-division
+  log the official checker accepts under the recipe's ruleset;
+- the mini recipe: a synthetic batch counted, split and trained on;
+- the mini data: prepared, then prepared again without a file rewritten;
+- a docs page, a calibration that reaches its target on at least 9 of 10 seeds, a fuzzed reader.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import mlperf_logging
+import pytest
+import torch
+
+from tests.conftest import mini_data, write_minimal_closed_log
+from tests.fuzz.readers import READERS
+from trainperf import calibration, registry
+from trainperf.cli import main
+from trainperf.results.compliance import check
+from trainperf.runtime.speedups import SWITCHES
+from trainperf.spec import RuntimeContext, Workload, bare_model
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKER = Path(mlperf_logging.__file__).parent / "compliance_checker"
+NAMES = registry.names()
+FULL = [(name, recipe) for name in NAMES for recipe in registry.get(name).recipes("full")]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_what_the_workload_declares(name):
+    w = registry.get(name)
+    assert w.name == name, "a workload's name is its package's"
+    assert re.fullmatch(r"[a-z0-9_]+", w.benchmark) and w.summary.strip()
+    rules = CHECKER / f"training_{w.ruleset}"
+    assert rules.is_dir(), f"{name}: the official checker has no ruleset {w.ruleset}"
+    if w.own_rules is None:
+        assert (rules / f"closed_{w.benchmark}.yaml").is_file(), f"{name}: {w.ruleset} has no rules for {w.benchmark}"
+    else:
+        assert w.own_rules.is_file()
+    assert w.mlperf_runs > 2 * w.olympic_drop >= 2
+    assert w.speedups <= {s.name for s in SWITCHES} | {"fp8"}
+    assert w.host_scoring in ("thread", "process")
+    assert w.open_recipes <= set(w.recipes("full"))
+    for scale in ("mini", "full"):
+        for recipe in w.recipes(scale).values():
+            w.check_recipe(recipe)
+            recipe.cadence  # noqa: B018 - a recipe's cadence and budget are valid
+    for count in (w.full_epoch_samples, w.full_eval_samples, w.full_eval_forwards):
+        assert count is None or count > 0
+
+
+def _quality(w: Workload, target: float | tuple[float, ...]) -> float | dict[str, float]:
+    """A quality exactly at the target (the rules' comparisons include it)."""
+    if w.metric.parts:
+        return dict(zip(w.metric.parts, target, strict=True))
+    return float(target)
+
+
+def _first_eval_epoch_num(w: Workload, recipe) -> float:
+    cadence = recipe.cadence.resolve(w.full_epoch_samples)
+    if recipe.log_epoch_num == "samples":
+        return next(cadence.sample_evals())
+    first = cadence.epochs[0] if cadence.epochs else cadence.first
+    return first + 1 if recipe.log_epoch_num == "1+epochs" else first
+
+
+@pytest.mark.parametrize(("name", "recipe_name"), FULL)
+def test_every_full_recipe_passes_the_closed_rules(tmp_path, name, recipe_name):
+    w = registry.get(name)
+    recipe = w.recipe("full", recipe_name)
+    ctx = RuntimeContext(device=torch.device("meta"), world_size=w.reference_devices(recipe))
+    with torch.device("meta"):  # the reference model's structure, without its memory
+        parts = w.build(recipe, ctx, {})
+    hyper = w.mlperf_hyperparameters(recipe, ctx)
+    if parts.epoch_hyperparameters is not None:
+        steps = w.full_epoch_samples // recipe.global_batch_size if w.full_epoch_samples else None
+        hyper.update(parts.epoch_hyperparameters(steps))
+    hyper.update(w.logged_during_run(recipe))
+    log = tmp_path / "closed.txt"
+    write_minimal_closed_log(log, w.benchmark, recipe.global_batch_size, hyper, _quality(w, recipe.target),
+                             _first_eval_epoch_num(w, recipe), train_samples=w.full_epoch_samples or 1000,
+                             eval_samples=w.full_eval_samples or 100,
+                             initialized=w.initialized_tensors(recipe, bare_model(parts.model)))
+    verdict = check(log, recipe.ruleset or w.ruleset)
+    if recipe_name in w.open_recipes:
+        assert not verdict.valid, f"{name} {recipe_name} is declared open but passes the closed rules"
+    else:
+        assert verdict.valid and verdict.division == "closed", verdict.output
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_mini_trains_on_a_synthetic_batch(name):
+    w = registry.get(name)
+    recipe = w.recipe("mini")
+    ctx = RuntimeContext.create("cpu")
+    torch.manual_seed(0)
+    parts = w.build(recipe, ctx, {})
+    batch = w.synthetic_batch(recipe, ctx, parts.model)
+    samples = w.batch_samples(batch)
+    assert samples > 0
+    halves = w.split_batch(batch, 2)
+    assert len(halves) == 2 and sum(w.batch_samples(h) for h in halves) == samples
+    parts.model.train()
+    loss = parts.loss_fn(parts.model, halves[0])
+    assert loss.dim() == 0 and math.isfinite(loss.item())
+    loss.backward()
+    grads = [p.grad for p in parts.model.parameters() if p.requires_grad]
+    assert any(g is not None and bool(g.abs().sum() > 0) for g in grads), f"{name}: no gradient reached the model"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_the_mini_data_prepares_once(name, capsys):
+    w = registry.get(name)
+    root = mini_data(name)
+    assert w.data_problems("mini", root) == []
+    before = {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+    assert main(["prepare", name, "--data", str(root)]) == 0
+    assert "already present" in capsys.readouterr().out
+    after = {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+    assert after == before, f"{name}: preparing ready data again rewrote files"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_docs_page_and_a_calibration(name):
+    w = registry.get(name)
+    page = ROOT / "docs" / "workloads" / f"{name}.md"
+    assert page.is_file(), f"{page.relative_to(ROOT)}: every workload has a page"
+    text = page.read_text(encoding="utf-8")
+    assert text.startswith("# ") and f"(`{name}`)" in text.splitlines()[0]
+    assert f"<!-- generated:summary:{name} -->" in text and "## What differs from the reference" in text
+    found = calibration.main(name)
+    assert found is not None, f"{name}: no calibration (python benchmarks/mini_ttt.py {name} --runs 10 --record)"
+    assert found.target == calibration.target_text(w.metric, w.recipe("mini").target), \
+        f"{name}: the mini target changed since its calibration ({found.target}): calibrate again"
+    assert found.seeds >= 10 and found.reached >= 0.9 * found.seeds
+    assert found.baseline and found.best, f"{name}: the calibration states no trivial baseline and best quality"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_its_data_formats_are_fuzzed(name):
+    assert any(name in reader.workloads for reader in READERS), \
+        f"{name}: no reader in tests/fuzz/readers.py names this workload"
