@@ -177,3 +177,60 @@ def test_every_recipe_says_what_moves_with_the_batch():
             assert getattr(steps, key) == pytest.approx(expected), (name, key)
     with pytest.raises(TrainperfError, match="--lr-rule 'cubic'"):
         registry.get("resnet").recipe("mini").for_batch(64, "cubic")
+
+
+@pytest.mark.parametrize("item", ["label_smoothing=2", "momentum=-5", "stem_width=0", "base_lr=nan", "base_lr=inf",
+                                  "base_lr=1e400", "base_lr=0", "widths=8,0", "weight_decay=-1e-4"])
+def test_values_out_of_their_range_are_refused_in_one_line(item):
+    key = item.split("=")[0]
+    with pytest.raises(TrainperfError, match=rf"^recipe field {key}=[^\n]*: expected a finite value in [\[(]"):
+        MINI_RECIPE.with_overrides([item])
+
+
+def _numeric_fields(obj, prefix=""):
+    import dataclasses
+
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _numeric_fields(value, f"{prefix}{f.name}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield prefix + f.name, f.name, value
+
+
+def test_every_numeric_field_of_every_recipe_has_a_range_that_is_enforced():
+    """Just outside each field's interval (or NaN) is refused with one line naming the field, for every
+    number of every recipe, nested model configs included."""
+    from trainperf import registry
+    from trainperf.spec.recipe import _INTERVAL
+
+    checked = 0
+    for name in registry.names():
+        workload = registry.get(name)
+        for recipe in (workload.recipe("mini"), *workload.recipes("full").values()):
+            ranges = recipe.ranges()
+            for path, leaf, value in _numeric_fields(recipe):
+                if path in ("global_batch_size", "eval_every", "eval_first", "grad_accum_steps", "evals_per_epoch"):
+                    continue  # checked >= 1 by their own rule (the cadence's)
+                left, lo, hi, right = _INTERVAL.fullmatch(ranges.get(leaf, "[0, inf)")).groups()
+                outside = [float(lo) - 1 if left == "[" else float(lo)] if lo != "-inf" else []
+                outside += [float(hi) + 1 if right == "]" else float(hi)] if hi != "inf" else []
+                for bad in [*outside, "nan"]:
+                    raw = str(int(bad)) if isinstance(value, int) and bad != "nan" else str(bad)
+                    if isinstance(value, int) and raw == "nan":
+                        continue  # an integer field refuses "nan" as a type error
+                    with pytest.raises(TrainperfError, match=rf"^[^\n]*{leaf}[^\n]*$"):
+                        recipe.with_overrides([f"{path}={raw}"])
+                    checked += 1
+    assert checked > 500
+
+
+def test_a_nested_model_field_is_set_by_its_path_or_its_own_name():
+    from trainperf.workloads.rnnt import MINI
+
+    assert MINI.with_overrides(["model.enc_hidden=32"]).model.enc_hidden == 32
+    assert MINI.with_overrides(["enc_hidden=48"]).model.enc_hidden == 48
+    with pytest.raises(TrainperfError, match=r"unknown recipe field 'model.nope'.*model\.enc_hidden"):
+        MINI.with_overrides(["model.nope=1"])
+    with pytest.raises(TrainperfError, match=r"recipe field model.features=100: the featurizer gives 240"):
+        MINI.with_overrides(["model.features=100"])

@@ -130,12 +130,16 @@ def _recipe_fields() -> list[tuple[str, object]]:
 
 @pytest.mark.parametrize("workload, recipe", _recipe_fields(), ids=lambda v: v if isinstance(v, str) else v.name)
 def test_set_values_are_accepted_or_refused_in_one_line(workload, recipe):
-    """`--set key=value` with any text, for every field of every workload's recipes."""
-    import dataclasses
+    """`--set key=value` with any text and any number, for every field of every workload's recipes
+    (nested model fields by their path and by their own name)."""
+    from trainperf.spec.recipe import _settable
 
-    keys = [f.name for f in dataclasses.fields(recipe)] + ["nope", "", "max-epochs"]
+    paths = list(_settable(type(recipe)))
+    keys = paths + [p.rsplit(".", 1)[-1] for p in paths if "." in p] + ["nope", "", "max-epochs", "model.nope"]
     values = st.one_of(st.text(max_size=40), st.sampled_from(["1", "0", "-1", "1e309", "nan", "inf", "1,2", ",", "true",
-                                                               "0x10", "1_000", " 3 ", "1,,2", "\x00", "\n"]))
+                                                               "0x10", "1_000", " 3 ", "1,,2", "\x00", "\n"]),
+                       st.integers(min_value=-10**30, max_value=10**30).map(str),
+                       st.floats(allow_nan=True, allow_infinity=True).map(repr))
 
     @settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None)
     @given(st.sampled_from(keys), values, st.booleans())

@@ -302,9 +302,10 @@ def test_training_step_reads_nothing_back_from_the_device(monkeypatch):
 
     workload = BertWorkload()
     for fused in (False, True):
-        recipe = dataclasses.replace(FULL_RECIPES["gbs8192"], hidden=32, layers=2, heads=4, intermediate=64,
-                                     vocab_size=97, global_batch_size=8, grad_accum_steps=2, checkpoint="none",
-                                     fused_optimizer=fused, max_seq_length=64, max_predictions=8)
+        recipe = dataclasses.replace(FULL_RECIPES["gbs8192"], global_batch_size=8,
+                                     model=M.BertConfig(hidden=32, layers=2, heads=4, intermediate=64, vocab_size=97),
+                                     grad_accum_steps=2, checkpoint="none", fused_optimizer=fused,
+                                     max_seq_length=64, max_predictions=8)
         ctx = RuntimeContext.create("cpu")
         parts = workload.build(recipe, ctx, Assets({}))
         step = TrainStep(parts, None, recipe, CPU, ctx=ctx, split=workload.split_batch, count=workload.batch_samples)
@@ -331,9 +332,10 @@ def test_training_step_has_no_sync_on_a_gpu():
     from trainperf.runtime.step import TrainStep
 
     workload = BertWorkload()
-    recipe = dataclasses.replace(FULL_RECIPES["gbs8192"], hidden=64, layers=2, heads=4, intermediate=128,
-                                 vocab_size=97, global_batch_size=8, grad_accum_steps=2, checkpoint="none",
-                                 fused_optimizer=True, packing=True, max_seq_length=64, max_predictions=8)
+    recipe = dataclasses.replace(FULL_RECIPES["gbs8192"], global_batch_size=8,
+                                 model=M.BertConfig(hidden=64, layers=2, heads=4, intermediate=128, vocab_size=97),
+                                 grad_accum_steps=2, checkpoint="none", fused_optimizer=True, packing=True,
+                                 max_seq_length=64, max_predictions=8)
     ctx = RuntimeContext.create("cuda")
     parts = workload.build(recipe, ctx, Assets({}))
     step = TrainStep(parts, None, recipe, ctx.device, ctx=ctx, split=workload.split_batch, count=workload.batch_samples)

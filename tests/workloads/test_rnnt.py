@@ -478,8 +478,9 @@ def test_bench_reports_utterances_per_second(capsys):
 def test_synthetic_batches_have_the_recipes_shape():
     workload = RNNTWorkload()
     ctx = RuntimeContext.create("cpu")
-    recipe = dataclasses.replace(FULL_RECIPES["bs512"], global_batch_size=2, enc_hidden=16, pred_hidden=8,
-                                 joint_hidden=8, pre_layers=1, post_layers=1, pred_layers=1)
+    small = dataclasses.replace(FULL_RECIPES["bs512"].model, enc_hidden=16, pred_hidden=8, joint_hidden=8,
+                                pre_layers=1, post_layers=1, pred_layers=1)
+    recipe = dataclasses.replace(FULL_RECIPES["bs512"], global_batch_size=2, model=small)
     parts = workload.build(recipe, ctx, __import__("trainperf.spec", fromlist=["Assets"]).Assets({}))
     feats, frames, tokens, labels = workload.synthetic_batch(recipe, ctx, parts.model)
     assert feats.shape == (2, 410, 240) and tokens.shape == (2, 70) and frames.tolist() == [410, 410]

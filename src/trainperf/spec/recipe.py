@@ -61,6 +61,31 @@ class Recipe:
 
     # Values a field may take, for fields restricted to a set (checked by `validate`).
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {}
+    # The interval each numeric field must lie in, by field name, for every recipe (and its nested
+    # configs, e.g. the model's) that has such a field; a subclass adds its own (merged along the MRO).
+    # A number named nowhere must be finite and >= 0. Checked by `validate`, so `--set` refuses
+    # label_smoothing=2 or stem_width=0 in one line instead of a traceback from deep inside the model.
+    RANGES: ClassVar[dict[str, str]] = {
+        **dict.fromkeys(("base_lr", "init_lr", "eps", "lars_eta", "poly_power",
+                         "alpha", "init_scale", "max_duration", "synthetic_seconds"), "(0, inf)"),
+        **dict.fromkeys(("label_smoothing", "momentum", "dropout", "enc_dropout", "pred_dropout", "joint_dropout",
+                         "ema", "beta1", "beta2", "overlap", "score_threshold", "noise_mix"), "[0, 1)"),
+        **dict.fromkeys(("min_crop_area", "nms_iou", "remain_fraction", "decay", "decay_factor"), "(0, 1]"),
+        **dict.fromkeys((
+            "width", "widths", "blocks", "stem_width", "fc_width", "hidden", "layers", "heads", "intermediate",
+            "dim", "ffn", "encoder_layers", "decoder_layers", "enc_hidden", "pre_layers", "post_layers",
+            "pred_hidden", "pred_layers", "joint_hidden", "joint_chunks", "embedding_dim", "factors", "mlp_layers",
+            "bottom_mlp", "top_mlp", "table_sizes", "fpn_channels", "mask_channels", "channels", "representation",
+            "num_classes", "image_size", "min_image_size", "max_image_size", "eval_resize", "eval_batch_size",
+            "eval_batch_users", "beam", "buckets", "board_size", "readouts", "patch", "max_seq_length",
+            "max_predictions", "max_per_row", "vocab_size", "max_positions", "pieces", "synthetic_pieces",
+            "max_symbols", "rois",
+            "candidates", "mask_pool", "max_detections", "max_decode_length", "users", "items", "eval_windows",
+            "games_per_generation", "eval_games", "eval_readouts", "virtual_losses",
+            "crop_trials", "train_steps"), "[1, inf)"),
+        "start_warmup_step": "(-inf, 0]",  # BERT's RCPs start the warmup before step 0
+        "resign_threshold": "[-1, 0]",
+    }
     # What moves with the global batch (`for_batch`): the learning rates (a number or a tuple of them),
     # and the schedule points counted in optimizer steps (warmup, decay boundaries), which are rescaled
     # to cover the same number of samples. Schedules written in epochs need nothing.
@@ -109,7 +134,15 @@ class Recipe:
                     f"recipe field {key}={getattr(self, key)!r} is not one of: "
                     + ", ".join(str(a) for a in allowed)
                 )
+        _check_ranges(self, "", self.ranges())
         self.cadence  # noqa: B018 - builds (and so checks) the cadence
+
+    @classmethod
+    def ranges(cls) -> dict[str, str]:
+        merged: dict[str, str] = {}
+        for klass in reversed(cls.__mro__):
+            merged.update(vars(klass).get("RANGES", {}))
+        return merged
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -150,23 +183,76 @@ class Recipe:
         return recipe, said
 
     def with_overrides(self, assignments: Iterable[str]) -> Recipe:
-        """Return a copy with `key=value` assignments applied, each parsed to the field's type."""
-        hints = typing.get_type_hints(type(self))
-        fields = {f.name for f in dataclasses.fields(self)}
-        changes: dict[str, Any] = {}
+        """Return a copy with `key=value` assignments applied, each parsed to the field's type. A field
+        of a nested config (the model's) is `model.key=value`, or `key=value` where no other field has
+        that name."""
+        fields = _settable(type(self))
+        top: dict[str, Any] = {}
+        nested: dict[str, dict[str, Any]] = {}
         for item in assignments:
             key, sep, raw = item.partition("=")
             key = key.strip().replace("-", "_")
             if not sep or not key:
                 raise TrainperfError(f"--set {item!r}: expected key=value")
-            if key not in fields:
+            path = fields.get(key) or next((p for name, p in fields.items() if name.endswith("." + key)), None)
+            if path is None:
                 raise TrainperfError(
-                    f"--set {item!r}: unknown recipe field {key!r}; valid fields: " + ", ".join(sorted(fields))
-                )
-            changes[key] = _parse_value(raw.strip(), hints[key], f"--set {item!r}")
-        recipe = dataclasses.replace(self, **changes)
+                    f"--set {item!r}: unknown recipe field {key!r}; valid fields: " + ", ".join(sorted(fields)))
+            *outer, leaf, annotation = path
+            value = _parse_value(raw.strip(), annotation, f"--set {item!r}")
+            if outer:
+                nested.setdefault(outer[0], {})[leaf] = value
+            else:
+                top[leaf] = value
+        for name, changes in nested.items():
+            top[name] = dataclasses.replace(getattr(self, name), **changes)
+        recipe = dataclasses.replace(self, **top)
         recipe.validate()
         return recipe
+
+
+def _settable(cls: type) -> dict[str, tuple[Any, ...]]:
+    """"name" or "config.name" -> (config?, name, type) for every field `--set` can change: the
+    recipe's own and, one level down, those of a dataclass-typed field (the model's config)."""
+    hints = typing.get_type_hints(cls)
+    found: dict[str, tuple[Any, ...]] = {}
+    for f in dataclasses.fields(cls):
+        annotation = hints[f.name]
+        if dataclasses.is_dataclass(annotation):
+            inner = typing.get_type_hints(annotation)
+            for g in dataclasses.fields(annotation):
+                found[f"{f.name}.{g.name}"] = (f.name, g.name, inner[g.name])
+        else:
+            found[f.name] = (f.name, annotation)
+    return found
+
+
+_INTERVAL = re.compile(r"([\[(])(-?inf|-?[\d.]+), (-?inf|-?[\d.]+)([\])])")
+
+
+def _within(value: float, interval: str) -> bool:
+    match = _INTERVAL.fullmatch(interval)
+    if match is None:
+        raise ValueError(f"bad interval {interval!r}")  # a programming error in RANGES
+    left, lo, hi, right = match.groups()
+    low, high = float(lo), float(hi)
+    return ((value >= low) if left == "[" else (value > low)) and ((value <= high) if right == "]" else (value < high))
+
+
+def _check_ranges(obj: Any, prefix: str, ranges: dict[str, str]) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_ranges(value, f"{prefix}{f.name}.", {**ranges, **getattr(value, "RANGES", {})})
+            continue
+        numbers = value if isinstance(value, tuple) else (value,)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
+            continue
+        interval = ranges.get(f.name, "[0, inf)")
+        bad = next((v for v in numbers if not math.isfinite(v) or not _within(v, interval)), None)
+        if bad is not None:
+            shown = _short(value) if isinstance(value, tuple) else _short(bad)
+            raise TrainperfError(f"recipe field {prefix}{f.name}={shown}: expected a finite value in {interval}")
 
 
 def _short(value: Any) -> str:

@@ -5,6 +5,7 @@ library's English in the same HDF5 format, to a calibrated accuracy."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Iterator
@@ -55,13 +56,9 @@ class BertRecipe(Recipe):
     beta2: float = 0.999
     weight_decay: float = 0.01
     eps: float = 1e-6
-    # The model (BERT-Large; a checkpoint must have these sizes).
-    hidden: int = 1024
-    layers: int = 24
-    heads: int = 16
-    intermediate: int = 4096
-    dropout: float = 0.1
-    vocab_size: int = 30522  # for a model built without a checkpoint (synthetic benchmarks)
+    # The network, BERT-Large by default (`--set model.hidden=…` or `--set hidden=…`): a checkpoint
+    # must have its sizes; vocab_size and max_positions are the checkpoint's where there is one.
+    model: M.BertConfig = M.BertConfig()
     max_seq_length: int = 512  # synthetic batches' length (real ones: the shards')
     max_predictions: int = 76
     max_per_row: int = 3  # sequences per packed row (packing=true)
@@ -75,32 +72,35 @@ class BertRecipe(Recipe):
         super().validate()
         if self.base_lr <= 0 or self.train_steps < 1 or self.warmup_steps < 0:
             raise TrainperfError("recipe: need base_lr > 0, train_steps >= 1 and warmup_steps >= 0")
-        if self.hidden % self.heads:
-            raise TrainperfError(f"recipe: hidden {self.hidden} must be divisible by heads {self.heads}")
-        if min(self.max_per_row, self.eval_batch_size, self.max_predictions, self.layers) < 1:
-            raise TrainperfError("recipe: need max_per_row, eval_batch_size, max_predictions and layers >= 1")
-        if not 0 <= self.dropout < 1:
-            raise TrainperfError("recipe: need 0 <= dropout < 1")
+        if self.model.hidden % self.model.heads:
+            raise TrainperfError(f"recipe fields model.hidden={self.model.hidden} and model.heads={self.model.heads}: "
+                                 "the hidden size must be divisible by the heads")
         if self.max_predictions + 3 > self.max_seq_length:
             raise TrainperfError(f"recipe fields max_predictions={self.max_predictions} and max_seq_length="
                                  f"{self.max_seq_length}: a sequence holds [CLS], two [SEP] and at most "
                                  "max_seq_length - 3 masked positions")
 
 
-def _rcp(gbs: int, lr: float, steps: int, warmup: int, start: int, b1: float, b2: float, wd: float) -> BertRecipe:
+def _rcp(*, global_batch_size: int, train_steps: int, **fields: Any) -> BertRecipe:
     """A full recipe at one of the RCP points (mlperf_logging's rcps_bert.json, ruleset 2.0.0 file)."""
+    gbs = global_batch_size
     return BertRecipe(name=f"gbs{gbs}", global_batch_size=gbs, max_epochs=0, target=0.720, eval_every=1,
                       eval_first=1, eval_every_samples=eval_interval(gbs), log_epoch_num="samples",
-                      max_samples=steps * gbs, max_grad_norm=1.0, base_lr=lr, train_steps=steps, warmup_steps=warmup,
-                      start_warmup_step=start, beta1=b1, beta2=b2, weight_decay=wd, fused_optimizer=True)
+                      max_samples=train_steps * gbs, max_grad_norm=1.0, train_steps=train_steps,
+                      fused_optimizer=True, **fields)
 
 
 FULL_RECIPES = {r.name: r for r in (
-    _rcp(256, 3.5e-4, 13700, 0, 0, 0.9, 0.999, 0.01),
-    _rcp(1536, 2e-3, 2254, 0, 0, 0.66, 0.996, 0.01),
-    _rcp(4096, 2.4e-3, 855, 0, 0, 0.66, 0.998, 0.01),
-    _rcp(8192, 0.00288293, 600, 287, -76, 0.88, 0.88, 0.0166629),
-    _rcp(16384, 3.3e-3, 600, 290, -100, 0.75, 0.9, 0.0166629),
+    _rcp(global_batch_size=256, base_lr=3.5e-4, train_steps=13700, warmup_steps=0, start_warmup_step=0,
+         beta1=0.9, beta2=0.999, weight_decay=0.01),
+    _rcp(global_batch_size=1536, base_lr=2e-3, train_steps=2254, warmup_steps=0, start_warmup_step=0,
+         beta1=0.66, beta2=0.996, weight_decay=0.01),
+    _rcp(global_batch_size=4096, base_lr=2.4e-3, train_steps=855, warmup_steps=0, start_warmup_step=0,
+         beta1=0.66, beta2=0.998, weight_decay=0.01),
+    _rcp(global_batch_size=8192, base_lr=0.00288293, train_steps=600, warmup_steps=287, start_warmup_step=-76,
+         beta1=0.88, beta2=0.88, weight_decay=0.0166629),
+    _rcp(global_batch_size=16384, base_lr=3.3e-3, train_steps=600, warmup_steps=290, start_warmup_step=-100,
+         beta1=0.75, beta2=0.9, weight_decay=0.0166629),
 )}
 
 # The mini: a 2-layer, 128-wide BERT from the shipped phase-1 checkpoint, sequences of 128 tokens.
@@ -109,7 +109,8 @@ FULL_RECIPES = {r.name: r for r in (
 MINI = BertRecipe(name="mini", global_batch_size=64, max_epochs=0, target=0.305, eval_every=1, eval_first=1,
                   eval_every_samples=3200, log_epoch_num="samples", max_samples=40_000, max_grad_norm=1.0,
                   base_lr=2e-3, train_steps=625, warmup_steps=0, start_warmup_step=0, beta1=0.9, beta2=0.999,
-                  weight_decay=0.01, hidden=128, layers=2, heads=4, intermediate=512, dropout=0.0, vocab_size=4096,
+                  weight_decay=0.01,
+                  model=M.BertConfig(hidden=128, layers=2, heads=4, intermediate=512, dropout=0.0, vocab_size=4096),
                   max_seq_length=D.MINI.max_seq_length, max_predictions=D.MINI.max_predictions, eval_batch_size=250,
                   cache_shards=True, checkpoint="shipped")
 
@@ -179,17 +180,15 @@ class BertWorkload(Workload[BertRecipe]):
         return []
 
     def build(self, recipe: BertRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
-        cfg = M.BertConfig(vocab_size=recipe.vocab_size, hidden=recipe.hidden, layers=recipe.layers, heads=recipe.heads,
-                           intermediate=recipe.intermediate, max_positions=max(512, recipe.max_seq_length),
-                           dropout=recipe.dropout)
+        cfg = dataclasses.replace(recipe.model, max_positions=max(recipe.model.max_positions, recipe.max_seq_length))
         state = None
         if "phase-1 checkpoint" in assets:
             where = assets["phase-1 checkpoint"]
             if "mini vocabulary" in assets:
                 verify_mini_checkpoint(where, assets["mini vocabulary"])
             state = M.normalize_state_dict(assets.state_dict("phase-1 checkpoint"))
-            found = M.config_from_state_dict(state, recipe.heads, recipe.dropout, str(where))
-            cfg = M.BertConfig(**{**cfg.__dict__, "vocab_size": found.vocab_size, "max_positions": found.max_positions})
+            found = M.config_from_state_dict(state, cfg.heads, cfg.dropout, str(where))
+            cfg = dataclasses.replace(cfg, vocab_size=found.vocab_size, max_positions=found.max_positions)
             for key in ("hidden", "layers", "intermediate"):
                 if getattr(found, key) != getattr(cfg, key):
                     raise TrainperfError(f"{where}: the checkpoint's {key} is {getattr(found, key)}, the recipe's "

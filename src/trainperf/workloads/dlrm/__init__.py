@@ -96,19 +96,22 @@ class DLRMRecipe(Recipe):
                                  "fused into each backward pass, so it cannot wait for several micro-batches")
 
 
-def _full(name: str, batch: int, lr: float, warmup: int, start: int, steps: int) -> DLRMRecipe:
+def _full(name: str, **fields: Any) -> DLRMRecipe:
     # One pass over the data at most, evaluated every 0.05 epoch (MLPerf DLRM), logged as 1.05, 1.10, …
-    return DLRMRecipe(name=name, global_batch_size=batch, max_epochs=1, target=0.8025, eval_every=1, eval_first=1,
-                      evals_per_epoch=20, log_epoch_num="1+epochs", base_lr=lr, warmup_steps=warmup,
-                      decay_start_step=start, decay_steps=steps)
+    return DLRMRecipe(name=name, max_epochs=1, target=0.8025, eval_every=1, eval_first=1, evals_per_epoch=20,
+                      log_epoch_num="1+epochs", **fields)
 
 
 # The reference run_and_time.sh, then the reference convergence points (RCP) of the v2.0 round.
 FULL_RECIPES = {r.name: r for r in (
-    _full("reference-2048", 2048, 1.0, 0, 0, 0),
-    _full("rcp-32768", 32768, 18.0, 8000, 70000, 30000),
-    _full("rcp-55296", 55296, 24.0, 2750, 49315, 27772),
-    _full("rcp-71680", 71680, 26.0, 2500, 46821, 15406),
+    _full("reference-2048", global_batch_size=2048, base_lr=1.0, warmup_steps=0, decay_start_step=0,
+          decay_steps=0),
+    _full("rcp-32768", global_batch_size=32768, base_lr=18.0, warmup_steps=8000, decay_start_step=70000,
+          decay_steps=30000),
+    _full("rcp-55296", global_batch_size=55296, base_lr=24.0, warmup_steps=2750, decay_start_step=49315,
+          decay_steps=27772),
+    _full("rcp-71680", global_batch_size=71680, base_lr=26.0, warmup_steps=2500, decay_start_step=46821,
+          decay_steps=15406),
 )}
 MINI = DLRMRecipe(name="mini", global_batch_size=512, max_epochs=2, target=0.79, eval_every=1, eval_first=1,
                   evals_per_epoch=20, log_epoch_num="1+epochs", base_lr=1.0, warmup_steps=50, decay_start_step=600,

@@ -81,11 +81,12 @@ class ResNetRecipe(Recipe):
             raise TrainperfError("recipe fields widths and blocks must have the same length")
 
 
-def _lars(bs: int, lr: float, warmup: float, decay: float, wd: float, max_epochs: int) -> ResNetRecipe:
+def _lars(*, global_batch_size: int, decay_epochs: float, **fields: Any) -> ResNetRecipe:
+    """An RCP point: LARS, polynomial decay over `decay_epochs` after the warmup."""
     return ResNetRecipe(
-        name=f"lars-{bs}", global_batch_size=bs, max_epochs=max_epochs, target=0.759, eval_every=4,
-        eval_first=3, optimizer="lars", base_lr=lr, warmup_epochs=warmup, train_epochs=warmup + decay,
-        weight_decay=wd, channels_last=True,
+        name=f"lars-{global_batch_size}", global_batch_size=global_batch_size, target=0.759, eval_every=4,
+        eval_first=3, optimizer="lars", train_epochs=fields["warmup_epochs"] + decay_epochs, channels_last=True,
+        **fields,
     )
 
 
@@ -93,10 +94,14 @@ def _lars(bs: int, lr: float, warmup: float, decay: float, wd: float, max_epochs
 FULL_RECIPES = {
     r.name: r
     for r in (
-        _lars(3264, 10.5, 2, 37, 5e-5, 45),
-        _lars(1632, 7.4, 2, 35, 5e-5, 45),
-        _lars(4096, 10.0, 5, 42, 2e-4, 50),
-        _lars(8192, 17.0, 5, 39, 2e-4, 50),
+        _lars(global_batch_size=3264, base_lr=10.5, warmup_epochs=2, decay_epochs=37, weight_decay=5e-5,
+              max_epochs=45),
+        _lars(global_batch_size=1632, base_lr=7.4, warmup_epochs=2, decay_epochs=35, weight_decay=5e-5,
+              max_epochs=45),
+        _lars(global_batch_size=4096, base_lr=10.0, warmup_epochs=5, decay_epochs=42, weight_decay=2e-4,
+              max_epochs=50),
+        _lars(global_batch_size=8192, base_lr=17.0, warmup_epochs=5, decay_epochs=39, weight_decay=2e-4,
+              max_epochs=50),
         ResNetRecipe(
             name="sgd-256", global_batch_size=256, max_epochs=90, target=0.759, eval_every=4, eval_first=4,
             optimizer="sgd", base_lr=0.1, warmup_epochs=5, train_epochs=90, weight_decay=1e-4,

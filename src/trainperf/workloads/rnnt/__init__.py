@@ -4,6 +4,7 @@ dev-clean, scored off the training path; the transducer loss is trainperf's own 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -52,18 +53,10 @@ class RNNTRecipe(Recipe):
     decay: float = 0.935  # per epoch after warmup + hold (logged as opt_lamb_learning_rate_decay_poly_power)
     min_lr: float = 1e-5
     ema: float = 0.999  # the evaluation model's weights: an exponential moving average
-    init_scale: float = 0.5
-    # model
-    pieces: int = 1023  # the sentencepiece model's size (librispeech<pieces>.model)
-    enc_hidden: int = 1024
-    pre_layers: int = 2
-    post_layers: int = 3
-    pred_hidden: int = 512
-    pred_layers: int = 2
-    joint_hidden: int = 512
-    enc_dropout: float = 0.1
-    pred_dropout: float = 0.3
-    joint_dropout: float = 0.3
+    # The network (`--set model.enc_hidden=…` or `--set enc_hidden=…`); model.pieces is also which
+    # sentencepiece model the data uses (librispeech<pieces>.model), and model.init_scale the RCPs'
+    # model_weights_initialization_scale.
+    model: M.RNNTConfig = M.RNNTConfig(init_scale=0.5)
     # data
     train_subsets: str = ",".join(D.FULL_TRAIN)
     max_duration: float = 16.7  # seconds; longer training utterances are dropped
@@ -88,12 +81,13 @@ class RNNTRecipe(Recipe):
 
     def validate(self) -> None:
         super().validate()
-        if min(self.pieces, self.enc_hidden, self.pre_layers, self.post_layers, self.pred_hidden, self.pred_layers,
-               self.joint_hidden, self.buckets, self.eval_batch_size, self.max_symbols, self.loader_threads) < 1:
-            raise TrainperfError("recipe: model sizes, buckets, eval_batch_size, max_symbols and loader_threads "
-                                 "must be >= 1")
-        if not 0 <= self.ema < 1 or self.base_lr <= 0 or not 0 < self.decay <= 1 or self.min_lr < 0:
-            raise TrainperfError("recipe: need 0 <= ema < 1, base_lr > 0, 0 < decay <= 1, min_lr >= 0")
+        if self.loader_threads < 1:
+            raise TrainperfError(f"recipe field loader_threads must be >= 1, got {self.loader_threads}")
+        features = FeatureConfig()
+        if self.model.features != features.mels * features.stack:
+            raise TrainperfError(f"recipe field model.features={self.model.features}: the featurizer gives "
+                                 f"{features.mels * features.stack} ({features.mels} log-mel bands, "
+                                 f"{features.stack} frames stacked)")
         if not self.train_subsets.strip(","):
             raise TrainperfError("recipe field train_subsets: name at least one LibriSpeech subset")
         if self.joint_chunks < 1:
@@ -104,26 +98,30 @@ class RNNTRecipe(Recipe):
         return [s for s in self.train_subsets.split(",") if s]
 
 
-def _rcp(name: str, gbs: int, lr: float, hold: int, decay: float, warmup: int, beta1: float, beta2: float,
-         ema_factor: float, scale: float, accum: int) -> RNNTRecipe:
-    return RNNTRecipe(name=name, global_batch_size=gbs, max_epochs=100, target=0.058, eval_every=1, eval_first=1,
-                      max_grad_norm=1.0, base_lr=lr, hold_epochs=hold, decay=decay, warmup_epochs=warmup,
-                      beta1=beta1, beta2=beta2, ema=ema_factor, init_scale=scale, grad_accum_steps=accum,
-                      fused_optimizer=True)
+def _rcp(name: str, init_scale: float = 0.5, **fields: Any) -> RNNTRecipe:
+    """A full recipe: the reference's schedule, target and network, with `fields` (recipe field names)
+    set and the LSTMs' weights initialised at `init_scale`."""
+    return RNNTRecipe(name=name, max_epochs=100, target=0.058, eval_every=1, eval_first=1, max_grad_norm=1.0,
+                      fused_optimizer=True, model=M.RNNTConfig(init_scale=init_scale), **fields)
 
 
 # The reference's train.sh (GBS 1024 on 8 GPUs x 16 x accumulation 8), then the RCP points of
 # mlperf_logging's rcps_rnnt.json (2.0.0), with their gradient accumulation. The RCPs ran with one
 # duration bucket; ruleset 1.0.0 fixes six, which these recipes use.
 FULL_RECIPES: dict[str, RNNTRecipe] = {
-    "reference": RNNTRecipe(name="reference", global_batch_size=1024, max_epochs=100, target=0.058, eval_every=1,
-                            eval_first=1, max_grad_norm=1.0, grad_accum_steps=8, fused_optimizer=True),
-    "bs512": _rcp("bs512", 512, 0.0062, 11, 0.915, 1, 0.9, 0.9985, 0.994, 0.45, 2),
-    "bs1024": _rcp("bs1024", 1024, 0.007447, 17, 0.9037, 3, 0.9, 0.999, 0.992, 0.5, 4),
-    "bs1536": _rcp("bs1536", 1536, 0.0072, 26, 0.92, 5, 0.9, 0.999, 0.995, 0.5, 4),
-    "bs2048": _rcp("bs2048", 2048, 0.007, 33, 0.939, 6, 0.9, 0.999, 0.995, 0.5, 16),
-    "bs3072": _rcp("bs3072", 3072, 0.009, 40, 0.94, 9, 0.9, 0.995, 0.985, 0.35, 24),
-    "bs6144": _rcp("bs6144", 6144, 0.014, 40, 0.97, 16, 0.82, 0.98, 0.96, 0.5, 4),
+    "reference": _rcp("reference", global_batch_size=1024, grad_accum_steps=8),
+    "bs512": _rcp("bs512", global_batch_size=512, base_lr=0.0062, hold_epochs=11, decay=0.915,
+                 warmup_epochs=1, beta1=0.9, beta2=0.9985, ema=0.994, init_scale=0.45, grad_accum_steps=2),
+    "bs1024": _rcp("bs1024", global_batch_size=1024, base_lr=0.007447, hold_epochs=17, decay=0.9037,
+                 warmup_epochs=3, beta1=0.9, beta2=0.999, ema=0.992, init_scale=0.5, grad_accum_steps=4),
+    "bs1536": _rcp("bs1536", global_batch_size=1536, base_lr=0.0072, hold_epochs=26, decay=0.92,
+                 warmup_epochs=5, beta1=0.9, beta2=0.999, ema=0.995, init_scale=0.5, grad_accum_steps=4),
+    "bs2048": _rcp("bs2048", global_batch_size=2048, base_lr=0.007, hold_epochs=33, decay=0.939,
+                 warmup_epochs=6, beta1=0.9, beta2=0.999, ema=0.995, init_scale=0.5, grad_accum_steps=16),
+    "bs3072": _rcp("bs3072", global_batch_size=3072, base_lr=0.009, hold_epochs=40, decay=0.94,
+                 warmup_epochs=9, beta1=0.9, beta2=0.995, ema=0.985, init_scale=0.35, grad_accum_steps=24),
+    "bs6144": _rcp("bs6144", global_batch_size=6144, base_lr=0.014, hold_epochs=40, decay=0.97,
+                 warmup_epochs=16, beta1=0.82, beta2=0.98, ema=0.96, init_scale=0.5, grad_accum_steps=4),
 }
 
 # The mini: synthetic speech (synthetic.py), 64 sentencepiece pieces asked for (the unigram trainer
@@ -134,8 +132,10 @@ FULL_RECIPES: dict[str, RNNTRecipe] = {
 # LAMB 1e-2). LAMB 6e-3 with one warmup epoch left it in epoch 3 (4e-3: epoch 4; no warmup: epoch 5).
 MINI = RNNTRecipe(name="mini", global_batch_size=8, max_epochs=10, target=0.25, eval_every=1, eval_first=1,
                   max_grad_norm=1.0, base_lr=6e-3, warmup_epochs=1, hold_epochs=4, decay=0.8, ema=0.99,
-                  fused_optimizer=True, init_scale=0.5, pieces=64, enc_hidden=128, pre_layers=1, post_layers=1,
-                  pred_hidden=64, pred_layers=1, joint_hidden=128, enc_dropout=0.0, pred_dropout=0.0, joint_dropout=0.0,
+                  fused_optimizer=True,
+                  model=M.RNNTConfig(init_scale=0.5, pieces=64, enc_hidden=128, pre_layers=1, post_layers=1,
+                                     pred_hidden=64, pred_layers=1, joint_hidden=128, enc_dropout=0.0,
+                                     pred_dropout=0.0, joint_dropout=0.0),
                   train_subsets="train-clean-100", in_memory=True, loader_threads=2, eval_batch_size=128,
                   synthetic_seconds=1.2, synthetic_pieces=3)
 
@@ -180,7 +180,7 @@ class RNNTWorkload(Workload[RNNTRecipe]):
         recipe = self.recipe(scale)
         if scale == "mini" and not (data_dir / D.EVAL_SUBSET).is_dir():
             return [f"{data_dir}: mini dataset not generated yet (trainperf prepare rnnt)"]
-        return D.problems(data_dir, recipe.subsets, recipe.pieces)
+        return D.problems(data_dir, recipe.subsets, recipe.model.pieces)
 
     def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
         recipe = self.recipe(scale)
@@ -192,12 +192,12 @@ class RNNTWorkload(Workload[RNNTRecipe]):
             from trainperf.workloads.rnnt import synthetic
 
             synthetic.generate(data_dir, say)
-        D.prepare(data_dir, recipe.subsets, recipe.pieces, say)
+        D.prepare(data_dir, recipe.subsets, recipe.model.pieces, say)
 
     def mlperf_hyperparameters(self, recipe: RNNTRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         feats = FeatureConfig()
         return {
-            "opt_name": "lamb", "model_weights_initialization_scale": recipe.init_scale,
+            "opt_name": "lamb", "model_weights_initialization_scale": recipe.model.init_scale,
             "opt_base_learning_rate": recipe.base_lr,
             "opt_lamb_epsilon": recipe.eps, "opt_lamb_learning_rate_decay_poly_power": recipe.decay,
             "opt_lamb_learning_rate_hold_epochs": recipe.hold_epochs,
@@ -219,18 +219,15 @@ class RNNTWorkload(Workload[RNNTRecipe]):
 
     def assets(self, recipe: RNNTRecipe, data_dir: Path | None) -> dict[str, Path]:
         # The model's output size is the sentencepiece model's; a synthetic benchmark without data uses
-        # recipe.pieces.
-        return {} if data_dir is None else {"sentencepiece model": D.spm_path(data_dir, recipe.pieces)}
+        # recipe.model.pieces.
+        return {} if data_dir is None else {"sentencepiece model": D.spm_path(data_dir, recipe.model.pieces)}
 
     def _config(self, recipe: RNNTRecipe, pieces: int) -> M.RNNTConfig:
-        return M.RNNTConfig(pieces=pieces, enc_hidden=recipe.enc_hidden, pre_layers=recipe.pre_layers,
-                            post_layers=recipe.post_layers, pred_hidden=recipe.pred_hidden,
-                            pred_layers=recipe.pred_layers, joint_hidden=recipe.joint_hidden,
-                            enc_dropout=recipe.enc_dropout, pred_dropout=recipe.pred_dropout,
-                            joint_dropout=recipe.joint_dropout, init_scale=recipe.init_scale)
+        # The output layer follows the sentencepiece model actually found (its size may differ from asked).
+        return dataclasses.replace(recipe.model, pieces=pieces)
 
     def build(self, recipe: RNNTRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
-        pieces = recipe.pieces
+        pieces = recipe.model.pieces
         if "sentencepiece model" in assets:
             pieces = load_tokenizer(assets["sentencepiece model"]).get_piece_size()
         torch.manual_seed(ctx.stream_seed("init"))
@@ -279,7 +276,7 @@ class RNNTWorkload(Workload[RNNTRecipe]):
         return feats[:4, :40], frames[:4].clamp_max(40)
 
     def load_data(self, recipe: RNNTRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        tokenizer = load_tokenizer(D.spm_path(data_dir, recipe.pieces))
+        tokenizer = load_tokenizer(D.spm_path(data_dir, recipe.model.pieces))
         cfg = FeatureConfig()
         train, _dropped = D.load_split(data_dir, recipe.subsets, tokenizer, recipe.max_duration, cfg.trim_db,
                                        recipe.in_memory)
