@@ -13,18 +13,10 @@ sample cadence (BERT) blocks are counted in samples and no epochs are logged.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib
 import math
-import multiprocessing
-import os
-import pickle
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,8 +25,10 @@ import torch
 from mlperf_logging.mllog import constants as C
 
 from trainperf.errors import RunAborted, TrainperfError
+from trainperf.harness.clock import Clock, abort_on_signals, clear_page_cache
 from trainperf.harness.mlperf_log import MLPerfLog
 from trainperf.harness.progress import NoProgress, PlainProgress
+from trainperf.harness.scorer import Done, Scorer
 from trainperf.rulesets import RULESET_KEY, WORKLOAD_KEY
 from trainperf.runtime import distributed, environment, speedups
 from trainperf.runtime.step import TrainStep
@@ -74,81 +68,6 @@ class RunConfig:
     status: str = "onprem"
     clear_caches: bool = False
     extra_env: dict[str, Any] = field(default_factory=dict)
-
-
-class Clock:
-    """Wall-clock milliseconds, read only after the device has finished its queued work, less the
-    time spent in `untimed` sections (evaluations the rules time outside the run: MiniGo's)."""
-
-    def __init__(self, ctx: RuntimeContext) -> None:
-        self.ctx = ctx
-        self._untimed_ms = 0
-        self._stopped_at: int | None = None
-
-    def now_ms(self) -> int:
-        if self._stopped_at is not None:
-            return self._stopped_at
-        self.ctx.synchronize()
-        return int(time.time() * 1000) - self._untimed_ms
-
-    @contextlib.contextmanager
-    def untimed(self, active: bool = True) -> Iterator[None]:
-        """While inside, the clock stands still (when `active`); it then goes on from where it stopped."""
-        if not active or self._stopped_at is not None:
-            yield
-            return
-        stopped = self._stopped_at = self.now_ms()
-        try:
-            yield
-        finally:
-            self._stopped_at = None
-            self.ctx.synchronize()
-            self._untimed_ms = int(time.time() * 1000) - stopped  # now_ms() goes on from `stopped`
-
-
-
-def clear_page_cache() -> bool:
-    """Drop the OS page cache (needs root), as MLPerf submissions do before a run."""
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as fh:
-            fh.write("3\n")
-        return True
-    except OSError:
-        return False
-
-
-@contextlib.contextmanager
-def abort_on_signals() -> Iterator[Callable[[], None]]:
-    """Turn SIGINT/SIGTERM into RunAborted inside the timed loop (main thread only).
-
-    It yields `hold`: from then on a signal is held instead of raised, so that closing the log and
-    saving the result cannot be cut short (a launcher stops the surviving ranks with SIGTERM as soon
-    as one rank dies, which is exactly when rank 0 is writing its aborted result). A held signal is
-    delivered again once the previous handlers are back.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: None
-        return
-    held: list[int] = []
-    armed = [True]
-
-    def handler(signum: int, _frame: Any) -> None:
-        if armed[0]:
-            raise RunAborted(f"received {signal.Signals(signum).name}")
-        held.append(signum)
-
-    def hold() -> None:
-        armed[0] = False
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield hold
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-        if held:
-            signal.raise_signal(held[0])
 
 
 def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None = None,
@@ -238,81 +157,6 @@ class _Point:
     epoch_num: float | int  # as the log says it
 
 
-# -- scoring on rank 0: inline, or in the background ---------------------------------------------
-def _import(module: str) -> None:
-    importlib.import_module(module)
-
-
-def _score(metric: Callable[[dict[str, Any]], Quality], combined: dict[str, Any]) -> Quality:
-    return metric(combined)
-
-
-class _Done:
-    """A finished result, shaped like a future."""
-
-    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
-        self.value, self.error = value, error
-
-    def done(self) -> bool:
-        return True
-
-    def result(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
-class _PoolResult:
-    """multiprocessing's AsyncResult, shaped like a future."""
-
-    def __init__(self, result: Any) -> None:
-        self._result = result
-
-    def done(self) -> bool:
-        return self._result.ready()
-
-    def result(self) -> Any:
-        return self._result.get()
-
-
-class _Scorer:
-    """Runs an evaluation's metric on rank 0, in the background: in a thread, or, for Python-heavy
-    host scoring (COCO AP, BLEU, WER), in a worker process started and warmed up (torch and the
-    workload's module imported) before run_start, and terminated with the run."""
-
-    def __init__(self, mode: str, warm_module: str) -> None:
-        self.mode, self.warm_module = mode, warm_module
-        self._threads: ThreadPoolExecutor | None = None
-        self._pool: Any = None
-
-    def start(self) -> None:
-        if self.mode == "process":
-            self._pool = multiprocessing.get_context("spawn").Pool(1)
-            self._pool.apply(_import, (self.warm_module,))
-        else:
-            self._threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainperf-score")
-
-    def submit(self, metric: Callable[[dict[str, Any]], Quality], combined: dict[str, Any]) -> Any:
-        if self._pool is not None:
-            # The worker gets host copies; device tensors would travel through CUDA IPC.
-            host = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in combined.items()}
-            try:
-                pickle.dumps(metric)
-            except Exception as exc:  # noqa: BLE001 - what cannot be pickled varies
-                raise TrainperfError(f"host_scoring='process' needs a module-level metric function, got "
-                                     f"{metric!r} ({type(exc).__name__})") from None
-            return _PoolResult(self._pool.apply_async(_score, (metric, host)))
-        assert self._threads is not None
-        return self._threads.submit(_score, metric, combined)
-
-    def shutdown(self) -> None:
-        if self._threads is not None:
-            self._threads.shutdown(wait=False, cancel_futures=True)
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-
-
 class _TimedLoop:
     """One run's event sequence: initialisation, the timed training, and the closing run_stop."""
 
@@ -340,7 +184,7 @@ class _TimedLoop:
         self._next_sample_eval: int | None = None
         self._sample_evals: Iterator[int] = iter(())
         self._pending: list[tuple[_Point, Any]] = []  # launched asynchronous evaluations, in order
-        self._scorer: _Scorer | None = None
+        self._scorer: Scorer | None = None
         self._parts: ModelParts | None = None
         self._data: DataParts | None = None
         self._forward: Callable[[Any], Any] | None = None
@@ -380,7 +224,7 @@ class _TimedLoop:
             # here, on synthetic batches, before run_start as the rules allow.
             speedups.warm_up(workload, recipe, ctx, parts, lambda: self._make_step(parts, 1))
         if recipe.async_eval and ctx.is_main:
-            self._scorer = _Scorer(workload.host_scoring, type(workload).__module__)
+            self._scorer = Scorer(workload.host_scoring, type(workload).__module__)
             self._scorer.start()
         now = clock.now_ms()
         log.event(C.GLOBAL_BATCH_SIZE, recipe.global_batch_size, time_ms=now)
@@ -674,9 +518,9 @@ class _TimedLoop:
         outcomes = []
         if self.ctx.is_main:
             try:
-                outcomes.append(_Done(_score(partial.metric, combined)))
+                outcomes.append(Done(partial.metric(combined)))
             except Exception as exc:  # noqa: BLE001 - every rank must learn that scoring failed
-                outcomes.append(_Done(error=exc))
+                outcomes.append(Done(error=exc))
         return self._record_outcomes(outcomes)
 
     def _poll(self, wait: bool) -> bool:
@@ -684,18 +528,18 @@ class _TimedLoop:
         `wait`); True once one meets the target. Rank 0 decides what is known, and tells the others."""
         if not self._pending:
             return False
-        outcomes: list[_Done] = []
+        outcomes: list[Done] = []
         if self.ctx.is_main:
             for _point, future in self._pending:
                 if not (wait or future.done()):
                     break
                 try:
-                    outcomes.append(_Done(future.result()))
+                    outcomes.append(Done(future.result()))
                 except Exception as exc:  # noqa: BLE001 - handed to every rank below
-                    outcomes.append(_Done(error=exc))
+                    outcomes.append(Done(error=exc))
         return self._record_outcomes(outcomes)
 
-    def _record_outcomes(self, outcomes: list[_Done]) -> bool:
+    def _record_outcomes(self, outcomes: list[Done]) -> bool:
         """Record rank 0's scores of the oldest pending evaluations on every rank, in order (one
         broadcast); a scoring error stops every rank alike."""
         shared: list[tuple[str, Any]] = []

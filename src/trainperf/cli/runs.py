@@ -1,0 +1,200 @@
+"""Commands around a run: list, prepare, run, check, scale, suite, score, compare, report, make-*."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from trainperf import jobs, registry
+from trainperf.cli.options import (
+    progress_bar,
+    run_request,
+    stamp,
+    warn,
+)
+from trainperf.cli.perf import project_scaling
+from trainperf.errors import TrainperfError
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    table = Table(title="trainperf workloads")
+    for column in ("workload", "MLPerf key", "ruleset", "metric", "target mini", "target full", "mini data",
+                   "what"):
+        table.add_column(column, no_wrap=column != "what")
+    for name in registry.names():
+        w = registry.get(name)
+        mini_dir = w.default_data_dir("mini")
+        ready = "ready" if mini_dir is not None and not w.data_problems("mini", mini_dir) else "on first run"
+        table.add_row(name, w.benchmark, w.ruleset, w.metric.name, w.metric.describe_target(w.recipe("mini").target),
+                      w.metric.describe_target(w.recipe("full").target), ready, w.summary)
+    # Wide enough for the table when the output is a pipe (rich would assume 80 columns).
+    Console(width=None if sys.stdout.isatty() else 140).print(table)
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    workload = registry.get(args.workload)
+    data_dir = jobs.data_dir(workload, args.scale, args.data)
+    if args.verify:
+        workers = args.workers or os.cpu_count() or 1
+        with progress_bar(f"verifying {workload.name} {args.scale}") as progress:
+            bad = workload.verify(args.scale, data_dir, workers, progress)
+        for line in bad:
+            print(line)
+        print(f"{len(bad)} unreadable sample(s); the loaders skip them" if bad else "every sample reads")
+    if args.scale == "mini" and not workload.data_problems("mini", data_dir):
+        # Generated data is deterministic: a complete copy is never rewritten (its fingerprint is checked).
+        print(f"{workload.name} mini: already present and complete in {data_dir}")
+        return 0
+    workload.prepare(args.scale, data_dir, print)
+    if args.scale == "full":
+        print(f"{data_dir}: ready for trainperf run {workload.name} --scale full --data {data_dir}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    outcome = jobs.start(run_request(args), say=print, warn=warn)
+    result = outcome.result
+    if result is not None and outcome.out_dir is not None:
+        if not outcome.in_group:
+            print(jobs.summary(registry.get(args.workload), args.scale, result, outcome.out_dir))
+        elif result["status"] != "success":
+            warn(f"trainperf: run aborted: {result['abort_reason']}")
+    return outcome.code
+
+
+def cmd_make_minigo_target(args: argparse.Namespace) -> int:
+    workload = registry.get("minigo")
+    out = Path(args.out) if args.out else Path(sys.modules[type(workload).__module__].__file__).parent / "mini"
+    workload.make_target(out, lambda line: print(line, flush=True), args.generations, args.seed)
+    return 0
+
+
+def cmd_make_phase1(args: argparse.Namespace) -> int:
+    workload = registry.get("bert")
+    out = Path(args.out) if args.out else Path(sys.modules[type(workload).__module__].__file__).parent / "mini"
+    workload.make_phase1(out, args.steps, lambda line: print(line, flush=True), seed=args.seed)
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from trainperf.results.compliance import check
+
+    log = Path(args.log)
+    if not log.is_file():
+        raise TrainperfError(f"{log}: no such log file")
+    result = check(log, args.ruleset)
+    if args.verbose:
+        print(result.output)
+    for line in result.problems():
+        print(line)
+    rules = f" with trainperf's rules {result.config}" if result.config else ""
+    print(f"{log}: {result.verdict} (official mlperf_logging compliance checker, training ruleset "
+          f"{result.ruleset}{rules}, {result.division} division, benchmark {result.benchmark})")
+    return 0 if result.valid else 1
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    from trainperf.bench import scaling
+
+    if args.project:
+        return project_scaling(args)
+    workload = registry.get(args.workload)
+    nprocs = scaling.parse_nprocs(args.nproc)
+    recipe = jobs.resolve_recipe(workload, args.scale, args.recipe, args.set)
+    if args.runs < 1:
+        raise TrainperfError(f"--runs {args.runs}: expected >= 1")
+    jobs.check_switches(workload, recipe, args.device)
+    jobs.prepared_data(workload, args.scale, args.data)
+    out_dir = Path(args.out) if args.out else Path("runs") / f"scale-{workload.name}-{stamp()}"
+    if (out_dir / "scaling.json").exists():
+        raise TrainperfError(f"--out {out_dir}: already holds a scaling study; choose another folder")
+    run_args = jobs.RunRequest(workload=workload.name, scale=args.scale, data=args.data, recipe=args.recipe,
+                               sets=list(args.set), device=args.device).common_argv()
+    rows = scaling.run_study(workload.name, nprocs, args.runs, recipe.global_batch_size, out_dir, run_args,
+                             fixed_global_batch=args.fixed_global_batch)
+    mode = "fixed global batch" if args.fixed_global_batch else "fixed per-device batch"
+    title = f"{workload.name} {args.scale}: {mode}, {args.runs} run(s) per point"
+    paths = scaling.save(rows, out_dir, title)
+    print(title)
+    print(scaling.table_text(rows))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def cmd_suite(args: argparse.Namespace) -> int:
+    from trainperf import suite
+
+    names = suite.parse_only(args.only)
+    out_dir = Path(args.out) if args.out else Path("runs") / f"suite-{args.scale}-{stamp()}"
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") % (2**31)
+    print(f"suite: {len(names)} workload(s) at {args.scale} scale, {args.runs} run(s) each, first seed {seed}, "
+          f"into {out_dir}", flush=True)
+    rows = suite.run_suite(names, args.scale, args.runs, out_dir, seed, device=args.device,
+                           data_root=Path(args.data) if args.data else None, system=args.system,
+                           say=lambda line: print(line, flush=True), warn=warn)
+    for path in suite.write_report(out_dir, markdown=True):
+        print(f"wrote {path}")
+    print(suite.table_text(rows))
+    if any(r.reason == suite.INTERRUPTED for r in rows):
+        return 130
+    return 0 if all(r.status == "ok" for r in rows) else 1
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from trainperf.results import scoring
+
+    folders = scoring.find_benchmark_folders(Path(args.folder))
+    all_valid = True
+    for folder in folders:
+        result = scoring.score_folder(folder, args.ruleset)
+        all_valid &= result.valid
+        table = Table(title=f"{result.system} / {result.benchmark}  (ruleset {result.ruleset})", title_justify="left")
+        for column in ("run", "minutes", "converged", "epochs/samples to converge", "last quality"):
+            table.add_column(column)
+        for run in result.runs:
+            table.add_row(Path(run.file).name, f"{run.minutes:.3f}" if run.minutes is not None else "-",
+                          "yes" if run.converged else f"no ({run.reason})",
+                          "-" if run.converge_point is None else f"{run.converge_point:g}",
+                          scoring.quality_text(run.quality))
+        console = Console(width=None if sys.stdout.isatty() else 120)
+        console.print(table)
+        score = f"{result.score:.3f} minutes" if result.score is not None else "none (invalid)"
+        console.print(f"runs found {len(result.runs)}, converged {result.converged}; olympic score: {score}"
+                      + (f"  [{result.note}]" if result.note else ""), highlight=False)
+        console.print(f"RCP check: {result.rcp}\n", highlight=False)
+    return 0 if all_valid else 1
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from trainperf.results import scoring
+
+    comparison = scoring.compare(Path(args.a), Path(args.b), args.ruleset)
+    table = Table(title="time-to-train (minutes; olympic score, or the mean when there are too few runs)")
+    for column in ("benchmark", f"A: {comparison.system_a}", f"B: {comparison.system_b}", "A / B"):
+        table.add_column(column)
+    for key, sa, sb, ratio in comparison.rows:
+        table.add_row(key, f"{sa:.3f}" if sa else "invalid", f"{sb:.3f}" if sb else "invalid",
+                      f"{ratio:.2f}x" if ratio else "-")
+    Console(width=None if sys.stdout.isatty() else 120).print(table)
+    print("A / B above 1 means B trains faster.")
+    for warning in comparison.warnings:
+        print(f"warning: {warning}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from trainperf.report import collect, render
+
+    data = collect.collect([Path(p) for p in args.paths])
+    out = Path(args.output)
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise TrainperfError(f"-o {out}: expected an .html file name")
+    for path in render.write(data, out, args.markdown):
+        print(f"wrote {path}")
+    return 0
