@@ -34,6 +34,8 @@ class Reader:
     # The workloads whose data this reader reads (none: a results file every workload writes). The
     # conformance test wants every registered workload named by at least one reader.
     workloads: tuple[str, ...] = ()
+    # Damaged inputs met in real files, each (what, bytes): every one must be refused in one line.
+    damaged: tuple[tuple[str, Callable[[], bytes]], ...] = ()
 
 
 # -- valid examples ---------------------------------------------------------------------------------
@@ -165,7 +167,14 @@ def _coco_instances() -> bytes:
 
     with tempfile.TemporaryDirectory() as tmp:
         C.generate_mini(Path(tmp) / "coco", C.COCO2017, (6, 1), size=32, say=lambda s: None)
-        return (Path(tmp) / "coco" / "annotations" / "instances_train2017.json").read_bytes()
+        data = json.loads((Path(tmp) / "coco" / "annotations" / "instances_train2017.json").read_bytes())
+    # A crowd region as COCO writes them (uncompressed RLE): its size and runs get mutated too.
+    first = data["images"][0]
+    data["annotations"].append({"id": 10**6, "image_id": first["id"], "category_id": data["categories"][0]["id"],
+                                "bbox": [0, 0, 8, 8], "area": 64, "iscrowd": 1,
+                                "segmentation": {"size": [first["height"], first["width"]],
+                                                 "counts": [0, 8, first["height"] * first["width"] - 8]}})
+    return json.dumps(data).encode()
 
 
 # -- how each is read -------------------------------------------------------------------------------
@@ -457,6 +466,52 @@ def _read_nifti(path: Path) -> object:
     return D.read_nifti(path, "00000")
 
 
+def _float_volume(nan: bool) -> bytes:
+    import nibabel
+
+    volume = np.linspace(-200, 400, 60, dtype=np.float32).reshape(3, 4, 5)
+    if nan:  # outside the field of view, as a resampled scan has it
+        volume[:, 0] = np.nan
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "imaging.nii"  # uncompressed: byte flips reach the voxels
+        nibabel.save(nibabel.Nifti1Image(volume, np.diag([0.8, 0.7, 0.7, 1.0])), str(out))
+        return out.read_bytes()
+
+
+@cache
+def _float_nifti() -> bytes:
+    return _float_volume(nan=False)
+
+
+def _preprocess_nifti_case(path: Path) -> object:
+    """A float case through the whole preprocessing (resampling, clipping, normalising), its
+    segmentation written beside it."""
+    import nibabel
+
+    from trainperf.workloads.unet3d import data as D
+
+    case = path.parent / "case_00000"
+    case.mkdir()
+    # Mutated uncompressed (so that byte flips reach the voxels), then compressed as KiTS19 has it.
+    (case / "imaging.nii.gz").write_bytes(gzip.compress(path.read_bytes()))
+    nibabel.save(nibabel.Nifti1Image(np.zeros((3, 4, 5), np.uint8), np.diag([0.8, 0.7, 0.7, 1.0])),
+                 str(case / "segmentation.nii.gz"))
+    return D.preprocess_case(case)
+
+
+def _crowd_rle_of_the_wrong_size() -> bytes:
+    data = json.loads(_coco_instances())
+    height, width = data["annotations"][-1]["segmentation"]["size"]
+    data["annotations"][-1]["segmentation"]["size"] = [height + 1, width]
+    return json.dumps(data).encode()
+
+
+def _crowd_rle_runs_too_long() -> bytes:
+    data = json.loads(_coco_instances())
+    data["annotations"][-1]["segmentation"]["counts"].append(7)
+    return json.dumps(data).encode()
+
+
 @cache
 def _minigo_network() -> bytes:
     import torch
@@ -488,7 +543,8 @@ READERS: list[Reader] = [
     Reader("coco instances json", "instances_train2017.json", _coco_instances, _read_coco,
            workloads=("ssd", "retinanet")),
     Reader("coco instances json with masks", "instances_train2017.json", _coco_instances, _read_coco_masks,
-           workloads=("maskrcnn",)),
+           workloads=("maskrcnn",), damaged=(("crowd RLE of the wrong size", _crowd_rle_of_the_wrong_size),
+                                             ("crowd RLE runs past the image", _crowd_rle_runs_too_long))),
     Reader("wmt parallel text", "corpus.en", _english, _read_parallel, workloads=("transformer", "gnmt")),
     Reader("gnmt vocab.bpe", "vocab.bpe.32000", _vocab_bpe, _read_vocab_bpe, workloads=("gnmt",)),
     Reader("bert tfrecord", "part-00000-of-00500", _bert_tfrecord, _read_bert_tfrecord, workloads=("bert",)),
@@ -500,6 +556,8 @@ READERS: list[Reader] = [
     Reader("kits19 case image .npy", "case_00000_x.npy", _kits_image, _read_kits_image, workloads=("unet3d",)),
     Reader("kits19 case label .npy", "case_00000_y.npy", _kits_label, _read_kits_label, workloads=("unet3d",)),
     Reader("kits19 nifti", "imaging.nii.gz", _nifti, _read_nifti, workloads=("unet3d",)),
+    Reader("kits19 float nifti case, preprocessed", "imaging.nii", _float_nifti, _preprocess_nifti_case,
+           workloads=("unet3d",), budget=0.5, damaged=(("NaN voxels", lambda: _float_volume(nan=True)),)),
     Reader("minigo target network", "target.pt", _minigo_network, _read_minigo_network, workloads=("minigo",)),
     Reader("criteo day.gz", "day_0.gz", _gz(_criteo_day), _parse_gz_day, workloads=("dlrm",)),
     Reader("mlperf log header", "result_0.txt", _mlperf_log, _log_header),

@@ -122,6 +122,23 @@ def test_reader_accepts_or_refuses_in_one_line(reader: Reader):
     property()
 
 
+DAMAGED = [(reader, what, make) for reader in READERS for what, make in reader.damaged]
+
+
+@pytest.mark.parametrize("reader, what, make", DAMAGED, ids=[f"{r.name}: {w}" for r, w, _ in DAMAGED])
+def test_damaged_inputs_met_in_real_files_are_refused_in_one_line(reader: Reader, what: str, make):
+    folder = Path(tempfile.mkdtemp(prefix="trainperf-fuzz-"))
+    try:
+        path = folder / reader.filename
+        path.write_bytes(make())
+        with pytest.raises(TrainperfError) as err:
+            reader.read(path)
+        assert "\n" not in str(err.value), str(err.value)
+        _whole_or_absent(folder, reader)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _recipe_fields() -> list[tuple[str, object]]:
     from trainperf import registry
 

@@ -162,8 +162,30 @@ def test_epoch_budget_exhausted_is_aborted(tmp_path):
 def test_non_finite_loss_aborts(tmp_path):
     result, records = _run(tmp_path, FakeWorkload(scores=[0.1] * 10, nan_at_epoch=2))
     assert result.status == "aborted"
-    assert "non-finite training loss in epoch 2" in result.abort_reason
+    assert result.abort_reason == "non-finite training loss in epoch 2"
     assert records[-1]["metadata"]["status"] == "aborted"
+
+
+def test_a_non_finite_loss_says_the_workloads_likely_cause(tmp_path):
+    class WithoutWeights(FakeWorkload):
+        def divergence_hint(self, recipe, scale):
+            return f"expected at {scale} scale without --set backbone_weights=PATH"
+
+    result, records = _run(tmp_path, WithoutWeights(scores=[0.1] * 10, nan_at_epoch=2))
+    assert result.abort_reason == ("non-finite training loss in epoch 2 (expected at mini scale without "
+                                   "--set backbone_weights=PATH)")
+    assert records[-1]["metadata"]["reason"] == result.abort_reason
+
+
+@pytest.mark.parametrize("name", ["maskrcnn", "retinanet", "ssd"])
+def test_the_detectors_name_backbone_weights_when_a_full_run_diverges(name):
+    from trainperf import registry
+
+    workload = registry.get(name)
+    for recipe in workload.recipes("full").values():
+        assert "--set backbone_weights=PATH" in workload.divergence_hint(recipe, "full")
+        assert workload.divergence_hint(recipe.with_overrides(["backbone_weights=/w.pt"]), "full") is None
+    assert workload.divergence_hint(workload.recipe("mini"), "mini") is None
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -170,3 +170,20 @@ def test_mask_probabilities_are_pasted_into_their_boxes_at_each_images_size(back
     assert cropped["BBOX"] == pytest.approx(1.0) and cropped["SEGM"] > max(0.75, boxy["SEGM"] + 0.2)
     # Boxes of 10-30 pixels: the paste's sub-pixel edges and the rounded box-filling differ by a pixel.
     assert metric({"detections": rows, "masks": ones})["SEGM"] == pytest.approx(boxy["SEGM"], abs=0.15)
+
+
+@pytest.mark.parametrize("segmentation, message", [
+    ({"size": [12, 10], "counts": [0, 120]}, "RLE size [12, 10] is not the image's [height, width] [10, 12]"),
+    ({"size": [10, 12], "counts": [0, 120, 5]}, "RLE runs cover 125 pixels, the image has 120"),
+    ({"size": [10, 12]}, "RLE counts None"),
+])
+def test_a_bad_crowd_rle_is_one_line_naming_the_annotation_and_the_file(tmp_path, segmentation, message):
+    """Crowd annotations (iscrowd 1, RLE) are checked like the others: COCO AP ignores detections on
+    them, so a wrong one silently changes the score."""
+    crowd = {"id": 77, "image_id": 1, "category_id": 3, "bbox": [0, 0, 4, 4], "iscrowd": 1,
+             "segmentation": segmentation}
+    root = _tree(tmp_path, [crowd])
+    with pytest.raises(TrainperfError) as err:
+        C.read_instances(root, "train2017", masks=True)
+    text = str(err.value)
+    assert "instances_train2017.json: annotation 77: " in text and message in text and "\n" not in text

@@ -486,3 +486,13 @@ def test_synthetic_batches_have_the_recipes_shape():
     assert feats.shape == (2, 410, 240) and tokens.shape == (2, 70) and frames.tolist() == [410, 410]
     loss = parts.loss_fn(parts.model, (feats, frames, tokens, labels))
     assert torch.isfinite(loss) and loss > 0
+
+
+def test_training_the_sentencepiece_model_leaves_nothing_but_the_model(tmp_path):
+    transcripts = ["the cat sat on the mat", "a dog ran in the park", "birds sing at dawn"] * 20
+    out = tmp_path / "librispeech30.model"
+    D.train_sentencepiece(transcripts, out, 30)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["librispeech30.model"]
+    with pytest.raises(TrainperfError, match="cannot train 3 sentencepiece pieces"):
+        D.train_sentencepiece(transcripts, tmp_path / "librispeech3.model", 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["librispeech30.model"]

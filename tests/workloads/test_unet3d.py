@@ -284,3 +284,29 @@ def test_mini_runs_end_to_end_and_passes_the_checker(tmp_path):
     assert [e["epoch"] for e in result["evaluations"]] == [MINI.eval_first]
     assert 0.0 <= result["evaluations"][0]["value"] < MINI.target
     assert result["train_samples"] == 32 and result["eval_samples"] == 8
+
+
+def test_non_finite_voxels_are_refused_naming_the_case(tmp_path, capsys):
+    """A float volume with NaN outside its field of view (as nibabel's resampled test images have):
+    the reference has no rule for it, and its clip lets NaN through to training; refuse in one line."""
+    from trainperf.cli import main
+
+    root = tmp_path / "kits19"
+    (root / "case_00001").mkdir(parents=True)
+    image = np.full((8, 10, 12), 50.0, np.float32)
+    image[:, :3] = np.nan
+    image[0, 5, 5] = np.inf
+    affine = np.diag([3.2, 2.4, 2.4, 1.0])
+    _nifti(root / "case_00001" / "imaging.nii.gz", image, affine)
+    _nifti(root / "case_00001" / "segmentation.nii.gz", np.zeros((8, 10, 12), np.uint8), affine)
+    assert main(["prepare", "unet3d", "--scale", "full", "--data", str(root)]) == 2
+    said = capsys.readouterr()
+    lines = [line for line in said.err.splitlines() if "error" in line]
+    assert len(lines) == 1 and "Traceback" not in said.err, said.err
+    assert "case 00001: imaging.nii.gz holds 289 non-finite voxels (NaN or infinite) of 960" in lines[0]
+    assert not (root / "case_00001_x.npy").exists()
+    # A prepared array damaged the same way is refused when training reads it.
+    np.save(root / "case_00002_x.npy", np.full((1, 4, 4, 4), np.nan, np.float32))
+    np.save(root / "case_00002_y.npy", np.zeros((1, 4, 4, 4), np.uint8))
+    with pytest.raises(TrainperfError, match=r"^case 00002: case_00002_x.npy holds 64 non-finite voxels"):
+        D.load_case("00002", root / "case_00002_x.npy", root / "case_00002_y.npy")

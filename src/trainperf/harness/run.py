@@ -472,7 +472,8 @@ class _TimedLoop:
         mean_loss = float(totals[0]) / max(float(totals[1]), 1.0)
         samples = int(totals[2])
         if not math.isfinite(mean_loss):
-            raise RunAborted(f"non-finite training loss in epoch {epoch}")
+            hint = self.workload.divergence_hint(self.recipe, self.config.scale)
+            raise RunAborted(f"non-finite training loss in epoch {epoch}" + (f" ({hint})" if hint else ""))
         t1 = clock.now_ms()
         if log_epochs:
             log.end(C.EPOCH_STOP, metadata={"epoch_num": epoch}, time_ms=t1)

@@ -129,6 +129,11 @@ class Workload(ABC, Generic[R]):
         MLPerf's (a missing pretrained backbone, say). Printed, never fatal."""
         return []
 
+    def divergence_hint(self, recipe: R, scale: str) -> str | None:
+        """The likely cause when this recipe's training loss stops being finite, for the abort reason
+        (a full recipe started without its pretrained weights, say); None when there is none to give."""
+        return None
+
     @abstractmethod
     def build(self, recipe: R, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         """Model (on ctx.device), optimizer, loss, LR schedule, evaluation forward. Reads nothing but

@@ -149,11 +149,15 @@ def read_instances(root: Path, split: str, category_ids: list[int] | None = None
         bbox = ann.get("bbox")
         if not isinstance(bbox, list) or len(bbox) != 4 or not all(_is_number(v) for v in bbox):
             raise _fail(path, f"annotation {ann_id}: expected bbox [x, y, width, height], got {shown(str(bbox))}")
-        if ann.get("iscrowd", 0):
-            crowd += 1
-            continue
         row = row_of[ann["image_id"]]
         height, width = sizes[row]
+        if ann.get("iscrowd", 0):
+            # Not trained on, but COCO AP ignores the detections that fall on a crowd region: a crowd
+            # RLE of the wrong size or runs would change the score without a word.
+            if masks and "segmentation" in ann:
+                check_segmentation(ann["segmentation"], ann_id, height, width, path)
+            crowd += 1
+            continue
         x0, y0 = min(max(bbox[0], 0.0), width), min(max(bbox[1], 0.0), height)
         x1, y1 = min(max(bbox[0] + bbox[2], 0.0), width), min(max(bbox[1] + bbox[3], 0.0), height)
         if x1 <= x0 or y1 <= y0:

@@ -170,6 +170,12 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
     def initialized_tensors(self, recipe: MaskRCNNRecipe, model: nn.Module) -> list[str]:
         return M.reference_tensor_names(model)
 
+    def divergence_hint(self, recipe: MaskRCNNRecipe, scale: str) -> str | None:
+        if recipe.model == "maskrcnn" and not recipe.backbone_weights:
+            return ("expected without pretrained weights: the reference learning rate assumes an ImageNet-trained "
+                    "ResNet-50 body; give one with --set backbone_weights=PATH")
+        return None
+
     def notes(self, recipe: MaskRCNNRecipe, scale: str) -> list[str]:
         if recipe.model == "maskrcnn" and not recipe.backbone_weights:
             return ["no --set backbone_weights=PATH: the ResNet-50 body starts from random weights, the reference "

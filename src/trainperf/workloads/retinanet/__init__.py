@@ -131,6 +131,12 @@ class RetinaNetWorkload(Detector[RetinaNetRecipe]):
     def initialized_tensors(self, recipe: RetinaNetRecipe, model: nn.Module) -> list[str]:
         return M.reference_tensor_names(model)
 
+    def divergence_hint(self, recipe: RetinaNetRecipe, scale: str) -> str | None:
+        if recipe.model == "retinanet" and not recipe.backbone_weights:
+            return ("expected without pretrained weights: the reference learning rate assumes an ImageNet-trained "
+                    "ResNeXt50-32x4d body; give one with --set backbone_weights=PATH")
+        return None
+
     def notes(self, recipe: RetinaNetRecipe, scale: str) -> list[str]:
         if recipe.model == "retinanet" and not recipe.backbone_weights:
             return ["no --set backbone_weights=PATH: the ResNeXt50-32x4d body starts from random weights, the "

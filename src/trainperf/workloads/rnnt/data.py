@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import numpy as np
 
 from trainperf import prepared
 from trainperf.errors import TrainperfError
-from trainperf.files import AtomicOutput, write_json_atomic
+from trainperf.files import write_bytes_atomic, write_json_atomic
 from trainperf.workloads.rnnt.features import trim_silence
 
 SAMPLE_RATE = 16_000
@@ -142,19 +143,19 @@ def train_sentencepiece(transcripts: Sequence[str], out: Path, pieces: int) -> N
     """The reference's unigram model (no BOS/EOS, full character coverage), written atomically."""
     import sentencepiece as spm
 
-    with AtomicOutput(out.with_suffix("")) as tmp:
-        tmp.mkdir()
+    # The trainer writes m.model and m.vocab under a prefix: a scratch folder beside the output,
+    # removed whatever happens; only the model is moved into place.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as scratch:
         try:
             spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(transcripts), model_prefix=str(tmp / "m"), vocab_size=pieces,
+                sentence_iterator=iter(transcripts), model_prefix=str(Path(scratch) / "m"), vocab_size=pieces,
                 model_type="unigram", character_coverage=1.0, bos_id=-1, eos_id=-1, hard_vocab_limit=False,
                 num_threads=min(8, os.cpu_count() or 1), minloglevel=2)
         except RuntimeError as exc:  # the trainer's checks (too few pieces for the characters, say)
             reason = str(exc).splitlines()[0].rsplit("] ", 1)[-1][:160]
             raise TrainperfError(f"{out}: cannot train {pieces} sentencepiece pieces ({reason})") from None
-        (tmp / "m.model").replace(out)
-        for leftover in tmp.iterdir():
-            leftover.unlink()
+        write_bytes_atomic(out, (Path(scratch) / "m.model").read_bytes())
 
 
 def read_manifest(path: Path) -> list[dict[str, Any]]:

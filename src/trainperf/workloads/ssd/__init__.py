@@ -154,6 +154,12 @@ class SSDWorkload(Detector[SSDRecipe]):
             "model_bn_span": recipe.global_batch_size // (ctx.world_size * recipe.grad_accum_steps),
         }
 
+    def divergence_hint(self, recipe: SSDRecipe, scale: str) -> str | None:
+        if recipe.model == "ssd300" and not recipe.backbone_weights:
+            return ("expected without pretrained weights: the reference learning rate assumes an ImageNet-trained "
+                    "ResNet-34 body; give one with --set backbone_weights=PATH")
+        return None
+
     def notes(self, recipe: SSDRecipe, scale: str) -> list[str]:
         if recipe.model == "ssd300" and not recipe.backbone_weights:
             return ["no --set backbone_weights=PATH: the ResNet-34 trunk starts from random weights, the reference "

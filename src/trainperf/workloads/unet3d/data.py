@@ -97,7 +97,18 @@ def load_case(case: str, image_path: Path, label_path: Path) -> tuple[np.ndarray
     if not np.issubdtype(label.dtype, np.integer) or label.size and (label.min() < 0 or label.max() >= CLASSES):
         found = sorted(set(np.unique(label).tolist()) - {0, 1, 2})[:3]
         raise TrainperfError(f"case {case}: label holds classes {found}, expected only 0, 1 and 2")
+    _refuse_non_finite(image, case, image_path.name)
     return image.astype(np.float32, copy=False), label.astype(np.uint8, copy=False)
+
+
+def _refuse_non_finite(image: np.ndarray, case: str, name: str) -> None:
+    """The reference has no rule for NaN or infinite voxels (its clip lets NaN through, and training
+    then diverges far from the cause): refuse them, naming the case."""
+    if np.issubdtype(image.dtype, np.floating):
+        bad = int(image.size - np.count_nonzero(np.isfinite(image)))
+        if bad:
+            raise TrainperfError(f"case {case}: {name} holds {bad:,} non-finite voxels (NaN or infinite) of "
+                                 f"{image.size:,}; fix or drop the case (the reference has no rule for them)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,6 +216,7 @@ def preprocess_case(case_dir: Path) -> tuple[np.ndarray, np.ndarray]:
 
     case = case_dir.name.removeprefix("case_")
     image, spacing = read_nifti(case_dir / "imaging.nii.gz", case)
+    _refuse_non_finite(image, case, "imaging.nii.gz")
     label, _ = read_nifti(case_dir / "segmentation.nii.gz", case)
     if image.shape != label.shape:
         raise TrainperfError(f"case {case}: imaging shape {image.shape} and segmentation shape {label.shape} differ")
