@@ -11,10 +11,12 @@ rename.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -61,10 +63,47 @@ class AtomicOutput:
             raise
 
     def _discard(self) -> None:
+        # Never raises: the error that made us discard (a read-only or full disk, say) is the one to
+        # report, not a second one from cleaning up after it.
         if self.tmp.is_dir():
             shutil.rmtree(self.tmp, ignore_errors=True)
         else:
-            self.tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.tmp.unlink(missing_ok=True)
+
+
+_PARTIAL = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{8}\.partial$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def remove_stale_partials(folder: Path) -> list[Path]:
+    """Remove the temporary outputs (`.NAME.<pid>.<id>.partial`) that a process killed before it could
+    clean up left in `folder`; those of live processes (a prepare running beside us) stay."""
+    removed = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _PARTIAL.match(entry.name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+        removed.append(entry)
+    return removed
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:

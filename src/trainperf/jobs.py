@@ -5,8 +5,10 @@ processes it launches. The CLI parses into a `RunRequest` and prints; everything
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,11 +16,18 @@ from typing import Any
 
 from trainperf import devices, registry
 from trainperf.errors import TrainperfError
-from trainperf.files import copy_atomic
+from trainperf.files import copy_atomic, remove_stale_partials
 from trainperf.spec import Assets, Recipe, Workload
 
 Say = Callable[[str], None]
 
+
+# The exit codes of every command (docs/commands.md#exit-codes).
+EXIT_OK = 0  # done; for a run, the target was reached
+EXIT_NOT_REACHED = 1  # a run ended without reaching its target (budget spent, diverged, a data error)
+EXIT_USAGE = 2  # the input was refused before anything ran: an option, a file, a folder
+EXIT_INTERNAL = 3  # an unexpected error: a bug in trainperf or below it (the traceback is printed)
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM; what finished is kept
 
 @dataclass
 class RunRequest:
@@ -37,6 +46,7 @@ class RunRequest:
     org: str = "trainperf"
     status: str = "onprem"
     runs: int | None = None  # a series of N runs (0: the benchmark's MLPerf run count)
+    resume: bool = False  # a series into a folder that holds some: keep the finished runs, redo the rest
     system: str | None = None
     clear_caches: bool = False
     quiet: bool = False
@@ -93,6 +103,7 @@ def prepared_data(workload: Workload, scale: str, data: str | None, say: Say = p
     if problems and scale == "full":
         raise TrainperfError(problems[0])
     if problems:
+        remove_stale_partials(folder.parent)
         workload.prepare(scale, folder, say)
     return folder
 
@@ -144,7 +155,10 @@ def start(request: RunRequest, say: Say = print, warn: Say = print) -> RunOutcom
     is_main = placement is None or placement[0] == 0
     if is_main and request.runs is None:
         run_folder.check_free(out_dir)
+    if request.resume and request.runs is None:
+        raise TrainperfError("--resume: only a series (--runs) can be resumed")
     if problems and not in_group:
+        remove_stale_partials(folder.parent)
         workload.prepare(request.scale, folder, say)
     if not in_group:
         # Files build() reads (metadata, weights): a missing one is named before any folder is written.
@@ -158,8 +172,8 @@ def start(request: RunRequest, say: Say = print, warn: Say = print) -> RunOutcom
     result = run_once(request, workload, recipe, folder, out_dir, seed)
     if result is None:
         return RunOutcome(code=0, out_dir=out_dir, in_group=in_group)  # a rank other than 0: rank 0 reports
-    return RunOutcome(code=0 if result["status"] == "success" else 1, result=result, out_dir=out_dir,
-                      in_group=in_group)
+    code = 0 if result["status"] == "success" else EXIT_INTERRUPTED if interrupted(result) else EXIT_NOT_REACHED
+    return RunOutcome(code=code, result=result, out_dir=out_dir, in_group=in_group)
 
 
 def run_once(request: RunRequest, workload: Workload, recipe: Recipe, folder: Path, out_dir: Path,
@@ -197,24 +211,36 @@ def run_once(request: RunRequest, workload: Workload, recipe: Recipe, folder: Pa
 
 def run_series(request: RunRequest, workload: Workload, recipe: Recipe, folder: Path, out_dir: Path, seed: int,
                say: Say = print, warn: Say = print) -> int:
-    """N runs with distinct recorded seeds, in the MLPerf submission layout. Exit code 0 when all ran,
-    130 when interrupted (the finished runs are kept), 1 otherwise."""
+    """N runs with distinct recorded seeds, in the MLPerf submission layout. Exit code 0 when all ran
+    (a run that missed its target is still a run: the olympic score allows for it), 130 when
+    interrupted (the finished runs are kept), 1 otherwise."""
     from trainperf.results import submission
 
     count = request.runs if request.runs else workload.mlperf_runs
     device = devices.resolve(request.device)
     world = request.nproc if device.type == "cuda" else 1
     system = request.system or submission.default_system_name(device, world)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise TrainperfError(f"--out {out_dir}: exists and is not a folder")
     logs_dir, system_json, details_dir = submission.layout_paths(out_dir, system, workload.benchmark)
-    if logs_dir.exists() and any(logs_dir.glob("result_*.txt")):
-        raise TrainperfError(f"--out {out_dir}: {logs_dir} already holds results; choose another folder")
+    kept = {i for i in range(count) if (logs_dir / f"result_{i}.txt").is_file()}
+    if (kept or any(logs_dir.glob("result_*.txt"))) and not request.resume:
+        raise TrainperfError(f"--out {out_dir}: {logs_dir} already holds results; choose another folder, or add "
+                             "--resume to keep the finished runs and redo the others")
+    if kept and request.seed is None:
+        seed = _series_seed(details_dir, kept, seed)
     logs_dir.mkdir(parents=True, exist_ok=True)
     submission.write_system(system_json, submission.system_description(
         system, request.org, request.division_or_default, request.status, device, world))
-    say(f"{count} runs of {workload.name} {request.scale} into {out_dir} (system {system})")
-    finished = 0
+    resumed = f", {len(kept)} kept" if kept else ""
+    say(f"{count} runs of {workload.name} {request.scale} into {out_dir} (system {system}{resumed})")
+    finished = len(kept)
     for i in range(count):
         run_dir = details_dir / f"run_{i}"
+        if i in kept:
+            continue
+        if request.resume and run_dir.exists():
+            shutil.rmtree(run_dir)  # a run cut short: its log never reached the results folder
         try:
             result = run_once(request, workload, recipe, folder, run_dir, seed + i)
         except TrainperfError as exc:
@@ -225,14 +251,26 @@ def run_series(request: RunRequest, workload: Workload, recipe: Recipe, folder: 
             warn(f"run {i}: {why}; the series stops")
             break
         if interrupted(result):
-            warn(f"run {i}: interrupted; the {finished} finished run(s) are kept")
-            return 130
+            warn(f"run {i}: interrupted; the {finished} finished run(s) are kept (add --resume to the same "
+                 "command to go on)")
+            return EXIT_INTERRUPTED
         copy_atomic(run_dir / "mlperf_log.txt", logs_dir / f"result_{i}.txt")
         finished += 1
         ttt = f"{result['time_to_train_s']:.2f} s" if result["time_to_train_s"] is not None else "-"
         say(f"run {i} (seed {seed + i}): {result['status']} in {ttt}")
     say(f"results: {logs_dir}\nsystem description: {system_json}\nscore it: trainperf score {out_dir}")
     return 0 if finished == count else 1
+
+
+def _series_seed(details_dir: Path, kept: set[int], fallback: int) -> int:
+    """The first seed of a series being resumed: run k used SEED + k (its result.json says which)."""
+    for k in sorted(kept):
+        path = details_dir / f"run_{k}" / "result.json"
+        try:
+            return int(json.loads(path.read_text(encoding="utf-8"))["seed"]) - k
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return fallback
 
 
 def interrupted(result: dict[str, Any]) -> bool:
@@ -251,7 +289,10 @@ def summary(workload: Workload, scale: str, result: dict[str, Any], out_dir: Pat
     procs = result["environment"].get("world_size", 1)
     return (f"{workload.name} {scale}: {result['status']} in {ttt} ({detail})"
             + (f" on {procs} processes" if procs > 1 else "")
-            + f"\nlog: {out_dir / 'mlperf_log.txt'}\nresult: {out_dir / 'result.json'}")
+            + f"\nlog: {out_dir / 'mlperf_log.txt'}\nresult: {out_dir / 'result.json'}"
+            + f"\nnext: trainperf report {out_dir} -o report.html (a page with the convergence curve); "
+            + f"trainperf check {out_dir / 'mlperf_log.txt'}; for a score, the MLPerf runs: trainperf run "
+            + f"{workload.name}{' --scale full' if scale == 'full' else ''} --runs --out sub/ && trainperf score sub/")
 
 
 def command_line(argv: list[str]) -> str:

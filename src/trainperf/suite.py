@@ -55,7 +55,7 @@ class SuiteRow:
 def parse_only(text: str | None) -> list[str]:
     """--only a,b: registered names in registry order; every name is checked."""
     known = registry.names()
-    if not text:
+    if text is None:
         return known
     wanted = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in wanted if n not in known]

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
+import re
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from trainperf import jobs
@@ -40,6 +43,7 @@ def run_request(args: argparse.Namespace) -> jobs.RunRequest:
         workload=args.workload, scale=args.scale, data=args.data, recipe=args.recipe, sets=list(args.set),
         device=args.device, seed=args.seed, out=args.out, nproc=args.nproc, division=args.division, org=args.org,
         status=args.status, runs=args.runs, system=args.system, clear_caches=args.clear_caches, quiet=args.quiet,
+        resume=getattr(args, "resume", False),
         command=jobs.command_line(args.argv))
 
 
@@ -71,10 +75,92 @@ def switch_sets(args: argparse.Namespace) -> list[str]:
     return sets
 
 
+# -- values checked where they are typed: argparse then refuses them in one line (exit 2) ----------
+def _number(kind: type, low: float | None, high: float | None, what: str) -> Callable[[str], Any]:
+    def parse(raw: str) -> Any:
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{raw!r}: expected {what}") from None
+        if (isinstance(value, float) and not math.isfinite(value)) or (low is not None and value < low) or \
+                (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{raw!r}: expected {what}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+positive_int = _number(int, 1, None, "a whole number >= 1")
+non_negative_int = _number(int, 0, None, "a whole number >= 0")
+positive_float = _number(float, 0, None, "a finite number >= 0")
+seed_int = _number(int, 0, 2**32 - 1, "a seed from 0 to 4294967295")
+SYSTEM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
+
+
+def system_name(raw: str) -> str:
+    """A system name is a folder name in the submission layout: never a path."""
+    if not SYSTEM_NAME.fullmatch(raw) or ".." in raw:
+        raise argparse.ArgumentTypeError(f"{raw[:40]!r}: expected a name of letters, digits, '.', '_' and '-' "
+                                          "(at most 80, starting with a letter or digit)")
+    return raw
+
+
+def _blocking_file(path: Path) -> Path | None:
+    """The first existing non-folder among the parents a path would be created under."""
+    for parent in reversed(path.parents):
+        if parent.exists() and not parent.is_dir():
+            return parent
+    return None
+
+
+def output_file(raw: str) -> str:
+    """A file to write: refused before any work when a folder is in its place or a file in its path."""
+    path = Path(raw)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{raw}: is a folder; name a file")
+    blocking = _blocking_file(path)
+    if blocking is not None:
+        raise argparse.ArgumentTypeError(f"{raw}: {blocking} is a file, not a folder")
+    return raw
+
+
+def output_dir(raw: str) -> str:
+    """A folder to write into: refused before any work when a file is in its place or its path."""
+    path = Path(raw)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{raw}: exists and is not a folder")
+    blocking = _blocking_file(path)
+    if blocking is not None:
+        raise argparse.ArgumentTypeError(f"{raw}: {blocking} is a file, not a folder")
+    return raw
+
+
+def ruleset_name(raw: str) -> str:
+    from trainperf import rulesets
+
+    if raw not in rulesets.known():
+        raise argparse.ArgumentTypeError(f"{raw[:40]!r}: expected one of the official checker's rulesets: "
+                                         + ", ".join(rulesets.known()))
+    return raw
+
+
+def add_workload(p: argparse.ArgumentParser, help: str | None = None) -> None:
+    from trainperf import registry
+
+    p.add_argument("workload", metavar="WORKLOAD", help=help or "one of: " + ", ".join(registry.names()))
+
+
+def add_scale(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scale", choices=SCALES, default="mini",
+                   help="mini: the small generated dataset and calibrated target (default); full: the MLPerf "
+                        "reference recipe, target and dataset (--data)")
+
+
 def add_workload_options(p: argparse.ArgumentParser, with_switches: bool = True) -> None:
     """What selects a workload's run: shared by run, scale, bench and ablate."""
-    p.add_argument("workload")
-    p.add_argument("--scale", choices=SCALES, default="mini")
+    add_workload(p)
+    add_scale(p)
     p.add_argument("--data", metavar="DIR", help="dataset root (default for mini: the cache folder)")
     p.add_argument("--recipe", metavar="NAME", help="a named recipe of the scale (default: the first)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import textwrap
 from pathlib import Path
 
 from rich.console import Console
@@ -19,21 +21,26 @@ from trainperf.cli.options import (
 )
 from trainperf.cli.perf import project_scaling
 from trainperf.errors import TrainperfError
+from trainperf.files import remove_stale_partials
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    table = Table(title="trainperf workloads")
-    for column in ("workload", "MLPerf key", "ruleset", "metric", "target mini", "target full", "mini data",
-                   "what"):
-        table.add_column(column, no_wrap=column != "what")
-    for name in registry.names():
+    """One entry per workload, its name first and never cut, the rest wrapped to the terminal (80
+    columns when piped): what a user types must stay readable at any width."""
+    width = max(60, min(shutil.get_terminal_size((80, 24)).columns, 120))
+    names = registry.names()
+    indent = max(len(n) for n in names) + 2
+    wrap = textwrap.TextWrapper(width=width, initial_indent="", subsequent_indent=" " * indent)
+    for name in names:
         w = registry.get(name)
         mini_dir = w.default_data_dir("mini")
-        ready = "ready" if mini_dir is not None and not w.data_problems("mini", mini_dir) else "on first run"
-        table.add_row(name, w.benchmark, w.ruleset, w.metric.name, w.metric.describe_target(w.recipe("mini").target),
-                      w.metric.describe_target(w.recipe("full").target), ready, w.summary)
-    # Wide enough for the table when the output is a pipe (rich would assume 80 columns).
-    Console(width=None if sys.stdout.isatty() else 140).print(table)
+        ready = "ready" if mini_dir is not None and not w.data_problems("mini", mini_dir) else "made on first run"
+        print(wrap.fill(f"{name:<{indent - 2}}  {w.summary}"))
+        facts = (f"MLPerf key {w.benchmark} (ruleset {w.ruleset}); {w.metric.name}: mini "
+                 f"{w.metric.describe_target(w.recipe('mini').target)}, full "
+                 f"{w.metric.describe_target(w.recipe('full').target)}; mini data {ready}")
+        print(textwrap.fill(facts, width=width, initial_indent=" " * indent, subsequent_indent=" " * indent))
+    print(f"\n{len(names)} workloads. Run one: trainperf run {names[0]}   Details: docs/workloads/<name>.md")
     return 0
 
 
@@ -47,6 +54,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         for line in bad:
             print(line)
         print(f"{len(bad)} unreadable sample(s); the loaders skip them" if bad else "every sample reads")
+    for stale in remove_stale_partials(data_dir.parent):
+        print(f"removed {stale}, left by a prepare that was killed")
     if args.scale == "mini" and not workload.data_problems("mini", data_dir):
         # Generated data is deterministic: a complete copy is never rewritten (its fingerprint is checked).
         print(f"{workload.name} mini: already present and complete in {data_dir}")
@@ -132,6 +141,8 @@ def cmd_suite(args: argparse.Namespace) -> int:
 
     names = suite.parse_only(args.only)
     out_dir = Path(args.out) if args.out else Path("runs") / f"suite-{args.scale}-{stamp()}"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise TrainperfError(f"--out {out_dir}: exists and is not a folder")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") % (2**31)
     print(f"suite: {len(names)} workload(s) at {args.scale} scale, {args.runs} run(s) each, first seed {seed}, "
           f"into {out_dir}", flush=True)

@@ -203,7 +203,9 @@ def _add_run_folder(data: ReportData, folder: Path) -> None:
     path = folder / "result.json"
     result = _json(path, "run result")
     with _validating(path, "trainperf run result"):
-        system = _str(_dict(_dict(result).get("environment", {})).get("platform", "this machine"))
+        env = _dict(_dict(result).get("environment", {}))
+        # The machine's system name, as a series names it (results before it was recorded: the platform).
+        system = _str(env.get("system") or env.get("platform", "this machine"))
         view = _from_result_json(result, system, folder.name)
         group = data.group(system, view.benchmark, view.scale or "?")
         group.target = view.target if view.target is not None else group.target

@@ -60,7 +60,9 @@ def check(log: Path, ruleset: str | None = None) -> CheckResult:
         if own is not None:
             cmd[-1:-1] = ["--config", str(own)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    output = (proc.stdout + proc.stderr).strip()
+    # The checker names the copy it was given (a temporary file, gone by now): name the user's log.
+    output = (proc.stdout + proc.stderr).strip().replace(str(copy), str(log))
+    output = "\n".join(line for line in output.splitlines() if tmp not in line)
     return CheckResult(valid=proc.returncode == 0, benchmark=benchmark,
                        division=header.get("submission_division", "?"), ruleset=ruleset, output=output,
                        config=str(own) if own else None)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +55,7 @@ def _os_name() -> str:
 
 
 def default_system_name(device: torch.device, world_size: int) -> str:
-    if device.type == "cuda":
-        name = f"{world_size}x{devices.name(device)}"
-    else:
-        name = f"{environment.cpu_model()} {os.cpu_count()}cpu"
-    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").lower()
+    return environment.system_name(device, world_size)
 
 
 def system_description(system_name: str, org: str, division: str, status: str, device: torch.device,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -52,6 +53,17 @@ def platform_name(device: torch.device, world_size: int = 1) -> str:
     return f"{os.cpu_count()}-core {cpu_model()}"
 
 
+def system_name(device: torch.device, world_size: int = 1) -> str:
+    """The machine's name in the submission layout and in reports ("amd_epyc_7b13_2cpu", "8xnvidia_h100"):
+    one name per machine, whether it ran one run or a series, so that `report` never compares a
+    machine with itself."""
+    if device.type == "cuda":
+        name = f"{world_size}x{devices.name(device)}"
+    else:
+        name = f"{cpu_model()} {os.cpu_count()}cpu"
+    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").lower()
+
+
 def git_sha() -> str | None:
     """The commit of the trainperf source tree, when it runs from a git checkout."""
     here = Path(__file__).resolve().parent
@@ -84,6 +96,7 @@ def describe(device: torch.device, world_size: int = 1) -> dict[str, Any]:
     """Everything needed to say where a number came from."""
     return {
         "platform": platform_name(device, world_size),
+        "system": system_name(device, world_size),
         "device": str(device),
         "world_size": world_size,
         # The collective backend of the process group this process joined (nccl, gloo), or None.

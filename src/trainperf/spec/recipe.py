@@ -118,8 +118,12 @@ class Recipe:
             raise TrainperfError("recipe fields max_epochs and max_samples: at least one budget must be > 0")
         if self.max_grad_norm < 0:
             raise TrainperfError(f"recipe field max_grad_norm must be >= 0 (0: no clipping), got {self.max_grad_norm}")
-        if self.ruleset and not re.fullmatch(r"\d+\.\d+\.\d+", self.ruleset):
-            raise TrainperfError(f"recipe field ruleset={self.ruleset!r}: expected a version such as 2.0.0, or blank")
+        if self.ruleset:
+            from trainperf import rulesets
+
+            if self.ruleset not in rulesets.known():
+                raise TrainperfError(f"recipe field ruleset={self.ruleset[:40]!r}: expected blank or one of the "
+                                     "official checker's rulesets: " + ", ".join(rulesets.known()))
         if self.precision not in ("fp32", "bf16", "fp16", "fp8"):
             raise TrainperfError(f"recipe field precision={self.precision!r} is not one of: fp32, bf16, fp16, fp8")
         if self.log_epoch_num not in EPOCH_NUM_STYLES:
