@@ -29,6 +29,13 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     mp.setenv("TRAINPERF_CACHE", str(cache))
     yield cache
     mp.undo()
+    # Every run of the session checked its mini data against the files recorded when it was
+    # generated: a workload that rewrote its own generated data would make every later run regenerate.
+    from trainperf import prepared
+
+    changed = [line for folder in sorted(cache.iterdir()) if folder.is_dir()
+               for line in prepared.generated_problems(folder)]
+    assert not changed, f"runs changed their generated mini data: {changed}"
 
 
 def read_log(path: Path) -> list[dict]:

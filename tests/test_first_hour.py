@@ -220,3 +220,45 @@ def test_an_interrupted_series_resumes(tmp_path, capsys):
     assert "1 kept" in said and "run 1 (seed 6)" in said
     assert (logs / "result_0.txt").stat().st_mtime_ns == first and (logs / "result_1.txt").is_file()
     assert main(["score", str(out)]) == 0
+
+
+# -- damaged generated data --------------------------------------------------------------------------------
+def _copy_mini(name: str, tmp_path: Path) -> Path:
+    import shutil
+
+    from tests.conftest import mini_data
+
+    root = tmp_path / f"{name}-mini"
+    shutil.copytree(mini_data(name), root)
+    return root
+
+
+def test_a_deleted_class_folder_of_the_resnet_mini_is_found_and_regenerated(tmp_path, capsys):
+    import shutil
+
+    root = _copy_mini("resnet", tmp_path)
+    assert main(["prepare", "resnet", "--data", str(root)]) == 0  # records the files of an older copy
+    assert "already present" in capsys.readouterr().out
+    victim = sorted((root / "val").iterdir())[-1]
+    shutil.rmtree(victim)
+    assert jobs.data_problems(__import__("trainperf.registry", fromlist=["get"]).get("resnet"), "mini", root)
+    assert main(["prepare", "resnet", "--data", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "generated files missing or changed since generated" in out and "generating it again" in out
+    assert victim.is_dir()
+
+
+def test_a_truncated_ncf_mini_is_regenerated_before_a_run(tmp_path, capsys):
+    from trainperf import registry
+
+    root = _copy_mini("ncf", tmp_path)
+    jobs.prepared_data(registry.get("ncf"), "mini", str(root), say=lambda s: None)
+    ratings = root / "train-ratings.csv"
+    size = ratings.stat().st_size
+    lines = ratings.read_text().splitlines(keepends=True)
+    ratings.write_text("".join(lines[:50_000]))
+    problems = jobs.data_problems(registry.get("ncf"), "mini", root)
+    assert problems and "train-ratings.csv is" in problems[0] and f"was {size:,}" in problems[0]
+    said = []
+    jobs.prepared_data(registry.get("ncf"), "mini", str(root), say=said.append)
+    assert any("generating it again" in line for line in said) and ratings.stat().st_size == size

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainperf import devices, registry
+from trainperf import devices, prepared, registry
 from trainperf.errors import TrainperfError
 from trainperf.files import copy_atomic, remove_stale_partials
 from trainperf.spec import Assets, Recipe, Workload
@@ -96,16 +96,43 @@ def data_dir(workload: Workload, scale: str, data: str | None) -> Path:
     return default
 
 
+def data_problems(workload: Workload, scale: str, folder: Path) -> list[str]:
+    """The workload's own checks, and for generated (mini) data, that no file went missing or changed
+    size since it was generated."""
+    problems = workload.data_problems(scale, folder)
+    if scale == "mini" and not problems:
+        problems = prepared.generated_problems(folder)
+    return problems
+
+
+def generate(workload: Workload, folder: Path, problems: list[str], say: Say = print) -> None:
+    """Generate mini data, again from scratch when the copy there is damaged, and record its files."""
+    remove_stale_partials(folder.parent)
+    damaged = bool(prepared.generated_problems(folder))
+    if damaged:
+        say(f"{problems[0]}: generating it again")
+        shutil.rmtree(folder)
+    workload.prepare("mini", folder, say)
+    prepared.record_generated(folder)
+
+
 def prepared_data(workload: Workload, scale: str, data: str | None, say: Say = print) -> Path:
     """The data folder, ready: a mini dataset is generated on first use, a full one must be complete."""
     folder = data_dir(workload, scale, data)
-    problems = workload.data_problems(scale, folder)
+    problems = data_problems(workload, scale, folder)
     if problems and scale == "full":
         raise TrainperfError(problems[0])
     if problems:
-        remove_stale_partials(folder.parent)
-        workload.prepare(scale, folder, say)
+        generate(workload, folder, problems, say)
+    elif scale == "mini":
+        record_once(folder)
     return folder
+
+
+def record_once(folder: Path) -> None:
+    """Mini data generated before its files were recorded: record them now (from now on, damage shows)."""
+    if not (folder / prepared.GENERATED_MANIFEST).exists():
+        prepared.record_generated(folder)
 
 
 def needs_data(synthetic: bool, data: str | None) -> bool:
@@ -138,7 +165,7 @@ def start(request: RunRequest, say: Say = print, warn: Say = print) -> RunOutcom
     workload = registry.get(request.workload)
     recipe = resolve_recipe(workload, request.scale, request.recipe, request.sets)
     folder = data_dir(workload, request.scale, request.data)
-    problems = workload.data_problems(request.scale, folder)
+    problems = data_problems(workload, request.scale, folder)
     if problems and request.scale == "full":
         raise TrainperfError(problems[0])
     placement = distributed.env_placement()
@@ -158,8 +185,9 @@ def start(request: RunRequest, say: Say = print, warn: Say = print) -> RunOutcom
     if request.resume and request.runs is None:
         raise TrainperfError("--resume: only a series (--runs) can be resumed")
     if problems and not in_group:
-        remove_stale_partials(folder.parent)
-        workload.prepare(request.scale, folder, say)
+        generate(workload, folder, problems, say)
+    elif request.scale == "mini" and not in_group:
+        record_once(folder)
     if not in_group:
         # Files build() reads (metadata, weights): a missing one is named before any folder is written.
         Assets(workload.assets(recipe, folder)).check()

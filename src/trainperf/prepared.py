@@ -77,3 +77,45 @@ def stale(recorded: Any, sources: Mapping[str, Path], format_version: int, param
         if now != before[name]:
             return f"{path}: {_describe(before[name], now)} since the data was prepared"
     return None
+
+
+# -- generated (mini) data: every file's size, recorded once generated ---------------------------------
+GENERATED_MANIFEST = ".trainperf-generated.json"
+
+
+def record_generated(folder: Path) -> None:
+    """After generating a mini dataset: the size of every file in it, so that a damaged copy (a folder
+    deleted, a file truncated) is found before it trains silently on less."""
+    from trainperf.files import write_json_atomic
+
+    sizes = {p.relative_to(folder).as_posix(): p.stat().st_size for p in sorted(folder.rglob("*"))
+             if p.is_file() and p.name != GENERATED_MANIFEST and not p.name.startswith(".")}
+    write_json_atomic(folder / GENERATED_MANIFEST, {"files": sizes})
+
+
+def generated_problems(folder: Path) -> list[str]:
+    """One line when generated data no longer matches what was generated (files missing or resized);
+    none when it does, or when nothing was recorded (data generated before trainperf recorded it)."""
+    import json
+
+    path = folder / GENERATED_MANIFEST
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))["files"]
+        assert isinstance(recorded, dict)
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        return [f"{path}: unreadable record of the generated files"]
+    changed = []
+    for name, size in recorded.items():
+        try:
+            now = (folder / name).stat().st_size
+        except OSError:
+            changed.append(f"{name} missing")
+            continue
+        if now != size:
+            changed.append(f"{name} is {now:,} bytes, was {size:,}")
+    if not changed:
+        return []
+    return [f"{folder}: {len(changed)} of {len(recorded)} generated files missing or changed since generated "
+            f"({changed[0]}{', …' if len(changed) > 1 else ''})"]

@@ -34,7 +34,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name in names:
         w = registry.get(name)
         mini_dir = w.default_data_dir("mini")
-        ready = "ready" if mini_dir is not None and not w.data_problems("mini", mini_dir) else "made on first run"
+        ready = "ready" if mini_dir is not None and not jobs.data_problems(w, "mini", mini_dir) else "made on first run"
         print(wrap.fill(f"{name:<{indent - 2}}  {w.summary}"))
         facts = (f"MLPerf key {w.benchmark} (ruleset {w.ruleset}); {w.metric.name}: mini "
                  f"{w.metric.describe_target(w.recipe('mini').target)}, full "
@@ -56,9 +56,14 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         print(f"{len(bad)} unreadable sample(s); the loaders skip them" if bad else "every sample reads")
     for stale in remove_stale_partials(data_dir.parent):
         print(f"removed {stale}, left by a prepare that was killed")
-    if args.scale == "mini" and not workload.data_problems("mini", data_dir):
-        # Generated data is deterministic: a complete copy is never rewritten (its fingerprint is checked).
-        print(f"{workload.name} mini: already present and complete in {data_dir}")
+    if args.scale == "mini":
+        problems = jobs.data_problems(workload, "mini", data_dir)
+        if not problems:
+            # Generated data is deterministic: a complete copy is never rewritten (its files are checked).
+            jobs.record_once(data_dir)
+            print(f"{workload.name} mini: already present and complete in {data_dir}")
+            return 0
+        jobs.generate(workload, data_dir, problems, print)
         return 0
     workload.prepare(args.scale, data_dir, print)
     if args.scale == "full":
