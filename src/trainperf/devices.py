@@ -111,6 +111,11 @@ def total_memory(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(_indexed(device)).total_memory)
 
 
+def free_memory(device: torch.device) -> int:
+    """Bytes free on the GPU now (torch.cuda.mem_get_info)."""
+    return int(torch.cuda.mem_get_info(_indexed(device))[0])
+
+
 def versions() -> dict[str, str | None]:
     """CUDA, cuDNN and NCCL versions of this torch build (None where it has none)."""
     if not available():

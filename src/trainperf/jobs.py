@@ -112,6 +112,8 @@ def generate(workload: Workload, folder: Path, problems: list[str], say: Say = p
     if damaged:
         say(f"{problems[0]}: generating it again")
         shutil.rmtree(folder)
+    else:
+        say(f"{workload.name}: generating the mini dataset in {folder} (first use only)")
     workload.prepare("mini", folder, say)
     prepared.record_generated(folder)
 

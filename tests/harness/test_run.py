@@ -315,3 +315,32 @@ def test_evaluations_inside_an_epoch_stop_mid_epoch_and_close_it(tmp_path, per_e
     assert keys.count("epoch_start") == keys.count("epoch_stop") == 2
     assert keys.count("block_start") == keys.count("block_stop") == 2
     assert keys.index("run_stop") == len(keys) - 1 and keys[-2] == "block_stop"
+
+
+def test_a_full_disk_ends_the_run_at_the_first_failed_write_in_one_line(tmp_path, monkeypatch, capsys):
+    """As a full disk does it: the log's file takes 20 records, then every write fails with ENOSPC."""
+    import errno
+    import logging
+
+    class FullAfter:
+        def __init__(self, stream, room: int) -> None:
+            self.stream, self.room = stream, room
+
+        def write(self, text: str) -> int:
+            if text.strip():
+                self.room -= 1
+            if self.room < 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.stream.write(text)
+
+        def __getattr__(self, name: str):
+            return getattr(self.stream, name)
+
+    real_open = logging.FileHandler._open
+    monkeypatch.setattr(logging.FileHandler, "_open", lambda self: FullAfter(real_open(self), 20))
+    result, records = _run(tmp_path, FakeWorkload(scores=[0.1] * 10))
+    assert result.status == "aborted"
+    assert result.abort_reason.startswith(f"{tmp_path / 'log.txt'}: cannot write the MLPerf log "
+                                          "(No space left on device)")
+    assert len(records) == 20  # what was written before is kept
+    assert "Logging error" not in capsys.readouterr().err

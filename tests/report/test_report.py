@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import re
 import shutil
 from pathlib import Path
@@ -22,7 +23,13 @@ HOSTILE = "<img src=x onerror=alert(1)>"
 def series(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("series") / "sub"
     assert main(["run", "resnet", "--runs", "3", "--seed", "20", "--out", str(out), "--quiet",
-                 "--system", HOSTILE]) == 0
+                 "--system", "plain"]) == 0
+    # `--system` takes names only; a results tree from elsewhere may still name its system anything.
+    for folder in ("results", "trainperf"):
+        (out / folder / "plain").rename(out / folder / HOSTILE)
+    desc = json.loads((out / "systems" / "plain.json").read_text())
+    (out / "systems" / f"{HOSTILE}.json").write_text(json.dumps({**desc, "system_name": HOSTILE}))
+    (out / "systems" / "plain.json").unlink()
     return out
 
 

@@ -115,14 +115,14 @@ def test_runs_series_in_submission_layout_passes_official_checkers(tmp_path, cap
 
     out = tmp_path / "sub"
     assert main(["run", "resnet", "--runs", "3", "--seed", "10", "--out", str(out), "--quiet",
-                 "--system", "cpu box"]) == 0
-    logs = sorted((out / "results" / "cpu box" / "resnet").iterdir())
+                 "--system", "cpu_box"]) == 0
+    logs = sorted((out / "results" / "cpu_box" / "resnet").iterdir())
     assert [p.name for p in logs] == ["result_0.txt", "result_1.txt", "result_2.txt"]
     seeds = [next(r["value"] for r in read_log(p) if r["key"] == "seed") for p in logs]
     assert seeds == [10, 11, 12]
-    system = out / "systems" / "cpu box.json"
+    system = out / "systems" / "cpu_box.json"
     desc = json.loads(system.read_text())
-    assert desc["system_name"] == "cpu box" and desc["submitter"] == "trainperf" and desc["division"] == "open"
+    assert desc["system_name"] == "cpu_box" and desc["submitter"] == "trainperf" and desc["division"] == "open"
     assert desc["host_processor_vcpu_count"] and desc["framework"].startswith("PyTorch")
     assert desc["accelerator_model_name"] == "" and desc["accelerators_per_node"] == "0"  # nothing invented
     with caplog.at_level(logging.INFO):

@@ -429,4 +429,4 @@ def test_make_phase1_writes_a_checkpoint_its_manifest_vouches_for(tmp_path):
     assert manifest["checkpoint_sha256"] == D.sha256(tmp_path / "phase1.pt")
     assert manifest["vocab_sha256"] == D.sha256(tmp_path / "vocab.txt") and manifest["steps"] == 2
     state = torch.load(tmp_path / "phase1.pt", weights_only=True)
-    assert state["bert.embeddings.word_embeddings.weight"].shape == (manifest["vocab_size"], MINI.hidden)
+    assert state["bert.embeddings.word_embeddings.weight"].shape == (manifest["vocab_size"], MINI.model.hidden)

@@ -141,7 +141,7 @@ def test_mini_reaches_target_above_popularity(ncf_run):
 def test_mini_log_passes_checker_with_ncf_rules(ncf_run, tmp_path):
     verdict = check(ncf_run / "mlperf_log.txt")
     assert verdict.valid, verdict.output
-    assert verdict.config and verdict.config.endswith("ncf.yaml") and verdict.ruleset == "0.7.0"
+    assert verdict.config and verdict.config.endswith("ncf/rules.yaml") and verdict.ruleset == "0.7.0"
     keys = [r["key"] for r in read_log(ncf_run / "mlperf_log.txt")]
     assert keys.count("opt_adam_beta_1") == 1 and keys.count("eval_hp_num_neg") == 1
     # The rules bite: a closed-division log below HR@10 0.635 fails.

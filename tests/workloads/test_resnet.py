@@ -95,7 +95,7 @@ def test_sigint_mid_run_leaves_aborted_log(tmp_path):
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 1, stderr
+    assert proc.returncode == 130, stderr  # interrupted: docs/commands.md#exit-codes
     assert "Traceback" not in stderr
     records = read_log(log)
     assert records[-1]["key"] == "run_stop"

@@ -21,6 +21,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainperf import devices
+from trainperf.bench import memory as memory_estimate
 from trainperf.runtime import distributed, environment, speedups
 from trainperf.runtime.step import TrainStep
 from trainperf.spec import Assets, EpochView, ModelParts, Recipe, Workload, bare_model
@@ -140,7 +141,8 @@ def peak_memory(device: torch.device) -> dict[str, Any]:
 
 
 def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | None, synthetic: bool,
-              steps: int, warmup: int, device: str | None = None, profile_steps: int = 0) -> BenchResult:
+              steps: int, warmup: int, device: str | None = None, profile_steps: int = 0,
+              check_memory: bool = True) -> BenchResult:
     ctx = dataclasses.replace(distributed.init_from_env(device), seed=0)
     dev = ctx.device
     torch.manual_seed(0)
@@ -151,6 +153,8 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         return TrainStep(model_parts, spe, recipe, dev, ctx=ctx, split=workload.split_batch,
                          count=workload.batch_samples)
 
+    if check_memory:  # before the batch is made: one line, not the OOM killer
+        memory_estimate.check_fits(workload, recipe, ctx, parts)
     step = make_step(parts, max(steps, 1))
     batch = workload.synthetic_batch(recipe, ctx, parts.model)
     batch_size = workload.batch_samples(batch)
@@ -207,7 +211,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
     rate = samples / total
     achieved = flops * rate / 1e12
     peak, source = device_peak_tflops(dev, recipe.precision)
-    memory = peak_memory(dev)
+    peaks = peak_memory(dev)
     ordered = sorted(times)
     return BenchResult(
         workload=workload.name, scale=scale, synthetic=synthetic, batch_size=batch_size, steps=steps,
@@ -216,7 +220,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         units=workload.loss_units_name if parts.loss_units is not None else None,
         step_time_p50_ms=statistics.median(ordered) * 1e3,
         step_time_p90_ms=ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))] * 1e3,
-        data_share=waits / total, **memory, flops_per_sample=flops,
+        data_share=waits / total, **peaks, flops_per_sample=flops,
         achieved_tflops=achieved, peak_tflops=peak, peak_source=source,
         mfu=achieved / peak if peak else None, speedups=speedups.enabled(recipe), device=str(dev),
         sample_name=workload.sample_name,

@@ -168,7 +168,13 @@ def cmd_score(args: argparse.Namespace) -> int:
     folders = scoring.find_benchmark_folders(Path(args.folder))
     all_valid = True
     for folder in folders:
-        result = scoring.score_folder(folder, args.ruleset)
+        size = sum(p.stat().st_size for p in folder.glob("result_*.txt"))
+        if size > 16 << 20:  # large logs take a while to check: show it
+            print(f"scoring {folder} ({size / 2**20:,.0f} MiB of logs)", flush=True)
+            with progress_bar(f"scoring {folder.name}") as bar:
+                result = scoring.score_folder(folder, args.ruleset, progress=lambda done, total: bar(done, total, 0))
+        else:
+            result = scoring.score_folder(folder, args.ruleset)
         all_valid &= result.valid
         table = Table(title=f"{result.system} / {result.benchmark}  (ruleset {result.ruleset})", title_justify="left")
         for column in ("run", "minutes", "converged", "epochs/samples to converge", "last quality"):

@@ -9,12 +9,32 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
 from mlperf_logging.mllog import constants, mllog
 
+from trainperf.errors import TrainperfError
+
 _ids = itertools.count()
+
+
+class _LogFile(logging.FileHandler):
+    """A FileHandler that fails fast: the first record it cannot write (a full disk, a vanished
+    folder) is remembered — MLPerfLog then raises one TrainperfError naming the file — instead of
+    logging's "Logging error" block on stderr for every later record; later records are dropped,
+    what was written stays. (mllog catches what a handler raises, hence no raise here.)"""
+
+    failed: BaseException | None = None
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        if self.failed is None:
+            self.failed = sys.exc_info()[1]
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failed is None:
+            super().emit(record)
 
 
 class MLPerfLog:
@@ -23,13 +43,14 @@ class MLPerfLog:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.records: list[dict[str, Any]] = []
+        self._reported = False  # a write failure is raised once; the records after it are dropped
         # A private logger per run: no shared global logger, several runs may live in one process.
         self._logger = logging.getLogger(f"trainperf.mllog.{next(_ids)}")
         self._logger.propagate = False
         self._logger.setLevel(logging.INFO)
         self._handler: logging.Handler
         if path is not None:
-            self._handler = logging.FileHandler(path, mode="w", encoding="utf-8")
+            self._handler = _LogFile(path, mode="w", encoding="utf-8")
         else:
             self._handler = logging.NullHandler()
         self._handler.setFormatter(logging.Formatter("%(message)s"))
@@ -37,6 +58,12 @@ class MLPerfLog:
         self._ml = mllog.MLLogger(logger=self._logger, default_stack_offset=2)
 
     def _record(self, kind: str, key: str, value: Any, metadata: dict[str, Any] | None, time_ms: int) -> None:
+        failed = getattr(self._handler, "failed", None)
+        if failed is not None and not self._reported:
+            self._reported = True
+            reason = getattr(failed, "strerror", None) or str(failed)
+            raise TrainperfError(f"{self.path}: cannot write the MLPerf log ({reason}); what was written before "
+                                 "is kept")
         self.records.append({"event_type": kind, "key": key, "value": value, "metadata": metadata or {},
                              "time_ms": time_ms})
 

@@ -15,6 +15,7 @@ import contextlib
 import io
 import logging
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,7 +172,9 @@ def score_run(path: Path, ruleset: str) -> tuple[RunScore, str | None]:
     return run, info["benchmark"]
 
 
-def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True) -> BenchmarkScore:
+def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True,
+                 progress: Callable[[int, int], None] | None = None) -> BenchmarkScore:
+    """Score the result_*.txt logs of one benchmark folder; `progress(done, total)` after each log."""
     files = sorted(folder.glob("result_*.txt"), key=lambda p: (len(p.name), p.name))
     if not files:
         raise TrainperfError(f"{folder}: no result_*.txt logs")
@@ -184,9 +187,11 @@ def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True) -> 
         raise TrainperfError(f"{folder}: no compliance ruleset known for benchmark {benchmark!r} (use --ruleset)")
     result = BenchmarkScore(system=folder.parent.name, benchmark=benchmark, folder=str(folder), ruleset=ruleset,
                             eval_samples=first["eval_samples"])
-    for path in files:
+    for done, path in enumerate(files, 1):
         run, _ = score_run(path, ruleset)
         result.runs.append(run)
+        if progress is not None:
+            progress(done, len(files))
     result.required_runs = get_result_file_counts("training").get(benchmark)
     minutes = [r.minutes for r in result.runs if r.converged and r.minutes is not None]
     non_converged = len(result.runs) - len(minutes)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from trainperf import jobs
 from trainperf.bench import throughput
+from trainperf.bench.memory import BatchTooLarge
 from trainperf.errors import TrainperfError
 from trainperf.science import predict
 from trainperf.science.project import Inputs, Link, measure_link
@@ -15,7 +16,8 @@ from trainperf.spec import Recipe, Workload
 
 
 def bench_at(workload: Workload, recipe: Recipe, scale: str, data: str | None, batch: int, steps: int, warmup: int,
-             device: str | None) -> tuple[throughput.BenchResult, str]:
+             device: str | None, say: Callable[[str], None] = print, check_memory: bool = True
+             ) -> tuple[throughput.BenchResult, str]:
     """A short bench at `batch` per device: real data where the dataset is there (its loading counted),
     else device-resident synthetic batches, and which of the two it was."""
     variant = recipe.with_overrides([f"global_batch_size={batch}"])
@@ -23,7 +25,15 @@ def bench_at(workload: Workload, recipe: Recipe, scale: str, data: str | None, b
     synthetic = folder is None or (scale == "full" and bool(workload.data_problems(scale, folder)))
     if not synthetic:
         folder = jobs.prepared_data(workload, scale, data)
-    result = throughput.run_bench(workload, variant, scale, folder, synthetic, steps, warmup, device)
+    try:
+        result = throughput.run_bench(workload, variant, scale, folder, synthetic, steps, warmup, device,
+                                      check_memory=check_memory)
+    except BatchTooLarge as exc:
+        if not exc.fits:
+            raise
+        # The throughput per sample is what a prediction uses: a smaller batch that fits, said aloud.
+        say(f"{exc}; benching at batch {exc.fits:,} instead")
+        return bench_at(workload, recipe, scale, data, exc.fits, steps, warmup, device, say, check_memory=False)
     return result, ("synthetic batches: data loading not included" if synthetic else "real data, loading included")
 
 

@@ -223,7 +223,7 @@ def measure_link(devices: int, out_dir: Path, device: str | None = None) -> Link
     device_table.resolve(device)  # a bad --device is one line here, not a failure in every launched process
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / "allreduce.json"
-    argv = ["allreduce", "--nproc", "0", "--json", str(out)] + (["--device", device] if device else [])
+    argv = ["allreduce", "--nproc", str(devices), "--json", str(out)] + (["--device", device] if device else [])
     code = distributed.launch_local(devices, argv)
     if code != 0 or not out.is_file():
         raise TrainperfError(f"all-reduce probe on {devices} processes failed (exit code {code})")

@@ -49,7 +49,8 @@ def make_phase1(out: Path, steps: int, say: Callable[[str], None], seed: int = S
         D.text_to_shards(phase1, vocab, PHASE1, say, eval_sequences=D.MINI_EVAL_SEQUENCES)
 
         workload = BertWorkload()
-        recipe = dataclasses.replace(MINI, checkpoint="none", vocab_size=words, base_lr=PHASE1_LR, train_steps=steps,
+        recipe = dataclasses.replace(MINI, checkpoint="none", model=dataclasses.replace(MINI.model, vocab_size=words),
+                                     base_lr=PHASE1_LR, train_steps=steps,
                                      warmup_steps=max(1, steps // 10), max_seq_length=PHASE1.max_seq_length,
                                      max_predictions=PHASE1.max_predictions, cache_shards=True)
         ctx = RuntimeContext.create("cpu", seed=seed)

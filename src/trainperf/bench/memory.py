@@ -1,0 +1,102 @@
+"""What a training step at batch B will need in memory, estimated before it runs: the parameters with
+their gradients and optimizer state, plus the activations autograd keeps per sample, measured on a
+probe of two samples. A bench that would not fit is refused (or, for `predict`, made at a batch that
+fits) instead of being killed by the kernel with no output."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trainperf import devices
+from trainperf.errors import TrainperfError
+from trainperf.spec import ModelParts, Recipe, RuntimeContext, Workload, bare_model
+
+PROBE = 2  # samples in the probe batch
+MARGIN = 1.3  # allocator slack, temporaries of the backward, the batch itself
+
+
+@dataclass(frozen=True)
+class Estimate:
+    fixed_bytes: int  # parameters, gradients, optimizer state
+    per_sample_bytes: int  # activations saved for the backward, per sample
+    available_bytes: int | None  # what the device has free now (None: unknown)
+
+    def need(self, batch: int) -> int:
+        return int((self.fixed_bytes + self.per_sample_bytes * batch) * MARGIN)
+
+    def largest_batch(self) -> int | None:
+        """The largest batch that fits with room to spare (a multiple of 8 from 8 up: free memory moves)."""
+        if self.available_bytes is None or self.per_sample_bytes <= 0:
+            return None
+        raw = max(0, int((0.85 * self.available_bytes / MARGIN - self.fixed_bytes) // self.per_sample_bytes))
+        return raw // 8 * 8 if raw >= 16 else raw
+
+
+class BatchTooLarge(TrainperfError):
+    """A bench batch that does not fit; `fits` is the largest that does (0: none)."""
+
+    def __init__(self, message: str, fits: int) -> None:
+        super().__init__(message)
+        self.fits = fits
+
+
+def available(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return devices.free_memory(device)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _state_bytes(parts: ModelParts) -> int:
+    params = sum(p.numel() * p.element_size() for p in parts.model.parameters())
+    # weights + gradients + up to two optimizer moments (Adam, LAMB); SGD with momentum has one.
+    return params * 4
+
+
+def estimate(workload: Workload, recipe: Recipe, ctx: RuntimeContext, parts: ModelParts) -> Estimate:
+    probe_recipe = dataclasses.replace(recipe, global_batch_size=PROBE * ctx.world_size)
+    batch = workload.synthetic_batch(probe_recipe, ctx, parts.model)
+    samples = max(1, workload.batch_samples(batch))
+    seen: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device.type != "meta":
+            storage = tensor.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    # The eager module: a compiled or wrapped one would compile (or sync) for a probe-sized batch.
+    model = bare_model(parts.model)
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = parts.loss_fn(model, batch)
+    del loss, batch
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = sum(size for ptr, size in seen.items() if ptr not in params)
+    return Estimate(_state_bytes(parts), saved // samples, available(ctx.device))
+
+
+def check_fits(workload: Workload, recipe: Recipe, ctx: RuntimeContext, parts: ModelParts) -> Estimate:
+    """Raise BatchTooLarge (one line, with the largest batch that fits) when a step at the recipe's
+    batch would need more memory than the device has free."""
+    found = estimate(workload, recipe, ctx, parts)
+    per_device = recipe.global_batch_size // max(1, ctx.world_size)
+    need = found.need(per_device)
+    if found.available_bytes is not None and need > found.available_bytes:
+        fits = found.largest_batch() or 0
+        raise BatchTooLarge(
+            f"{workload.name}: a step at batch {per_device:,} needs about {need / 2**30:.1f} GiB "
+            f"({found.fixed_bytes / 2**30:.2f} GiB of weights, gradients and optimizer state, "
+            f"{found.per_sample_bytes / 2**20:.1f} MiB of activations per sample), {ctx.device} has "
+            f"{found.available_bytes / 2**30:.1f} GiB free: "
+            + (f"a batch of at most {fits:,} fits (--bench-batch)" if fits else "no batch fits"), fits)
+    return found

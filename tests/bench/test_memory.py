@@ -1,0 +1,61 @@
+"""The memory a bench needs, estimated before it runs: a batch that would not fit is refused in one
+line (bench) or replaced by one that fits (predict), instead of the kernel's OOM killer."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainperf import registry
+from trainperf.bench import memory, throughput
+from trainperf.runtime import speedups
+from trainperf.science import measure
+from trainperf.spec import Assets, RuntimeContext
+
+
+def _parts(name: str, batch: int):
+    workload = registry.get(name)
+    recipe = workload.recipe("mini").with_overrides([f"global_batch_size={batch}"])
+    ctx = RuntimeContext.create("cpu")
+    return workload, recipe, ctx, speedups.assemble(workload, recipe, ctx, Assets(workload.assets(recipe, None)))
+
+
+def test_the_estimate_grows_with_the_batch_as_the_activations_do():
+    workload, recipe, ctx, parts = _parts("resnet", 8)
+    found = memory.estimate(workload, recipe, ctx, parts)
+    params = sum(p.numel() * 4 for p in parts.model.parameters())
+    assert found.fixed_bytes == 4 * params
+    assert found.per_sample_bytes > 0
+    assert found.need(64) > found.need(8) and found.need(64) - found.need(8) == pytest.approx(
+        56 * found.per_sample_bytes * memory.MARGIN, rel=1e-6, abs=2)
+
+
+def test_a_bench_that_would_not_fit_is_one_line_naming_the_batch_that_fits(monkeypatch):
+    workload, recipe, ctx, parts = _parts("resnet", 64)
+    found = memory.estimate(workload, recipe, ctx, parts)
+    monkeypatch.setattr(memory, "available", lambda device: found.need(40))
+    with pytest.raises(memory.BatchTooLarge) as err:
+        memory.check_fits(workload, recipe, ctx, parts)
+    assert "\n" not in str(err.value) and "a step at batch 64 needs about" in str(err.value)
+    assert 0 < err.value.fits <= 40 and f"at most {err.value.fits:,} fits (--bench-batch)" in str(err.value)
+    monkeypatch.setattr(memory, "available", lambda device: found.fixed_bytes)
+    with pytest.raises(memory.BatchTooLarge, match="no batch fits") as err:
+        memory.check_fits(workload, recipe, ctx, parts)
+    assert err.value.fits == 0
+
+
+def test_predict_benches_at_a_batch_that_fits_and_says_so(monkeypatch):
+    workload = registry.get("resnet")
+    recipe = workload.recipe("mini")
+    monkeypatch.setattr(memory, "available", lambda device: 3 * 2**30)
+    real = memory.estimate
+
+    def per_sample_100mb(*args):
+        return memory.Estimate(real(*args).fixed_bytes, 100 * 2**20, memory.available(None))
+
+    monkeypatch.setattr(memory, "estimate", per_sample_100mb)
+    said = []
+    result, _how = measure.bench_at(workload, recipe, "mini", None, 512, 1, 0, "cpu", say=said.append)
+    assert len(said) == 1 and "a step at batch 512 needs about" in said[0]
+    fits = int(said[0].rsplit("benching at batch ", 1)[1].split()[0].replace(",", ""))
+    assert 0 < fits < 512 and result.batch_size == fits
+    assert isinstance(result, throughput.BenchResult)
