@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from trainperf.workloads.dlrm import data as D
+from trainperf.workloads.dlrm import mini as G
 
 
 def main() -> None:
@@ -35,7 +36,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="trainperf-dlrm-bench-"))
     try:
         t0 = time.perf_counter()
-        D.generate_days(root, args.days, args.rows_per_day)
+        G.generate_days(root, args.days, args.rows_per_day)
         size = sum(D.day_file(root, d).stat().st_size for d in range(args.days))
         rows = args.days * args.rows_per_day
         print(f"generated {rows:,} rows ({size / 2**20:.0f} MiB of TSV) in {time.perf_counter() - t0:.1f} s")

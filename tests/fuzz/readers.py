@@ -67,9 +67,10 @@ def _ratings() -> bytes:
 @cache
 def _criteo_day() -> bytes:
     from trainperf.workloads.dlrm import data as D
+    from trainperf.workloads.dlrm import mini as G
 
     with tempfile.TemporaryDirectory() as tmp:
-        D.generate_days(Path(tmp), 1, 40)
+        G.generate_days(Path(tmp), 1, 40)
         return D.day_file(Path(tmp), 0).read_bytes()
 
 

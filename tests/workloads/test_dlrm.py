@@ -21,6 +21,7 @@ from trainperf.spec import Assets, RuntimeContext
 from trainperf.workloads.dlrm import CRITEO_1TB_TABLE_SIZES as D_SIZES
 from trainperf.workloads.dlrm import DLRM, MINI, DLRMWorkload, auc, lr_factor
 from trainperf.workloads.dlrm import data as D
+from trainperf.workloads.dlrm import mini as G
 
 CATS = ["0a", "", "FF", "3", "1" * 16, "b"] + ["c"] * 20  # 26 categorical fields
 
@@ -191,7 +192,7 @@ def test_gzip_day_files_are_read_as_downloaded(tmp_path):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_preprocessing_reports_progress_and_agrees_across_worker_counts(tmp_path, workers):
-    D.generate_days(tmp_path, 4, 3000, seed=2)
+    G.generate_days(tmp_path, 4, 3000, seed=2)
     said: list[str] = []
     manifest = D.preprocess(tmp_path, 4, say=said.append, workers=workers, report_every_s=0.0)
     assert any("rows parsed so far" in line for line in said), said
@@ -208,7 +209,7 @@ def test_preprocessing_reports_progress_and_agrees_across_worker_counts(tmp_path
 
 
 def test_generated_days_are_raw_criteo_lines_with_empty_fields(tmp_path):
-    stats = D.generate_days(tmp_path, 2, 2000, seed=3)
+    stats = G.generate_days(tmp_path, 2, 2000, seed=3)
     lines = (tmp_path / "day_0").read_text().splitlines()
     assert len(lines) == 2000 and all(line.count("\t") == 39 for line in lines)
     fields = [line.split("\t") for line in lines]
@@ -293,7 +294,7 @@ def test_mini_reaches_target_between_dense_baseline_and_teacher(dlrm_run):
     train, test = np.array(D.open_split(root, "train")), np.array(D.open_split(root, "test"))
     dense_only = LogisticRegression(max_iter=500).fit(np.log1p(train[:, 1:14]), train[:, 0])
     baseline = roc_auc_score(test[:, 0], dense_only.decision_function(np.log1p(test[:, 1:14])))
-    teacher = json.loads((root / D.TEACHER).read_text())["teacher_auc"]
+    teacher = json.loads((root / G.TEACHER).read_text())["teacher_auc"]
     assert baseline + 0.1 < MINI.target < teacher - 0.05
 
 
@@ -337,7 +338,7 @@ def test_full_path_on_tiny_criteo_days(tmp_path):
     """The full scale end to end on 24 small day files: prepare (all 24 days), the reference model
     and recipe, evaluations inside the epoch, a valid log."""
     data = tmp_path / "criteo"
-    D.generate_days(data, 24, 300, seed=5)
+    G.generate_days(data, 24, 300, seed=5)
     assert main(["prepare", "dlrm", "--scale", "full", "--data", str(data)]) == 0
     manifest = D.preprocessed(data)
     assert manifest["train_samples"] == 23 * 300 and manifest["test_samples"] == 150

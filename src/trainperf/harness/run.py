@@ -28,7 +28,7 @@ from trainperf.errors import RunAborted, TrainperfError
 from trainperf.harness.clock import Clock, abort_on_signals, clear_page_cache
 from trainperf.harness.mlperf_log import MLPerfLog
 from trainperf.harness.progress import NoProgress, PlainProgress
-from trainperf.harness.scorer import Done, Scorer
+from trainperf.harness.scorer import PendingEvaluations, Scorer
 from trainperf.rulesets import RULESET_KEY, WORKLOAD_KEY
 from trainperf.runtime import distributed, environment, speedups
 from trainperf.runtime.step import TrainStep
@@ -183,8 +183,8 @@ class _TimedLoop:
         self._last_eval_at: int | None = None  # `nominal` at the last evaluation
         self._next_sample_eval: int | None = None
         self._sample_evals: Iterator[int] = iter(())
-        self._pending: list[tuple[_Point, Any]] = []  # launched asynchronous evaluations, in order
         self._scorer: Scorer | None = None
+        self._pending = PendingEvaluations(ctx, None)  # launched evaluations not yet logged, in order
         self._parts: ModelParts | None = None
         self._data: DataParts | None = None
         self._forward: Callable[[Any], Any] | None = None
@@ -226,6 +226,7 @@ class _TimedLoop:
         if recipe.async_eval and ctx.is_main:
             self._scorer = Scorer(workload.host_scoring, type(workload).__module__)
             self._scorer.start()
+            self._pending = PendingEvaluations(ctx, self._scorer)
         now = clock.now_ms()
         log.event(C.GLOBAL_BATCH_SIZE, recipe.global_batch_size, time_ms=now)
         log.event(C.GRADIENT_ACCUMULATION_STEPS, recipe.grad_accum_steps, time_ms=now)
@@ -510,57 +511,15 @@ class _TimedLoop:
         model.eval()
         partial = self._data.evaluate(self._forward)
         combined = self.ctx.combine(partial)
-        if self.recipe.async_eval:
-            future = self._scorer.submit(partial.metric, combined) if self._scorer is not None else None
-            self._pending.append((point, future))
-            return False
-        # Scored now: the pending queue holds only this evaluation (nothing is in the background).
-        self._pending.append((point, None))
-        outcomes = []
-        if self.ctx.is_main:
-            try:
-                outcomes.append(Done(partial.metric(combined)))
-            except Exception as exc:  # noqa: BLE001 - every rank must learn that scoring failed
-                outcomes.append(Done(error=exc))
-        return self._record_outcomes(outcomes)
+        return self._record_all(self._pending.launch(point, partial.metric, combined, self.recipe.async_eval))
 
     def _poll(self, wait: bool) -> bool:
         """Log the asynchronous evaluations whose scores are known, in order (all of them with
-        `wait`); True once one meets the target. Rank 0 decides what is known, and tells the others."""
-        if not self._pending:
-            return False
-        outcomes: list[Done] = []
-        if self.ctx.is_main:
-            for _point, future in self._pending:
-                if not (wait or future.done()):
-                    break
-                try:
-                    outcomes.append(Done(future.result()))
-                except Exception as exc:  # noqa: BLE001 - handed to every rank below
-                    outcomes.append(Done(error=exc))
-        return self._record_outcomes(outcomes)
+        `wait`); True once one meets the target."""
+        return self._record_all(self._pending.ready(wait))
 
-    def _record_outcomes(self, outcomes: list[Done]) -> bool:
-        """Record rank 0's scores of the oldest pending evaluations on every rank, in order (one
-        broadcast); a scoring error stops every rank alike."""
-        shared: list[tuple[str, Any]] = []
-        for outcome in outcomes:
-            if outcome.error is None:
-                shared.append(("ok", outcome.value))
-            elif isinstance(outcome.error, TrainperfError):
-                shared.append(("error", str(outcome.error)))
-            else:
-                shared.append(("bug", f"{type(outcome.error).__name__}: {outcome.error}"))
-        shared = self.ctx.broadcast_object(shared)
-        for (kind, value), outcome in zip(shared, outcomes or [None] * len(shared), strict=True):
-            point, _future = self._pending.pop(0)
-            if kind == "bug" and outcome is not None:
-                raise outcome.error  # rank 0 keeps the original exception (and its traceback)
-            if kind != "ok":
-                raise TrainperfError(value if kind == "error" else f"evaluation failed on rank 0: {value}")
-            if self._record_eval(point, value):
-                return True
-        return False
+    def _record_all(self, scored: list[tuple[_Point, Quality]]) -> bool:
+        return any(self._record_eval(point, value) for point, value in scored)  # stops at the target
 
     def _record_eval(self, point: _Point, value: Quality) -> bool:
         log, clock = self.log, self.clock

@@ -90,3 +90,67 @@ class Scorer:
         if self._pool is not None:
             self._pool.terminate()
             self._pool.join()
+
+
+class PendingEvaluations:
+    """Evaluations launched and not yet logged, oldest first. Rank 0 scores them (inline, or in the
+    background with a Scorer); every rank learns each score at the same step, through one broadcast,
+    so that every rank takes the same stop decision. A scoring error stops every rank alike."""
+
+    def __init__(self, ctx: Any, scorer: Scorer | None) -> None:
+        self.ctx, self.scorer = ctx, scorer
+        self._pending: list[tuple[Any, Any]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    def launch(self, point: Any, metric: Callable[[dict[str, Any]], Quality], combined: dict[str, Any],
+               background: bool) -> list[tuple[Any, Quality]]:
+        """Score an evaluation's combined sums: now (returning it, scored) or in the background."""
+        if background:
+            future = self.scorer.submit(metric, combined) if self.scorer is not None else None
+            self._pending.append((point, future))
+            return []
+        self._pending.append((point, None))  # nothing else is pending: inline scoring has no queue
+        outcomes = []
+        if self.ctx.is_main:
+            try:
+                outcomes.append(Done(metric(combined)))
+            except Exception as exc:  # noqa: BLE001 - every rank must learn that scoring failed
+                outcomes.append(Done(error=exc))
+        return self._share(outcomes)
+
+    def ready(self, wait: bool) -> list[tuple[Any, Quality]]:
+        """The background scores known now (all of them with `wait`), in order, with their points."""
+        if not self._pending:
+            return []
+        outcomes: list[Done] = []
+        if self.ctx.is_main:
+            for _point, future in self._pending:
+                if not (wait or future.done()):
+                    break
+                try:
+                    outcomes.append(Done(future.result()))
+                except Exception as exc:  # noqa: BLE001 - handed to every rank below
+                    outcomes.append(Done(error=exc))
+        return self._share(outcomes)
+
+    def _share(self, outcomes: list[Done]) -> list[tuple[Any, Quality]]:
+        shared: list[tuple[str, Any]] = []
+        for outcome in outcomes:
+            if outcome.error is None:
+                shared.append(("ok", outcome.value))
+            elif isinstance(outcome.error, TrainperfError):
+                shared.append(("error", str(outcome.error)))
+            else:
+                shared.append(("bug", f"{type(outcome.error).__name__}: {outcome.error}"))
+        shared = self.ctx.broadcast_object(shared)
+        scored = []
+        for (kind, value), outcome in zip(shared, outcomes or [None] * len(shared), strict=True):
+            point, _future = self._pending.pop(0)
+            if kind == "bug" and outcome is not None:
+                raise outcome.error  # rank 0 keeps the original exception (and its traceback)
+            if kind != "ok":
+                raise TrainperfError(value if kind == "error" else f"evaluation failed on rank 0: {value}")
+            scored.append((point, value))
+        return scored

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, TypeVar
 from trainperf.errors import TrainperfError
 from trainperf.spec import DataParts, EvalPartial, Metric, Recipe, RuntimeContext, Workload
 from trainperf.workloads.coco import data as C
+from trainperf.workloads.coco import loading as L
 from trainperf.workloads.coco import scoring
 
 
@@ -45,7 +46,7 @@ D = TypeVar("D", bound=DetectorRecipe)
 class Detector(Workload[D]):
     """A detector on a COCO-format dataset, scored by COCO box AP in a worker process when asynchronous."""
 
-    data: ClassVar[C.DetectionData]
+    data: ClassVar[L.DetectionData]
     background: ClassVar[int]  # 1: the model's class 0 is the background (labels from 1); 0: none
     metric = Metric("box_ap", higher_is_better=True)
     mlperf_runs = 5
@@ -81,7 +82,7 @@ class Detector(Workload[D]):
                          evaluate=self.evaluation(recipe, val, ctx, loaders.val_batches, metric))
 
     @abstractmethod
-    def loaders(self, recipe: D, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext) -> C.Loaders:
+    def loaders(self, recipe: D, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext) -> L.Loaders:
         """The batches, images converted to the model's input (labels from `background`)."""
 
     @abstractmethod

@@ -33,6 +33,7 @@ from trainperf.spec import (
     bare_model,
 )
 from trainperf.workloads.dlrm import data as D
+from trainperf.workloads.dlrm import mini as G
 
 FULL_DAYS = 24
 # The mini dataset (generated once by `prepare`, so not a recipe field: a recipe cannot change it).
@@ -117,7 +118,7 @@ MINI = DLRMRecipe(name="mini", global_batch_size=512, max_epochs=2, target=0.79,
                   evals_per_epoch=20, log_epoch_num="1+epochs", base_lr=1.0, warmup_steps=50, decay_start_step=600,
                   decay_steps=600,
                   embedding_dim=16, bottom_mlp=(64, 16), top_mlp=(64, 32, 1), eval_batch_size=8192,
-                  table_sizes=D.MINI_CARDINALITIES)
+                  table_sizes=G.MINI_CARDINALITIES)
 
 
 def lr_factor(recipe: DLRMRecipe) -> Callable[[int], float]:
@@ -298,7 +299,7 @@ class DLRMWorkload(Workload[DLRMRecipe]):
                 return
             say(f"{why}: preprocessing again")
         if scale == "mini" and not all(D.day_file(data_dir, d).is_file() for d in range(days)):
-            stats = D.generate_days(data_dir, days, MINI_ROWS_PER_DAY)
+            stats = G.generate_days(data_dir, days, MINI_ROWS_PER_DAY)
             say(f"wrote {days} day files of {MINI_ROWS_PER_DAY:,} rows to {data_dir} (Criteo raw TSV format); "
                 f"teacher AUC on the eval half {stats['teacher_auc']:.4f}")
         D.preprocess(data_dir, days, say)

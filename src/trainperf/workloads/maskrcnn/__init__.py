@@ -17,12 +17,13 @@ from trainperf.errors import TrainperfError
 from trainperf.optim import kernels
 from trainperf.spec import Assets, EvalPartial, Metric, ModelParts, RuntimeContext
 from trainperf.workloads.coco import data as C
+from trainperf.workloads.coco import loading as L
 from trainperf.workloads.coco import scoring
 from trainperf.workloads.coco.detector import Detector, DetectorRecipe
 from trainperf.workloads.maskrcnn import model as M
 
 COCO_CLASSES, COCO_COUNTS = 81, (117_266, 5_000)  # background included; train images with a valid annotation
-DATA = C.DetectionData("maskrcnn", C.COCO2017, "COCO 2017", *COCO_COUNTS, COCO_CLASSES - 1, masks=True,
+DATA = L.DetectionData("maskrcnn", C.COCO2017, "COCO 2017", *COCO_COUNTS, COCO_CLASSES - 1, masks=True,
                        mini_overlap=False)
 
 
@@ -212,7 +213,7 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
 
     def synthetic_batch(self, recipe: MaskRCNNRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         size = recipe.min_image_size
-        images, targets, positions = C.synthetic_batch(recipe.global_batch_size // ctx.world_size, size,
+        images, targets, positions = L.synthetic_batch(recipe.global_batch_size // ctx.world_size, size,
                                                        (1, recipe.num_classes), ctx.device)
         for t in targets:
             x0, y0, x1, y1 = t["boxes"][0].round().int().tolist()
@@ -232,7 +233,7 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
         return [one(x) for x in images] if isinstance(images, list) else one(images)
 
     def loaders(self, recipe: MaskRCNNRecipe, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext
-                ) -> C.Loaders:
+                ) -> L.Loaders:
         """mini: resident in memory with masks rasterised once; full: DataLoader workers rasterise each
         image's masks and flip them with it (the reference's only augmentation); the model resizes."""
         device = ctx.device
@@ -243,11 +244,11 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
             return self._input(recipe, images.to(device, non_blocking=True))
 
         if recipe.model == "mini":
-            return C.resident(train, val, ctx, recipe.global_batch_size, recipe.hflip, recipe.eval_batch_size,
+            return L.resident(train, val, ctx, recipe.global_batch_size, recipe.hflip, recipe.eval_batch_size,
                               to_input, label_base=1)
         from trainperf.workloads.maskrcnn import transforms as T
 
-        return C.streamed(train, val, ctx, recipe.global_batch_size, recipe.num_workers,
+        return L.streamed(train, val, ctx, recipe.global_batch_size, recipe.num_workers,
                           T.train_transform(recipe.hflip), T.eval_transform(), recipe.eval_batch_size, to_input,
                           label_base=1)
 

@@ -23,6 +23,7 @@ from trainperf.spec import (
     per_epoch_schedule,
 )
 from trainperf.workloads.coco import data as C
+from trainperf.workloads.coco import loading as L
 from trainperf.workloads.coco import scoring
 from trainperf.workloads.coco.detector import Detector, DetectorRecipe
 from trainperf.workloads.retinanet import model as M
@@ -30,7 +31,7 @@ from trainperf.workloads.retinanet import model as M
 LAYOUT = C.OPENIMAGES_MLPERF
 # OpenImages-MLPerf: 264 classes; train images with at least one box, and the validation subset.
 OPENIMAGES_CLASSES, OPENIMAGES_COUNTS = 264, (1_170_301, 24_781)
-DATA = C.DetectionData("retinanet", LAYOUT, "OpenImages-MLPerf", *OPENIMAGES_COUNTS, OPENIMAGES_CLASSES)
+DATA = L.DetectionData("retinanet", LAYOUT, "OpenImages-MLPerf", *OPENIMAGES_COUNTS, OPENIMAGES_CLASSES)
 MINI_SIZE = C.MINI_SIZE
 
 
@@ -170,13 +171,13 @@ class RetinaNetWorkload(Detector[RetinaNetRecipe]):
                           lr_schedule=per_epoch_schedule(self.name, lambda steps: lr_factor(recipe, steps)))
 
     def synthetic_batch(self, recipe: RetinaNetRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        images, targets, positions = C.synthetic_batch(recipe.global_batch_size // ctx.world_size, recipe.image_size,
+        images, targets, positions = L.synthetic_batch(recipe.global_batch_size // ctx.world_size, recipe.image_size,
                                                        (0, recipe.num_classes), ctx.device)
         return images.float().div_(255), targets, positions
 
     # -- data -----------------------------------------------------------------------------------
     def loaders(self, recipe: RetinaNetRecipe, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext
-                 ) -> C.Loaders:
+                 ) -> L.Loaders:
         """Images enter the model as float [0, 1] (it normalises and resizes them); labels count from 0
         (sigmoid classes). mini: resident in memory; full: DataLoader workers, flips only (the reference)."""
         device = ctx.device
@@ -187,11 +188,11 @@ class RetinaNetWorkload(Detector[RetinaNetRecipe]):
             return images.to(device, non_blocking=True).float().div_(255)
 
         if recipe.model == "mini":
-            return C.resident(train, val, ctx, recipe.global_batch_size, recipe.hflip, recipe.eval_batch_size,
+            return L.resident(train, val, ctx, recipe.global_batch_size, recipe.hflip, recipe.eval_batch_size,
                               to_input, label_base=0)
         from trainperf.workloads.retinanet import transforms as T
 
-        return C.streamed(train, val, ctx, recipe.global_batch_size, recipe.num_workers,
+        return L.streamed(train, val, ctx, recipe.global_batch_size, recipe.num_workers,
                           T.train_transform(recipe.hflip), T.eval_transform(), recipe.eval_batch_size, to_input,
                           label_base=0)
 

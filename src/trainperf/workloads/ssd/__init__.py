@@ -22,13 +22,14 @@ from trainperf.spec import (
     per_epoch_schedule,
 )
 from trainperf.workloads.coco import data as C
+from trainperf.workloads.coco import loading as L
 from trainperf.workloads.coco import scoring
 from trainperf.workloads.coco.detector import Detector, DetectorRecipe
 from trainperf.workloads.ssd import model as M
 
 LAYOUT = C.COCO2017
 COCO_TRAIN_IMAGES = 117_266  # train2017 images with at least one non-crowd box (the reference's count)
-DATA = C.DetectionData("ssd", LAYOUT, "COCO 2017", COCO_TRAIN_IMAGES, 5000, 80)
+DATA = L.DetectionData("ssd", LAYOUT, "COCO 2017", COCO_TRAIN_IMAGES, 5000, 80)
 MINI_SIZE, MINI_COUNTS = C.MINI_SIZE, C.MINI_COUNTS
 MINI_BOXES = M.DefaultBoxSpec(fig_size=MINI_SIZE, feat_sizes=(8, 4, 2, 1), steps=(8, 16, 32, 64),
                               scales=(9, 16, 26, 40, 60), aspect_ratios=((2,), (2,), (2,), (2,)))
@@ -201,7 +202,7 @@ class SSDWorkload(Detector[SSDRecipe]):
                           lr_schedule=per_epoch_schedule(self.name, lambda steps: lr_factor(recipe, steps)))
 
     def synthetic_batch(self, recipe: SSDRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        images, targets, positions = C.synthetic_batch(recipe.global_batch_size // ctx.world_size, recipe.image_size,
+        images, targets, positions = L.synthetic_batch(recipe.global_batch_size // ctx.world_size, recipe.image_size,
                                                        (1, recipe.num_classes), ctx.device)
         return _normalize(images), targets, positions
 
@@ -232,7 +233,7 @@ class SSDWorkload(Detector[SSDRecipe]):
 
         return evaluate
 
-    def loaders(self, recipe: SSDRecipe, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext) -> C.Loaders:
+    def loaders(self, recipe: SSDRecipe, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext) -> L.Loaders:
         """mini: resident in memory, flips only; full: DataLoader workers, the reference augmentation."""
         device = ctx.device
 
@@ -240,11 +241,11 @@ class SSDWorkload(Detector[SSDRecipe]):
             return _normalize(images.to(device, non_blocking=True))
 
         if recipe.model == "mini":
-            return C.resident(train, val, ctx, recipe.global_batch_size, recipe.hflip, recipe.eval_batch_size,
+            return L.resident(train, val, ctx, recipe.global_batch_size, recipe.hflip, recipe.eval_batch_size,
                               to_input)
         from trainperf.workloads.ssd import transforms as T
 
-        return C.streamed(train, val, ctx, recipe.global_batch_size, recipe.num_workers,
+        return L.streamed(train, val, ctx, recipe.global_batch_size, recipe.num_workers,
                           T.train_transform(recipe.image_size, recipe.crop_trials, recipe.hflip, recipe.color_jitter),
                           T.eval_transform(recipe.image_size), recipe.eval_batch_size, to_input)
 
