@@ -151,3 +151,19 @@ def test_a_docs_page_and_a_calibration(name):
 def test_its_data_formats_are_fuzzed(name):
     assert any(name in reader.workloads for reader in READERS), \
         f"{name}: no reader in tests/fuzz/readers.py names this workload"
+
+
+def test_a_recalibration_replaces_its_entry_in_place_and_keeps_baseline_and_best(tmp_path):
+    import dataclasses
+    import shutil
+
+    path = tmp_path / "calibration.json"
+    shutil.copy(calibration.PATH, path)
+    before = calibration.load(path)
+    old = calibration.main("rnnt", path)
+    calibration.record(dataclasses.replace(old, median_s=1.5, baseline="", best=""), path)
+    after = calibration.load(path)
+    assert [c.variant for c in after] == [c.variant for c in before]  # same place, same order
+    new = calibration.main("rnnt", path)
+    assert new.median_s == 1.5 and (new.baseline, new.best) == (old.baseline, old.best)
+    assert "–" in path.read_text(encoding="utf-8") or "–" not in calibration.PATH.read_text(encoding="utf-8")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trainperf.errors import TrainperfError
-from trainperf.files import write_json_atomic
+from trainperf.files import write_text_atomic
 
 PATH = Path(__file__).with_name("calibration.json")
 
@@ -71,6 +71,10 @@ def record(entry: Calibration, path: Path = PATH) -> None:
     old = next((Calibration(**e) for e in data["calibrations"] if Calibration(**e).variant == entry.variant), None)
     if old is not None:
         entry = replace(entry, baseline=entry.baseline or old.baseline, best=entry.best or old.best)
-    kept = [e for e in data["calibrations"] if Calibration(**e).variant != entry.variant]
-    data["calibrations"] = [*kept, asdict(entry)]
-    write_json_atomic(path, data)
+    variants = [Calibration(**e).variant for e in data["calibrations"]]
+    if entry.variant in variants:  # in its place: a re-calibration is a one-entry diff
+        data["calibrations"][variants.index(entry.variant)] = asdict(entry)
+    else:
+        data["calibrations"].append(asdict(entry))
+    # Kept as people read and diff it: one-space indent, "–" as itself.
+    write_text_atomic(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
