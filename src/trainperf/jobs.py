@@ -107,7 +107,8 @@ def data_problems(workload: Workload, scale: str, folder: Path) -> list[str]:
 
 def generate(workload: Workload, folder: Path, problems: list[str], say: Say = print) -> None:
     """Generate mini data, again from scratch when the copy there is damaged, and record its files."""
-    remove_stale_partials(folder.parent)
+    for stale in remove_stale_partials(folder.parent):
+        say(f"removed {stale}, left by a prepare that was killed")
     damaged = bool(prepared.generated_problems(folder))
     if damaged:
         say(f"{problems[0]}: generating it again")

@@ -114,26 +114,25 @@ def _blocking_file(path: Path) -> Path | None:
     return None
 
 
-def output_file(raw: str) -> str:
-    """A file to write: refused before any work when a folder is in its place or a file in its path."""
+def _writable(raw: str, folder: bool) -> str:
+    """A file (or folder) to write: refused before any work when something of the other kind is in
+    its place, or a file stands where one of its parent folders goes."""
     path = Path(raw)
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{raw}: is a folder; name a file")
+    if path.exists() and path.is_dir() != folder:
+        raise argparse.ArgumentTypeError(f"{raw}: exists and is not a folder" if folder
+                                         else f"{raw}: is a folder; name a file")
     blocking = _blocking_file(path)
     if blocking is not None:
         raise argparse.ArgumentTypeError(f"{raw}: {blocking} is a file, not a folder")
     return raw
+
+
+def output_file(raw: str) -> str:
+    return _writable(raw, folder=False)
 
 
 def output_dir(raw: str) -> str:
-    """A folder to write into: refused before any work when a file is in its place or its path."""
-    path = Path(raw)
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{raw}: exists and is not a folder")
-    blocking = _blocking_file(path)
-    if blocking is not None:
-        raise argparse.ArgumentTypeError(f"{raw}: {blocking} is a file, not a folder")
-    return raw
+    return _writable(raw, folder=True)
 
 
 def ruleset_name(raw: str) -> str:

@@ -54,8 +54,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         for line in bad:
             print(line)
         print(f"{len(bad)} unreadable sample(s); the loaders skip them" if bad else "every sample reads")
-    for stale in remove_stale_partials(data_dir.parent):
-        print(f"removed {stale}, left by a prepare that was killed")
     if args.scale == "mini":
         problems = jobs.data_problems(workload, "mini", data_dir)
         if not problems:
@@ -65,6 +63,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             return 0
         jobs.generate(workload, data_dir, problems, print)
         return 0
+    for stale in remove_stale_partials(data_dir.parent):
+        print(f"removed {stale}, left by a prepare that was killed")
     workload.prepare(args.scale, data_dir, print)
     if args.scale == "full":
         print(f"{data_dir}: ready for trainperf run {workload.name} --scale full --data {data_dir}")
@@ -146,8 +146,6 @@ def cmd_suite(args: argparse.Namespace) -> int:
 
     names = suite.parse_only(args.only)
     out_dir = Path(args.out) if args.out else Path("runs") / f"suite-{args.scale}-{stamp()}"
-    if out_dir.exists() and not out_dir.is_dir():
-        raise TrainperfError(f"--out {out_dir}: exists and is not a folder")
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") % (2**31)
     print(f"suite: {len(names)} workload(s) at {args.scale} scale, {args.runs} run(s) each, first seed {seed}, "
           f"into {out_dir}", flush=True)
