@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,11 @@ class AtomicOutput:
 _PARTIAL = re.compile(r"^\..+\.(\d+)\.[0-9a-f]{8}\.partial$")
 
 
+def is_partial(name: str) -> bool:
+    """Whether a file name is one of AtomicOutput's temporary outputs."""
+    return _PARTIAL.match(name) is not None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -104,6 +110,48 @@ def remove_stale_partials(folder: Path) -> list[Path]:
                 entry.unlink()
         removed.append(entry)
     return removed
+
+
+def remove_stale_partials_around(folder: Path) -> list[Path]:
+    """`remove_stale_partials` where trainperf's writers put them for a data folder: beside it (a
+    folder generated whole), in it (a converted day file) and in its direct subfolders (a prepared
+    subset). No deeper: an ImageNet class folder holds a thousand files and no output of ours."""
+    folder = Path(folder)
+    removed = remove_stale_partials(folder.parent) + remove_stale_partials(folder)
+    try:
+        subfolders = [e for e in folder.iterdir() if e.is_dir() and not e.is_symlink()]
+    except OSError:
+        subfolders = []
+    for sub in subfolders:
+        removed += remove_stale_partials(sub)
+    return removed
+
+
+LOCK_NAME = ".trainperf-lock"
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path, inside: bool = False) -> Iterator[bool]:
+    """An exclusive lock on preparing `folder`, held by one process at a time (a second `prepare` or
+    `run` of the same data waits for the first, then finds its work done). The lock file lies beside
+    a folder generated whole (which is replaced), or `inside` a user's dataset (whose parent is not
+    ours to write). Yields False, without locking, where no lock file can be made (read-only): there
+    is nothing to write there either."""
+    import fcntl
+
+    folder = Path(folder)
+    lock_path = folder / LOCK_NAME if inside else folder.parent / f".{folder.name}.trainperf-lock"
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield True
+    finally:
+        os.close(fd)  # releases the lock; the file stays, so two lockers always share one inode
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from trainperf import devices, prepared, registry
 from trainperf.errors import TrainperfError
-from trainperf.files import copy_atomic, remove_stale_partials
+from trainperf.files import copy_atomic, folder_lock, is_partial, remove_stale_partials_around
 from trainperf.spec import Assets, Recipe, Workload
 
 Say = Callable[[str], None]
@@ -106,17 +106,49 @@ def data_problems(workload: Workload, scale: str, folder: Path) -> list[str]:
 
 
 def generate(workload: Workload, folder: Path, problems: list[str], say: Say = print) -> None:
-    """Generate mini data, again from scratch when the copy there is damaged, and record its files."""
-    for stale in remove_stale_partials(folder.parent):
-        say(f"removed {stale}, left by a prepare that was killed")
-    damaged = bool(prepared.generated_problems(folder))
-    if damaged:
-        say(f"{problems[0]}: generating it again")
-        shutil.rmtree(folder)
-    else:
-        say(f"{workload.name}: generating the mini dataset in {folder} (first use only)")
-    workload.prepare("mini", folder, say)
-    prepared.record_generated(folder)
+    """Generate mini data, again from scratch when the copy there is damaged, and record its files.
+    Only into a folder trainperf may write (see `check_generation_target`); one process at a time."""
+    check_generation_target(workload, folder)
+    with folder_lock(folder):
+        for stale in remove_stale_partials_around(folder):
+            say(f"removed {stale}, left by a prepare that was killed")
+        problems = data_problems(workload, "mini", folder)
+        if not problems:
+            say(f"{workload.name}: mini dataset in {folder} made by another process meanwhile")
+            return
+        check_generation_target(workload, folder)
+        if prepared.generated_problems(folder):
+            say(f"{problems[0]}: generating it again")
+            shutil.rmtree(folder)
+        else:
+            say(f"{workload.name}: generating the mini dataset in {folder} (first use only)")
+        workload.prepare("mini", folder, say)
+        prepared.record_generated(folder)
+
+
+def check_generation_target(workload: Workload, folder: Path) -> None:
+    """A mini generator replaces the folder it writes: refuse any folder that holds what trainperf did
+    not write there. Allowed: a missing or empty folder, one holding trainperf's record of generated
+    files, and the workload's own mini folder in trainperf's cache (made by trainperf, even before
+    it recorded its files)."""
+    if not folder.exists() and not folder.is_symlink():
+        return
+    if not folder.is_dir() or folder.is_symlink():
+        raise TrainperfError(f"--data {folder}: exists and is not a folder; mini data is generated only into a "
+                             "new or empty folder")
+    if (folder / prepared.GENERATED_MANIFEST).is_file() or folder == workload.default_data_dir("mini"):
+        return
+    try:
+        entries = sorted(e.name for e in folder.iterdir() if not is_partial(e.name))
+    except OSError as exc:
+        raise TrainperfError(f"--data {folder}: cannot list it ({exc.strerror})") from None
+    if not entries:
+        return
+    shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+    raise TrainperfError(
+        f"--data {folder}: holds {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} trainperf did not write "
+        f"({shown}); mini data is generated only into a new or empty folder, or one trainperf made. If this is "
+        f"the real dataset, add --scale full; for the mini, leave --data out or name a new folder")
 
 
 def prepared_data(workload: Workload, scale: str, data: str | None, say: Say = print) -> Path:

@@ -29,7 +29,10 @@ def fingerprint(path: Path) -> dict[str, Any]:
     except OSError:
         return {"missing": True}
     if path.is_dir():
-        names = sorted(p.name for p in path.iterdir())
+        from trainperf.files import LOCK_NAME, is_partial
+
+        # trainperf's own lock and temporary outputs do not change what a folder holds
+        names = sorted(p.name for p in path.iterdir() if p.name != LOCK_NAME and not is_partial(p.name))
         return {"entries": len(names), "names_sha256": hashlib.sha256("\n".join(names).encode()).hexdigest()}
     digest = hashlib.sha256()
     with path.open("rb") as fh:

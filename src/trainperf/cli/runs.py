@@ -21,7 +21,7 @@ from trainperf.cli.options import (
 )
 from trainperf.cli.perf import project_scaling
 from trainperf.errors import TrainperfError
-from trainperf.files import remove_stale_partials
+from trainperf.files import folder_lock, remove_stale_partials_around
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -63,9 +63,12 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             return 0
         jobs.generate(workload, data_dir, problems, print)
         return 0
-    for stale in remove_stale_partials(data_dir.parent):
-        print(f"removed {stale}, left by a prepare that was killed")
-    workload.prepare(args.scale, data_dir, print)
+    if not data_dir.is_dir():
+        raise TrainperfError(f"--data {data_dir}: no such folder")
+    with folder_lock(data_dir, inside=True):
+        for stale in remove_stale_partials_around(data_dir):
+            print(f"removed {stale}, left by a prepare that was killed")
+        workload.prepare(args.scale, data_dir, print)
     if args.scale == "full":
         print(f"{data_dir}: ready for trainperf run {workload.name} --scale full --data {data_dir}")
     return 0
