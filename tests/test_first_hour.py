@@ -262,3 +262,20 @@ def test_a_truncated_ncf_mini_is_regenerated_before_a_run(tmp_path, capsys):
     said = []
     jobs.prepared_data(registry.get("ncf"), "mini", str(root), say=said.append)
     assert any("generating it again" in line for line in said) and ratings.stat().st_size == size
+
+
+@pytest.mark.slow
+def test_a_resumed_series_must_be_the_same_series(tmp_path, capsys):
+    out = tmp_path / "sub"
+    assert main(["run", "ncf", "--runs", "2", "--seed", "5", "--org", "lab", "--out", str(out), "--quiet"]) == 0
+    logs = next(out.glob("results/*/ncf"))
+    (logs / "result_1.txt").unlink()
+    capsys.readouterr()
+    base = ["run", "ncf", "--runs", "2", "--out", str(out), "--resume", "--quiet"]
+    _refused([*base, "--org", "lab", "--set", "base_lr=0.01"], capsys, "base_lr")
+    _refused([*base], capsys, "--org lab")  # the default organisation is not the kept runs' one
+    _refused([*base, "--org", "lab", "--division", "closed"], capsys, "--division open")
+    _refused([*base, "--org", "lab", "--seed", "9"], capsys, "--seed 5")
+    assert not (logs / "result_1.txt").exists()
+    assert main([*base, "--org", "lab"]) == 0
+    assert (logs / "result_1.txt").is_file()

@@ -76,3 +76,36 @@ def test_an_interrupted_round_keeps_what_finished_and_reports_the_rest_not_run(t
     assert [(r.workload, r.status, r.reason) for r in rows] == [
         ("ncf", "failed", "interrupted"), ("dlrm", "not run", "the round was interrupted")]
     assert "interrupted during ncf" in capsys.readouterr().err and (out / "suite.html").is_file()
+
+
+@pytest.mark.slow
+def test_an_interrupted_round_resumes_with_what_finished_kept(tmp_path, monkeypatch, capsys):
+    from trainperf import jobs
+
+    real_start, started = jobs.start, []
+
+    def stop_at_dlrm(request, say, warn):
+        if request.workload == "dlrm":
+            raise KeyboardInterrupt
+        return real_start(request, say, warn)
+
+    monkeypatch.setattr(jobs, "start", stop_at_dlrm)
+    out = tmp_path / "round"
+    argv = ["suite", "--only", "ncf,dlrm", "--out", str(out)]
+    assert cli.main(argv) == 130
+    seed = suite.load(out)["seed"]
+    assert "add --resume" in capsys.readouterr().err
+    # Re-running without --resume is refused and says how to go on; another round is refused too.
+    assert cli.main(argv) == 2 and "add --resume" in capsys.readouterr().err
+    assert cli.main([*argv, "--resume", "--runs", "2"]) == 2
+    assert "--runs 1, this command says --runs 2" in capsys.readouterr().err
+
+    def record(request, say, warn):
+        started.append((request.workload, request.resume, request.seed))
+        return real_start(request, say, warn)
+
+    monkeypatch.setattr(jobs, "start", record)
+    assert cli.main([*argv, "--resume"]) == 0
+    assert started == [("dlrm", True, seed)]  # ncf kept, dlrm run with the round's seed
+    rows = suite.load(out)["rows"]
+    assert [(r.workload, r.status) for r in rows] == [("ncf", "ok"), ("dlrm", "ok")]

@@ -191,3 +191,16 @@ def hand_over(tensors: tuple[torch.Tensor, ...], device: torch.device, stream: A
 def sync_debug_mode(mode: str) -> None:
     """torch's check for operations that synchronise with the host ("error" raises on them)."""
     torch.cuda.set_sync_debug_mode(mode)
+
+
+def gpu_processes(index: int) -> list[int]:
+    """The pids of the processes holding a context on GPU `index` (NVML, through torch's own use of it);
+    empty where NVML cannot tell (no driver library, or a GPU it does not see)."""
+    try:
+        import pynvml  # shipped with torch's CUDA wheels (nvidia-ml-py)
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+    except Exception:  # noqa: BLE001 - a monitor never ends a run: no answer is an empty answer
+        return []

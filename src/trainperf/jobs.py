@@ -17,6 +17,7 @@ from typing import Any
 from trainperf import devices, prepared, registry
 from trainperf.errors import TrainperfError
 from trainperf.files import copy_atomic, folder_lock, is_partial, remove_stale_partials_around
+from trainperf.runtime.load import busy_note
 from trainperf.spec import Assets, Recipe, Workload
 
 Say = Callable[[str], None]
@@ -290,8 +291,17 @@ def run_series(request: RunRequest, workload: Workload, recipe: Recipe, folder: 
     if (kept or any(logs_dir.glob("result_*.txt"))) and not request.resume:
         raise TrainperfError(f"--out {out_dir}: {logs_dir} already holds results; choose another folder, or add "
                              "--resume to keep the finished runs and redo the others")
-    if kept and request.seed is None:
-        seed = _series_seed(details_dir, kept, seed)
+    cut = [i for i in range(count) if i not in kept and (details_dir / f"run_{i}").exists()]
+    if cut and not request.resume:
+        raise TrainperfError(f"--out {out_dir}: run {cut[0]} was cut short ({details_dir / f'run_{cut[0]}'}); add "
+                             "--resume to redo it and go on, or choose another folder")
+    if kept:
+        first = _series_seed(details_dir, kept, seed)
+        if request.seed is not None and request.seed != first:
+            raise TrainperfError(f"--resume: --seed {request.seed} differs from the kept runs' (--seed {first}); "
+                                 "a resumed series keeps its seeds")
+        seed = first
+        _check_same_series(request, recipe, logs_dir, details_dir, kept)
     logs_dir.mkdir(parents=True, exist_ok=True)
     submission.write_system(system_json, submission.system_description(
         system, request.org, request.division_or_default, request.status, device, world))
@@ -321,6 +331,9 @@ def run_series(request: RunRequest, workload: Workload, recipe: Recipe, folder: 
         finished += 1
         ttt = f"{result['time_to_train_s']:.2f} s" if result["time_to_train_s"] is not None else "-"
         say(f"run {i} (seed {seed + i}): {result['status']} in {ttt}")
+        busy = busy_note(result.get("machine_load"))
+        if busy:
+            warn(f"run {i}: {busy}")
     say(f"results: {logs_dir}\nsystem description: {system_json}\nscore it: trainperf score {out_dir}")
     return 0 if finished == count else 1
 
@@ -334,6 +347,39 @@ def _series_seed(details_dir: Path, kept: set[int], fallback: int) -> int:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return fallback
+
+
+def _check_same_series(request: RunRequest, recipe: Recipe, logs_dir: Path, details_dir: Path,
+                       kept: set[int]) -> None:
+    """A resumed series must be the series it resumes: one submission holds one recipe, one
+    organisation, division and status. Compared with what each kept run recorded (its result.json,
+    its log); the first difference is refused in one line."""
+    from trainperf.results.logs import read_records
+
+    now = {"scale": request.scale, "recipe": json.loads(json.dumps(recipe.to_dict(), default=str)),
+           "division": request.division_or_default, "org": request.org, "status": request.status}
+    for k in sorted(kept):
+        result_path = details_dir / f"run_{k}" / "result.json"
+        try:
+            result = json.loads(result_path.read_text(encoding="utf-8"))
+            was = {"scale": result["scale"], "recipe": result["recipe"], "division": result["division"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            raise TrainperfError(f"--resume: {result_path}: unreadable, so run {k} cannot be shown to be of this "
+                                 "series; start a new folder") from None
+        logged = {r["key"]: r.get("value") for r in read_records(logs_dir / f"result_{k}.txt")}
+        was |= {"org": logged.get("submission_org"), "status": logged.get("submission_status")}
+        for key in ("scale", "division", "org", "status"):
+            if was[key] != now[key]:
+                raise TrainperfError(f"--resume: run {k} was made with --{key} {was[key]}, this command says "
+                                     f"{now[key]}; a resumed series must be the same series")
+        changed = sorted(f for f in set(was["recipe"]) | set(now["recipe"])
+                         if was["recipe"].get(f) != now["recipe"].get(f))
+        if changed:
+            f = changed[0]
+            more = f" (and {len(changed) - 1} more field(s))" if len(changed) > 1 else ""
+            raise TrainperfError(f"--resume: run {k} used {f}={was['recipe'].get(f)!r}, this command "
+                                 f"{f}={now['recipe'].get(f)!r}{more}; a resumed series must use the same recipe "
+                                 "and --set options")
 
 
 def interrupted(result: dict[str, Any]) -> bool:
@@ -350,8 +396,10 @@ def summary(workload: Workload, scale: str, result: dict[str, Any], out_dir: Pat
     else:
         detail = result["abort_reason"]
     procs = result["environment"].get("world_size", 1)
+    busy = busy_note(result.get("machine_load"))
     return (f"{workload.name} {scale}: {result['status']} in {ttt} ({detail})"
             + (f" on {procs} processes" if procs > 1 else "")
+            + (f"\nwarning: {busy}" if busy else "")
             + f"\nlog: {out_dir / 'mlperf_log.txt'}\nresult: {out_dir / 'result.json'}"
             + f"\nnext: trainperf report {out_dir} -o report.html (a page with the convergence curve); "
             + f"trainperf check {out_dir / 'mlperf_log.txt'}; for a score, the MLPerf runs: trainperf run "

@@ -50,6 +50,7 @@ class SuiteRow:
     wall_s: float = 0.0  # the workload's whole wall time in this suite, setup included
     results: str = ""  # its results folder (result_N.txt)
     run_dirs: list[str] = field(default_factory=list)
+    busy_runs: int = 0  # runs timed while other processes loaded the machine: their times are not figures
 
 
 def parse_only(text: str | None) -> list[str]:
@@ -85,14 +86,44 @@ def _tree_name(ruleset: str) -> str:
     return f"round-{ruleset}"
 
 
+def resumable(out_dir: Path, names: Sequence[str], scale: str, runs: int, seed: int | None) -> dict[str, Any]:
+    """What a suite folder being resumed holds: its seed and the rows of the workloads that finished
+    (the rest run again, each series resumed). The same round only: the same workloads, scale and
+    run count, and the seed it drew (one line naming what differs otherwise)."""
+    path = out_dir / "suite.json"
+    if not path.exists():
+        return {"seed": seed, "rows": {}}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        recorded = {"scale": data["scale"], "runs": data["runs"], "seed": data["seed"],
+                    "only": data.get("workloads") or [r["workload"] for r in data["rows"]]}
+        rows = {r["workload"]: SuiteRow(**r) for r in data["rows"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise TrainperfError(f"{path}: not a trainperf suite file ({type(exc).__name__}); choose another "
+                             "folder") from None
+    asked = {"scale": scale, "runs": runs, "seed": recorded["seed"] if seed is None else seed, "only": list(names)}
+    for key, value in asked.items():
+        if value != recorded[key]:
+            shown = ",".join(value) if key == "only" else value
+            was = ",".join(recorded[key]) if key == "only" else recorded[key]
+            raise TrainperfError(f"--resume: {path} is a suite with --{key} {was}, this command says --{key} "
+                                 f"{shown}; a resumed suite must be the same round")
+    done = {name: row for name, row in rows.items() if row.status != "not run" and row.reason != INTERRUPTED}
+    return {"seed": recorded["seed"], "rows": done}
+
+
 def run_suite(names: Sequence[str], scale: str, runs: int, out_dir: Path, seed: int, device: str | None = None,
-              data_root: Path | None = None, system: str | None = None, say: Say = print, warn: Say = print
-              ) -> list[SuiteRow]:
-    """Each workload's series in turn; returns one row per workload (written to suite.json as it goes)."""
+              data_root: Path | None = None, system: str | None = None, say: Say = print, warn: Say = print,
+              done: dict[str, SuiteRow] | None = None) -> list[SuiteRow]:
+    """Each workload's series in turn; returns one row per workload (written to suite.json as it goes).
+    `done`: the rows of a suite being resumed (see `resumable`): those workloads are not run again, and
+    the others resume their series."""
     if runs < 1:
         raise TrainperfError(f"--runs {runs}: expected >= 1")
-    if (out_dir / "suite.json").exists():
-        raise TrainperfError(f"--out {out_dir}: already holds a suite; choose another folder")
+    if (out_dir / "suite.json").exists() and done is None:
+        raise TrainperfError(f"--out {out_dir}: already holds a suite; add --resume to go on with it, or choose "
+                             "another folder")
+    resume, done = done is not None, done or {}
     workloads = [registry.get(n) for n in names]
     rows: list[SuiteRow] = []
     used: dict[str, set[str]] = {}
@@ -112,12 +143,17 @@ def run_suite(names: Sequence[str], scale: str, runs: int, out_dir: Path, seed: 
         left = [estimate_s(w, scale, runs) for w in workloads[index - 1:]]
         eta = ("" if any(e is None for e in left) else
                f", about {_clock(sum(e for e in left if e is not None) * ratio + len(left) * runs * overhead)} left")
+        if workload.name in done:
+            rows.append(done[workload.name])
+            say(f"[{index}/{len(workloads)}] {workload.name}: kept from the suite being resumed "
+                f"({rows[-1].status})")
+            continue
         say(f"[{index}/{len(workloads)}] {workload.name}: {runs} run(s) at {scale} scale "
             f"(elapsed {_clock(time.perf_counter() - started)}{eta})")
         row = _row(workload, scale, runs, "failed")
         t0 = time.perf_counter()
         request = jobs.RunRequest(workload=workload.name, scale=scale, device=device, seed=seed, runs=runs,
-                                  out=str(out_dir / tree), system=system, quiet=True,
+                                  out=str(out_dir / tree), system=system, quiet=True, resume=resume,
                                   data=str(data_root / workload.name) if data_root is not None else None,
                                   command=jobs.command_line(["run", workload.name, "--scale", scale,
                                                              "--seed", str(seed), "--runs", str(runs)]))
@@ -137,10 +173,11 @@ def run_suite(names: Sequence[str], scale: str, runs: int, out_dir: Path, seed: 
         if stopped:  # the user stopped the round: what finished is kept and reported, the rest is not run
             row.status, row.reason = "failed", INTERRUPTED
             rows += [_row(w, scale, runs, "not run", "the round was interrupted") for w in workloads[index:]]
-            _save(out_dir, rows, scale, runs, seed, started)
-            warn(f"suite: interrupted during {workload.name}; the finished workloads are kept")
+            _save(out_dir, rows, scale, runs, seed, started, names)
+            warn(f"suite: interrupted during {workload.name}; the finished workloads are kept (add --resume to "
+                 "the same command to go on)")
             return rows
-        _save(out_dir, rows, scale, runs, seed, started)
+        _save(out_dir, rows, scale, runs, seed, started, names)
         estimate = estimate_s(workload, scale, runs)
         if estimate is not None and row.times_s and row.converged == row.runs:
             ttt_seen += sum(row.times_s)
@@ -182,6 +219,7 @@ def _fill(row: SuiteRow, tree: Path, wall: float) -> None:
             continue
         row.run_dirs.append(str(path.parent))
     ok = [r for r in results if r.get("status") == "success"]
+    row.busy_runs = sum(1 for r in results if (r.get("machine_load") or {}).get("busy"))
     row.converged = len(ok)
     row.times_s = [float(r["time_to_train_s"]) for r in ok]
     if ok:
@@ -208,9 +246,10 @@ def _fill(row: SuiteRow, tree: Path, wall: float) -> None:
     row.status = "ok" if row.converged == row.runs else "partial" if row.converged else "failed"
 
 
-def _save(out_dir: Path, rows: list[SuiteRow], scale: str, runs: int, seed: int, started: float) -> None:
+def _save(out_dir: Path, rows: list[SuiteRow], scale: str, runs: int, seed: int, started: float,
+          names: Sequence[str]) -> None:
     write_json_atomic(out_dir / "suite.json", {
-        "scale": scale, "runs": runs, "seed": seed, "wall_s": time.perf_counter() - started,
+        "scale": scale, "runs": runs, "seed": seed, "workloads": list(names), "wall_s": time.perf_counter() - started,
         "rows": [asdict(r) for r in rows]})
 
 
@@ -250,5 +289,6 @@ def table_text(rows: Sequence[SuiteRow]) -> str:
         epochs = "-" if r.epochs_to_target is None else f"{r.epochs_to_target:g}"
         rate = "-" if r.samples_per_s is None else f"{r.samples_per_s:,.1f}"
         lines.append(f"{r.workload:<12} {f'{r.converged}/{r.runs}':>9} {ttt:>22} {epochs:>10} {rate:>11} "
-                     f"{r.wall_s:>7.0f}  {r.status}" + (f": {r.reason}" if r.reason else ""))
+                     f"{r.wall_s:>7.0f}  {r.status}" + (f": {r.reason}" if r.reason else "")
+                     + (f" [{r.busy_runs} run(s) on a busy machine: not figures]" if r.busy_runs else ""))
     return "\n".join(lines)

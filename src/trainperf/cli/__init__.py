@@ -203,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", type=system_name, help="system name for the results layout (default: from the machine)")
     p.add_argument("--out", metavar="DIR", type=output_dir,
                    help="suite folder (default: runs/suite-<scale>-<UTC time>/)")
+    p.add_argument("--resume", action="store_true",
+                   help="go on with the interrupted suite in --out: finished workloads kept, each series resumed")
     p.set_defaults(func=cmd_suite)
 
     p = sub.add_parser("plan", help="how TorchRec would shard a workload's embedding tables on N devices (DLRM; "

@@ -148,13 +148,20 @@ def cmd_suite(args: argparse.Namespace) -> int:
     from trainperf import suite
 
     names = suite.parse_only(args.only)
+    if args.resume and not args.out:
+        raise TrainperfError("--resume: name the suite folder to go on with (--out DIR)")
     out_dir = Path(args.out) if args.out else Path("runs") / f"suite-{args.scale}-{stamp()}"
-    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little") % (2**31)
+    seed, done = args.seed, None
+    if args.resume:
+        kept = suite.resumable(out_dir, names, args.scale, args.runs, args.seed)
+        seed, done = kept["seed"], kept["rows"]
+    if seed is None:
+        seed = int.from_bytes(os.urandom(4), "little") % (2**31)
     print(f"suite: {len(names)} workload(s) at {args.scale} scale, {args.runs} run(s) each, first seed {seed}, "
-          f"into {out_dir}", flush=True)
+          f"into {out_dir}" + (f" ({len(done)} finished workload(s) kept)" if done else ""), flush=True)
     rows = suite.run_suite(names, args.scale, args.runs, out_dir, seed, device=args.device,
                            data_root=Path(args.data) if args.data else None, system=args.system,
-                           say=lambda line: print(line, flush=True), warn=warn)
+                           say=lambda line: print(line, flush=True), warn=warn, done=done)
     for path in suite.write_report(out_dir, markdown=True):
         print(f"wrote {path}")
     print(suite.table_text(rows))

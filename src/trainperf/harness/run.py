@@ -30,7 +30,7 @@ from trainperf.harness.mlperf_log import MLPerfLog
 from trainperf.harness.progress import NoProgress, PlainProgress
 from trainperf.harness.scorer import PendingEvaluations, Scorer
 from trainperf.rulesets import RULESET_KEY, WORKLOAD_KEY
-from trainperf.runtime import distributed, environment, speedups
+from trainperf.runtime import distributed, environment, load, speedups
 from trainperf.runtime.step import TrainStep
 from trainperf.spec import (
     Assets,
@@ -87,6 +87,8 @@ def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None =
     clock = Clock(ctx)
     loop = _TimedLoop(config, ctx, log, clock, progress)
     status, reason, bug = "aborted", None, None
+    monitor = load.LoadMonitor(gpu_index=ctx.device.index if ctx.device.type == "cuda" else None).start() \
+        if ctx.is_main else None
     with abort_on_signals() as hold_signals:
         try:
             try:
@@ -122,6 +124,8 @@ def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None =
         if bug is not None:
             raise bug
         result = loop.result(status, reason)
+        if monitor is not None:
+            result.machine_load = monitor.stop()
         if on_result is not None:
             on_result(result)
     return result

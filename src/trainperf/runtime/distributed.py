@@ -132,6 +132,8 @@ def launch_local(nproc: int, argv: Sequence[str], timeout_s: float = DEFAULT_TIM
     child_env = {
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc))),
         "TRAINPERF_COLLECTIVE_TIMEOUT_S": os.environ.get("TRAINPERF_COLLECTIVE_TIMEOUT_S", str(timeout_s)),
+        # The ranks are one run: the machine-load monitor counts this process and its descendants as it.
+        "TRAINPERF_LAUNCHER_PID": str(os.getpid()),
     }
     saved = {key: os.environ.get(key) for key in child_env}
     os.environ.update(child_env)

@@ -50,6 +50,9 @@ class RunResult:
     steps: int = 0  # optimizer steps taken
     cadence: dict[str, Any] = field(default_factory=dict)  # the evaluation cadence as resolved for the data
     layout: dict[str, Any] | None = None  # how the model was distributed: the sharding plan (ModelParts.layout)
+    # How busy the machine was while the run was timed (trainperf.runtime.load): `busy` says its time is
+    # not a figure.
+    machine_load: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
