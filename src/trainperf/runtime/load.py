@@ -116,7 +116,7 @@ class LoadMonitor:
             load = None
         now, others = self._cpu_state(), None
         if now is not None and self._previous is not None:
-            busy, total, ours = (a - b for a, b in zip(now, self._previous))
+            busy, total, ours = (a - b for a, b in zip(now, self._previous, strict=True))
             if total > 0:
                 # total counts every CPU's ticks: busy/total is the machine's busy share.
                 others = max(0.0, (busy - ours) / total * self.cores)
@@ -180,4 +180,5 @@ def busy_note(load: dict[str, Any] | None) -> str | None:
     """The one line a run, `score` or `suite` says about a run timed on a busy machine; None otherwise."""
     if not load or not load.get("busy"):
         return None
-    return f"the machine was busy ({load.get('why')}): this time-to-train is not a figure; run it again on an idle machine"
+    return (f"the machine was busy ({load.get('why')}): this time-to-train is not a figure; run it again on an "
+            "idle machine")
