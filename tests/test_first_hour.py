@@ -45,7 +45,7 @@ def _refused(argv: list[str], capsys, expected: str) -> None:
     (["run", "resnet", "--runs", "-2"], "'-2': expected a whole number >= 1"),
     (["run", "resnet", "--resume"], "--resume: only a series (--runs) can be resumed"),
     (["suite", "--only", ""], "--only '': unknown workload(s) (none given)"),
-    (["predict", "resnet", "--epochs", "-1"], "'-1': expected a finite number >= 0"),
+    (["predict", "resnet", "--epochs", "-1"], "'-1': expected a finite number > 0"),
     (["predict", "resnet", "--eval-s", "-5"], "'-5': expected a finite number >= 0"),
     (["ablate", "resnet", "--steps", "0"], "'0': expected a whole number >= 1"),
     (["check", "x.txt", "--ruleset", "9.9.9"], "expected one of the official checker's rulesets"),

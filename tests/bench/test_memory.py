@@ -36,7 +36,9 @@ def test_a_bench_that_would_not_fit_is_one_line_naming_the_batch_that_fits(monke
     with pytest.raises(memory.BatchTooLarge) as err:
         memory.check_fits(workload, recipe, ctx, parts)
     assert "\n" not in str(err.value) and "a step at batch 64 needs about" in str(err.value)
-    assert 0 < err.value.fits <= 40 and f"at most {err.value.fits:,} fits (--bench-batch)" in str(err.value)
+    # The option named is one every benching command has (bench has no --bench-batch).
+    assert 0 < err.value.fits <= 40
+    assert f"at most {err.value.fits:,} per device fits (--set global_batch_size={err.value.fits})" in str(err.value)
     monkeypatch.setattr(memory, "available", lambda device: found.fixed_bytes)
     with pytest.raises(memory.BatchTooLarge, match="no batch fits") as err:
         memory.check_fits(workload, recipe, ctx, parts)

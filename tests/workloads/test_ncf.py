@@ -166,3 +166,21 @@ def test_a_user_who_rated_every_item_is_an_error_not_a_hang(tmp_path):
             "except TrainperfError as e:\n    print(e)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert "user 1 rated every one of the 25 items: no negatives can be drawn" in proc.stdout, proc.stderr
+
+
+def test_a_repeated_rating_never_puts_the_test_item_into_training(tmp_path):
+    rows = [(1, 100 + k, 4.0, k) for k in range(20)]  # user 1: movies 100..119
+    rows.append((1, 107, 5.0, 999))                    # movie 107 again, latest: the test item
+    rows.append((1, 103, 2.0, 500))                    # movie 103 again, in the middle
+    rows += [(2, 200 + k, 3.0, k) for k in range(21)]  # user 2: no repeats
+    rows += [(2, 205, 3.0, 5)]                          # an exact duplicate line
+    said: list[str] = []
+    manifest = D.convert(_ratings(tmp_path / "ratings.csv", rows), tmp_path, said.append)
+    train, test_users, test_pos, _ = D.load(tmp_path)
+    pairs = list(map(tuple, train.tolist()))
+    assert len(pairs) == len(set(pairs)), "a (user, item) pair is a training positive at most once"
+    for user, item in zip(test_users.tolist(), test_pos.tolist(), strict=True):
+        assert (user, item) not in set(pairs), f"user {user}'s test item {item} is also a training positive"
+    assert test_pos.tolist()[0] == 7  # movie 107 (ids 100.. -> 0..): still the latest, still the test item
+    assert manifest["train_ratings"] == 19 + 20
+    assert any("3 repeated" in line for line in said), said

@@ -93,10 +93,14 @@ def check_fits(workload: Workload, recipe: Recipe, ctx: RuntimeContext, parts: M
     need = found.need(per_device)
     if found.available_bytes is not None and need > found.available_bytes:
         fits = found.largest_batch() or 0
+        per_sample = found.per_sample_bytes
+        activations = f"{per_sample / 2**20:.1f} MiB" if per_sample >= 2**20 else f"{per_sample / 2**10:.1f} KiB"
+        # The option every command that benches takes (bench, ablate, tune-batch, run): the global batch.
         raise BatchTooLarge(
             f"{workload.name}: a step at batch {per_device:,} needs about {need / 2**30:.1f} GiB "
             f"({found.fixed_bytes / 2**30:.2f} GiB of weights, gradients and optimizer state, "
-            f"{found.per_sample_bytes / 2**20:.1f} MiB of activations per sample), {ctx.device} has "
+            f"{activations} of activations per sample), {ctx.device} has "
             f"{found.available_bytes / 2**30:.1f} GiB free: "
-            + (f"a batch of at most {fits:,} fits (--bench-batch)" if fits else "no batch fits"), fits)
+            + (f"a batch of at most {fits:,} per device fits (--set global_batch_size="
+               f"{fits * max(1, ctx.world_size)})" if fits else "no batch fits"), fits)
     return found

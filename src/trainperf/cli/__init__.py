@@ -16,6 +16,7 @@ from trainperf.cli.options import (
     add_scale,
     add_workload,
     add_workload_options,
+    non_negative_float,
     non_negative_int,
     output_dir,
     output_file,
@@ -23,6 +24,7 @@ from trainperf.cli.options import (
     positive_int,
     ruleset_name,
     seed_int,
+    share,
     switch_sets,
     system_name,
 )
@@ -115,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--bench-batch", type=positive_int,
                    help="batch of the one-device bench (default: the per-device batch)")
     add_link_options(g)
-    g.add_argument("--peak-tflops", type=float, help="project another device: its peak TFLOP/s (with --mfu)")
-    g.add_argument("--mfu", type=float, help="the fraction of --peak-tflops the model reaches")
+    g.add_argument("--peak-tflops", type=positive_float, help="project another device: its peak TFLOP/s (with --mfu)")
+    g.add_argument("--mfu", type=share, help="the fraction of --peak-tflops the model reaches")
     g.add_argument("--epochs", type=positive_float, help="epochs to converge where the ruleset has no RCP")
     g.add_argument("--steps", type=positive_int, default=10, help="timed bench steps (default: 10)")
     g.add_argument("--warmup", type=non_negative_int, default=3, help="untimed bench steps (default: 3)")
@@ -127,10 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(scale="full")
     p.add_argument("--nproc", type=positive_int, default=1, help="data-parallel devices (default: 1)")
     p.add_argument("--bench-batch", type=positive_int, help="batch of the bench (default: global batch / nproc)")
-    p.add_argument("--samples-per-s", type=float, help="a known per-device throughput instead of a bench")
+    p.add_argument("--samples-per-s", type=positive_float, help="a known per-device throughput instead of a bench")
     p.add_argument("--epochs", type=positive_float,
                    help="epochs to converge (default: the RCP files of the ruleset)")
-    p.add_argument("--eval-s", type=positive_float,
+    p.add_argument("--eval-s", type=non_negative_float,
                    help="seconds per evaluation (default: estimated from the throughput)")
     add_link_options(p)
     p.add_argument("--steps", type=positive_int, default=10, help="timed bench steps (default: 10)")

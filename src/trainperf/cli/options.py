@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trainperf import jobs
+from trainperf.errors import shown
 from trainperf.spec import SCALES
 
 
@@ -76,15 +78,17 @@ def switch_sets(args: argparse.Namespace) -> list[str]:
 
 
 # -- values checked where they are typed: argparse then refuses them in one line (exit 2) ----------
-def _number(kind: type, low: float | None, high: float | None, what: str) -> Callable[[str], Any]:
+def _number(kind: type, low: float | None, high: float | None, what: str,
+            above: float | None = None) -> Callable[[str], Any]:
+    """A typed value in [low, high] (and > `above`): NaN and infinities are never numbers here."""
     def parse(raw: str) -> Any:
         try:
             value = kind(raw)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{raw!r}: expected {what}") from None
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"{raw[:40]!r}: expected {what}") from None
         if (isinstance(value, float) and not math.isfinite(value)) or (low is not None and value < low) or \
-                (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"{raw!r}: expected {what}")
+                (above is not None and value <= above) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{raw[:40]!r}: expected {what}")
         return value
 
     parse.__name__ = what  # argparse names the type in some messages
@@ -93,7 +97,10 @@ def _number(kind: type, low: float | None, high: float | None, what: str) -> Cal
 
 positive_int = _number(int, 1, None, "a whole number >= 1")
 non_negative_int = _number(int, 0, None, "a whole number >= 0")
-positive_float = _number(float, 0, None, "a finite number >= 0")
+non_negative_float = _number(float, 0, None, "a finite number >= 0")
+positive_float = _number(float, None, None, "a finite number > 0", above=0)
+fraction = _number(float, 0, 1, "a number from 0 to 1")
+share = _number(float, None, 1, "a number above 0 and at most 1", above=0)
 seed_int = _number(int, 0, 2**32 - 1, "a seed from 0 to 4294967295")
 SYSTEM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
 
@@ -114,14 +121,28 @@ def _blocking_file(path: Path) -> Path | None:
     return None
 
 
+NAME_MAX = 255  # bytes in one file or folder name (ext4, xfs, btrfs, APFS)
+# AtomicOutput writes `.NAME.<pid>.<id>.partial` beside a file first: that name must fit too.
+PARTIAL_EXTRA = len(f"..{2**22}.{'0' * 8}.partial")
+
+
 def _writable(raw: str, folder: bool) -> str:
     """A file (or folder) to write: refused before any work when something of the other kind is in
-    its place, or a file stands where one of its parent folders goes."""
+    its place, a file stands where one of its parent folders goes, or a name in it is longer than a
+    file system takes (the temporary sibling of a file included)."""
     path = Path(raw)
-    if path.exists() and path.is_dir() != folder:
-        raise argparse.ArgumentTypeError(f"{raw}: exists and is not a folder" if folder
-                                         else f"{raw}: is a folder; name a file")
-    blocking = _blocking_file(path)
+    for i, part in enumerate(path.parts):
+        room = NAME_MAX - (PARTIAL_EXTRA if i == len(path.parts) - 1 and not folder else 0)
+        size = len(os.fsencode(part))
+        if size > room:
+            raise argparse.ArgumentTypeError(f"{shown(part, 40)}: a name of {size} bytes; expected at most {room}")
+    try:
+        if path.exists() and path.is_dir() != folder:
+            raise argparse.ArgumentTypeError(f"{raw}: exists and is not a folder" if folder
+                                             else f"{raw}: is a folder; name a file")
+        blocking = _blocking_file(path)
+    except OSError as exc:  # the whole path too long, or a folder on it that cannot be searched
+        raise argparse.ArgumentTypeError(f"{shown(raw, 60)}: {exc.strerror or exc}") from None
     if blocking is not None:
         raise argparse.ArgumentTypeError(f"{raw}: {blocking} is a file, not a folder")
     return raw
@@ -170,10 +191,10 @@ def add_workload_options(p: argparse.ArgumentParser, with_switches: bool = True)
 
 
 def add_link_options(p: Any) -> None:
-    p.add_argument("--bandwidth", type=float, metavar="GB/S", help="all-reduce bus bandwidth per device "
+    p.add_argument("--bandwidth", type=positive_float, metavar="GB/S", help="all-reduce bus bandwidth per device "
                    "(default: measured between local processes)")
-    p.add_argument("--latency", type=float, metavar="US", help="per-hop latency in microseconds")
-    p.add_argument("--overlap", type=float, default=1.0,
+    p.add_argument("--latency", type=non_negative_float, metavar="US", help="per-hop latency in microseconds")
+    p.add_argument("--overlap", type=fraction, default=1.0,
                    help="fraction of backward that hides the all-reduce (default: 1, as DDP's buckets allow)")
 
 

@@ -12,7 +12,7 @@ from trainperf import jobs, registry
 from trainperf.cli.options import (
     stamp,
 )
-from trainperf.errors import TrainperfError
+from trainperf.errors import TrainperfError, shown
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -172,9 +172,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
+    from trainperf.cli import build_parser
+    from trainperf.cli.options import switch_sets
     from trainperf.runtime.slurm import sbatch_script
 
     workload = registry.get(args.workload)
+    # What every node will run, checked here rather than after the job has queued: the run parser
+    # (unknown options, bad values: one line, exit 2), then the recipe (--recipe, --set) and the batch
+    # split. Not the data (a path on the cluster) nor the switches (the nodes' devices are not these).
+    run, unknown = build_parser().parse_known_args(["run", workload.name, *args.run_args])
+    if unknown:
+        raise TrainperfError(f"after --: {shown(' '.join(unknown))}: not an option of trainperf run "
+                             "(see trainperf run --help)")
+    for flag, given in (("--nproc", run.nproc != 1), ("--out", run.out is not None),
+                        ("--runs", run.runs is not None), ("--resume", run.resume)):
+        if given:
+            raise TrainperfError(f"{flag}: set by the script (one torchrun per node, runs/<workload>-<job id>)")
+    recipe = jobs.resolve_recipe(workload, run.scale, run.recipe, [*run.set, *switch_sets(run)])
+    world = args.nodes * args.gpus_per_node
+    if recipe.global_batch_size % world:
+        raise TrainperfError(f"--nodes {args.nodes} x --gpus-per-node {args.gpus_per_node}: global_batch_size "
+                             f"{recipe.global_batch_size} is not divisible by {world} processes")
     print(sbatch_script(workload.name, args.nodes, args.gpus_per_node, args.run_args, partition=args.partition,
                         account=args.account, time_limit=args.time, cpus_per_gpu=args.cpus_per_gpu,
                         port=args.port), end="")

@@ -336,6 +336,10 @@ class _TimedLoop:
             raise TrainperfError(f"global_batch_size {recipe.global_batch_size} is not divisible by "
                                  f"{ctx.world_size} processes")
         data = workload.load_data(recipe, config.data_dir, ctx)
+        if data.train_samples is not None and recipe.global_batch_size > data.train_samples:
+            # A loader can only cut such a batch down to the epoch: the log would name a batch never used.
+            raise TrainperfError(f"recipe field global_batch_size={recipe.global_batch_size}: expected at most "
+                                 f"{data.train_samples:,}, the training samples of one epoch of {config.data_dir}")
         self._data, self._parts = data, parts
         self.cadence = cadence = recipe.cadence.resolve(data.train_samples)
         now = clock.now_ms()

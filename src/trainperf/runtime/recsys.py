@@ -52,7 +52,7 @@ def _quiet() -> Iterator[None]:
 def parse_bytes(text: str, option: str) -> int:
     """'80GB', '80G', '512GiB', '1.5TB' -> bytes (powers of 1024, as GPU memory is quoted)."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
-    if not match or float(match.group(1)) <= 0:
+    if not match or not 0 < float(match.group(1)) < 2**60:
         raise TrainperfError(f"{option} {text!r}: expected a size such as 80GB or 512GiB")
     power = " KMGT".index(match.group(2).upper() or " ")
     return int(float(match.group(1)) * 1024 ** power)

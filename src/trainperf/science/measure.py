@@ -3,6 +3,7 @@ between devices (given, or probed between local processes)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,7 +41,8 @@ def bench_at(workload: Workload, recipe: Recipe, scale: str, data: str | None, b
 def link(bandwidth: float | None, latency: float | None, devices: int, out_dir: Path, device: str | None,
          say: Callable[[str], None] = print) -> Link:
     if bandwidth is not None or latency is not None:
-        if bandwidth is None or latency is None or bandwidth <= 0 or latency < 0:
+        # Written so that NaN fails too; an infinite bandwidth or latency is no link either.
+        if bandwidth is None or latency is None or not (0 < bandwidth < math.inf and 0 <= latency < math.inf):
             raise TrainperfError("--bandwidth GB/s (> 0) and --latency µs (>= 0) go together")
         return Link(bandwidth, latency, f"given: {bandwidth:g} GB/s, {latency:g} µs")
     if devices < 2:
@@ -61,6 +63,8 @@ def projection_inputs(workload: Workload, recipe: Recipe, scale: str, data: str 
         raise TrainperfError("--peak-tflops and --mfu go together (compute time from the model's FLOPs)")
     if mfu is not None and not 0 < mfu <= 1:
         raise TrainperfError(f"--mfu {mfu}: expected a fraction in (0, 1]")
+    if peak_tflops is not None and not 0 < peak_tflops < math.inf:
+        raise TrainperfError(f"--peak-tflops {peak_tflops}: expected a finite number > 0")
     by_flops = peak_tflops is not None and mfu is not None
     batch = bench_batch or (min(per_device, 4) if by_flops else per_device)
     bench, how = bench_at(workload, recipe, scale, data, batch, 1 if by_flops else steps, 0 if by_flops else warmup,
@@ -106,8 +110,10 @@ def predict_here(workload: Workload, recipe: Recipe, nproc: int, data: str | Non
     if nproc < 1 or recipe.global_batch_size % nproc:
         raise TrainperfError(f"--nproc {nproc}: expected a divisor of global_batch_size {recipe.global_batch_size}")
     per_device = recipe.global_batch_size // nproc
+    if not 0 <= overlap <= 1:
+        raise TrainperfError(f"--overlap {overlap}: expected a fraction from 0 to 1")
     if samples_per_s is not None:
-        if samples_per_s <= 0:
+        if not 0 < samples_per_s < math.inf:
             raise TrainperfError(f"--samples-per-s {samples_per_s}: expected > 0")
         if nproc > 1:
             raise TrainperfError("--nproc with --samples-per-s: the gradients' size comes from a bench; drop "

@@ -34,7 +34,8 @@ MIN_RATINGS = 20
 NUM_EVAL_NEGATIVES = 999
 FORMAT_VERSION = 1
 # The conversion's parameters, recorded with its outputs (a change makes them stale).
-PREPARATION = {"min_ratings": MIN_RATINGS, "eval_negatives": NUM_EVAL_NEGATIVES, "negatives_seed": 0}
+PREPARATION = {"min_ratings": MIN_RATINGS, "eval_negatives": NUM_EVAL_NEGATIVES, "negatives_seed": 0,
+               "repeated_pairs": "latest kept"}
 
 
 def read_ratings(path: Path, say: Callable[[str], None] = print) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -135,6 +136,15 @@ def convert(ratings_csv: Path, out_dir: Path, say: Callable[[str], None] = print
     # Per user in time order (stable: ties keep file order); the last rating is the test positive.
     order = np.lexsort((stamps, users))
     users, items = users[order], items[order]
+    # A (user, item) rated more than once keeps its latest rating only, as the reference's set of
+    # (user, item) pairs does: the test positive is then never also a training positive.
+    keys = users * n_items + items
+    _, latest = np.unique(keys[::-1], return_index=True)  # first in reverse = latest in time order
+    keep = np.sort(keys.size - 1 - latest)
+    repeats = keys.size - keep.size
+    if repeats:
+        users, items = users[keep], items[keep]
+        say(f"{ratings_csv}: {repeats:,} repeated rating(s) of the same userId,movieId dropped (the latest kept)")
     last = np.r_[users[1:] != users[:-1], True]
     test_users, test_items = users[last], items[last]
     train_users, train_items = users[~last], items[~last]
@@ -151,7 +161,7 @@ def convert(ratings_csv: Path, out_dir: Path, say: Callable[[str], None] = print
     _write_tsv(out_dir / OUTPUTS[2], negatives)
     manifest = {"format_version": FORMAT_VERSION, "source": str(ratings_csv), "users": n_users, "items": n_items,
                 "train_ratings": int(train_users.size), "test_ratings": int(test_users.size),
-                "prepared_from": source_stamp}
+                "prepared_from": source_stamp, "repeats_dropped": int(repeats)}
     write_text_atomic(out_dir / MANIFEST, json.dumps(manifest, indent=2))
     say(f"converted {users_orig.size:,} ratings: {n_users:,} users, {n_items:,} items, "
         f"{train_users.size:,} train positives, {n_users:,} test users x {NUM_EVAL_NEGATIVES} negatives")
