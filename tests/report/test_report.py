@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -126,3 +127,65 @@ def test_report_of_an_ablation(tmp_path):
     table = next(t for t in page.tables if t[0][0] == "configuration")
     assert table[2][:4] == ["channels_last", "cumulative", "150.0", "1.50x"] and table[2][5] == "3"
     assert len(page.images) == 1 and _png_ok(page.images[0])
+
+
+def _fake_run(folder: Path, system: str = "box") -> Path:
+    """A run folder's result.json without training: what the report reads of one resnet mini run."""
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps({
+        "workload": "resnet", "benchmark": "resnet", "scale": "mini", "status": "success", "seed": 1,
+        "time_to_train_s": 60.0, "target": 0.97, "epochs_to_target": 2,
+        "evaluations": [{"epoch": 1, "value": 0.9}, {"epoch": 2, "value": 0.98}],
+        "recipe": {"global_batch_size": 32}, "environment": {"system": system, "command": "trainperf run resnet"}}))
+    return folder
+
+
+def _results_tree(root: Path, system: str = "sys") -> Path:
+    """results/<system>/resnet/result_0.txt (a minimal closed log) and systems/<system>.json under `root`."""
+    from tests.conftest import write_minimal_closed_log
+
+    folder = root / "results" / system / "resnet"
+    folder.mkdir(parents=True)
+    write_minimal_closed_log(folder / "result_0.txt", "resnet", 32, {}, 0.76, 1)
+    (root / "systems").mkdir()
+    (root / "systems" / f"{system}.json").write_text(json.dumps({"system_name": system}))
+    return folder
+
+
+def test_report_counts_a_run_once_however_often_it_is_given(tmp_path):
+    run = _fake_run(tmp_path / "runs" / "r1")
+    data = collect.collect([run, run, tmp_path / "runs" / ".." / "runs" / "r1", tmp_path / "runs"])
+    assert [len(g.runs) for g in data.groups] == [1]
+    tree = _results_tree(tmp_path / "sub")
+    data = collect.collect([tmp_path / "sub", tree, tmp_path / "sub"])
+    assert [len(g.runs) for g in data.groups] == [1]
+
+
+def test_report_of_a_results_folder_given_from_inside(tmp_path, monkeypatch):
+    folder = _results_tree(tmp_path)
+    monkeypatch.chdir(folder)  # trainperf report .
+    data = collect.collect([Path(".")])
+    assert [g.system for g in data.groups] == ["sys"] and list(data.systems) == ["sys"]
+    monkeypatch.chdir(folder.parent)  # trainperf report resnet
+    assert [g.system for g in collect.collect([Path("resnet")]).groups] == ["sys"]
+
+
+def test_report_of_a_system_folder_whose_name_is_not_utf8(tmp_path):
+    name = os.fsdecode(b"sys\xff")  # as Python reads such a name: with a lone surrogate
+    try:
+        _results_tree(tmp_path, name)
+    except OSError:
+        pytest.skip("this file system takes UTF-8 names only")
+    page = _render([tmp_path], tmp_path)
+    assert page.tables[0][1][0] == "sys\ufffd"  # shown with a replacement character, never an internal error
+
+
+def test_report_never_times_an_invalid_score(tmp_path):
+    data = collect.ReportData()
+    for system, valid in (("sysA", False), ("sysB", True)):
+        group = data.group(system, "ncf", "mini")
+        group.runs = [collect.RunView(system, "ncf", f"result_{i}.txt", "success", 4.0, []) for i in range(2)]
+        group.valid = valid  # sysA: 3 more runs aborted, too many for a score
+    _, rows = render.summary_rows(data)
+    assert [row[5] for row in rows] == ["invalid", "4.000 (mean)"]
+    assert render.comparison_rows(data) == []  # nothing to compare an invalid result with

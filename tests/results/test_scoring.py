@@ -144,3 +144,113 @@ def test_compare_two_result_folders(capsys):
     assert main(["compare", str(FIXTURES), str(FIXTURES)]) == 0
     out = capsys.readouterr().out
     assert "resnet" in out and "dlrm" in out and "1.00x" in out
+
+
+def _stop_before_start(path: Path) -> None:
+    """Move a log's run_stop 100 s before its run_start: the official checker still passes it."""
+    text = path.read_text()
+    start = int(re.search(r'"time_ms": (\d+), "event_type": "INTERVAL_START", "key": "run_start"', text).group(1))
+    path.write_text(re.sub(r'("time_ms": )\d+(, "event_type": "INTERVAL_END", "key": "run_stop")',
+                           rf"\g<1>{start - 100_000}\g<2>", text))
+
+
+@needs_fixtures
+def test_a_run_stopped_before_it_started_never_converges(tmp_path, capsys):
+    folder = tmp_path / "results" / "sys" / "resnet"
+    folder.mkdir(parents=True)
+    for i in range(5):
+        shutil.copy(FIXTURES / "dgxa100_ngc21.05_mxnet" / "resnet" / "result_0.txt", folder / f"result_{i}.txt")
+        _stop_before_start(folder / f"result_{i}.txt")
+    ours = scoring.score_folder(folder, rcp=False)
+    assert [r.minutes for r in ours.runs] == pytest.approx([-100 / 60] * 5)  # shown as measured ...
+    assert ours.converged == 0 and not ours.valid and ours.score is None  # ... never scored
+    assert all(r.reason == "run_stop is not after run_start" for r in ours.runs)
+    assert main(["score", str(tmp_path)]) == 1
+    assert "olympic score: none (invalid)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("first, other", [("ncf", "resnet"), ("resnet", "ncf")])
+def test_a_folder_mixing_benchmarks_is_refused(tmp_path, capsys, first, other):
+    from tests.conftest import write_minimal_closed_log
+
+    folder = tmp_path / "results" / "sys" / "mixed"
+    folder.mkdir(parents=True)
+    write_minimal_closed_log(folder / "result_0.txt", first, 32, {}, 0.99, 1)
+    write_minimal_closed_log(folder / "result_1.txt", other, 32, {}, 0.99, 1)
+    with pytest.raises(TrainperfError, match=f"result_1.txt: benchmark {other} among {first} logs"):
+        scoring.score_folder(folder, rcp=False)
+    assert main(["score", str(tmp_path)]) == 2
+    assert f"benchmark {other} among {first} logs" in capsys.readouterr().err
+
+
+def _fake_scores(monkeypatch, roots: dict[str, list[scoring.BenchmarkScore]]) -> None:
+    """`compare` over made-up scores: root name -> the BenchmarkScore of each of its benchmark folders."""
+    by_folder = {f"{root}/{i}": s for root, found in roots.items() for i, s in enumerate(found)}
+    monkeypatch.setattr(scoring, "find_benchmark_folders", lambda root: [Path(k) for k in by_folder
+                                                                        if k.startswith(f"{root}/")])
+    monkeypatch.setattr(scoring, "score_folder", lambda folder, ruleset=None, rcp=True: by_folder[str(folder)])
+
+
+def _bench(system: str, score: float | None, mean: float | None, valid: bool) -> scoring.BenchmarkScore:
+    return scoring.BenchmarkScore(system=system, benchmark="ncf", folder=system, ruleset="0.7.0", score=score,
+                                  mean=mean, valid=valid)
+
+
+def test_compare_never_times_an_invalid_score(monkeypatch, capsys):
+    # A: 3 of 5 runs aborted (invalid; its 2 converged runs still have a mean); B: a valid olympic score.
+    _fake_scores(monkeypatch, {"A": [_bench("sysA", None, 4.0, False)], "B": [_bench("sysB", 4.0, 4.0, True)]})
+    comparison = scoring.compare(Path("A"), Path("B"))
+    assert comparison.rows == [("ncf", None, 4.0, None)]
+    assert main(["compare", "A", "B"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"ncf\s*│\s*invalid\s*│\s*4\.000\s*│\s*-", out)
+    # Too few runs for the olympic rule but none failed: the mean stands, as documented.
+    _fake_scores(monkeypatch, {"A": [_bench("sysA", None, 2.0, True)], "B": [_bench("sysB", 4.0, 4.0, True)]})
+    assert scoring.compare(Path("A"), Path("B")).rows == [("ncf", 2.0, 4.0, 0.5)]
+
+
+def test_compare_refuses_two_systems_for_one_benchmark(monkeypatch):
+    _fake_scores(monkeypatch, {"A": [_bench("sysA", 4.0, 4.0, True), _bench("sysC", 9.0, 9.0, True)],
+                               "B": [_bench("sysB", 4.0, 4.0, True)]})
+    with pytest.raises(TrainperfError, match=r"A: ncf results of two systems \(sysA, sysC\)"):
+        scoring.compare(Path("A"), Path("B"))
+
+
+@needs_fixtures
+def test_score_of_too_few_runs_says_so(tmp_path, capsys):
+    one = tmp_path / "results" / "sys" / "resnet"
+    one.mkdir(parents=True)
+    shutil.copy(FIXTURES / "dgxa100_ngc21.05_mxnet" / "resnet" / "result_0.txt", one)
+    assert main(["score", str(tmp_path)]) == 0  # a converged run: done, but no olympic score
+    out = capsys.readouterr().out
+    assert "olympic score: none (too few runs)" in out and "invalid" not in out
+    assert "mean of converged runs 28.742 minutes" in out
+
+
+@needs_fixtures
+def test_score_shows_names_and_notes_as_text(tmp_path, capsys):
+    # A note or a folder name in brackets that starts with a letter is not rich markup: it is shown.
+    bad = tmp_path / "results" / "[red]sys" / "resnet"
+    shutil.copytree(FIXTURES / "dgxa100_ngc21.05_mxnet" / "resnet", bad)
+    _spoil(bad / "result_0.txt")
+    assert main(["score", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "[red]sys / resnet" in out and "[invalid: 2 non-converged runs (at most 1 allowed)" in out
+
+
+def test_score_flags_runs_timed_on_a_busy_machine(tmp_path):
+    import json
+
+    from tests.conftest import write_minimal_closed_log
+
+    folder = tmp_path / "results" / "sys" / "ncf"
+    folder.mkdir(parents=True)
+    for i in range(3):
+        write_minimal_closed_log(folder / f"result_{i}.txt", "ncf", 32, {}, 0.99, 1)
+    detail = tmp_path / "trainperf" / "sys" / "ncf" / "run_1"
+    detail.mkdir(parents=True)
+    (detail / "result.json").write_text(json.dumps(
+        {"machine_load": {"busy": True, "why": "other processes used 1.8 of 2 cores on average during the run"}}))
+    result = scoring.score_folder(folder, rcp=False)
+    assert [bool(r.busy) for r in result.runs] == [False, True, False]
+    assert "1 run(s) timed on a busy machine" in result.note

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from trainperf import jobs, registry
@@ -184,20 +185,25 @@ def cmd_score(args: argparse.Namespace) -> int:
         else:
             result = scoring.score_folder(folder, args.ruleset)
         all_valid &= result.valid
-        table = Table(title=f"{result.system} / {result.benchmark}  (ruleset {result.ruleset})", title_justify="left")
+        # Names and reasons come from folders and logs: shown as text, never read as rich markup.
+        table = Table(title=escape(f"{result.system} / {result.benchmark}  (ruleset {result.ruleset})"),
+                      title_justify="left")
         for column in ("run", "minutes", "converged", "epochs/samples to converge", "last quality"):
             table.add_column(column)
         for run in result.runs:
             table.add_row(Path(run.file).name, f"{run.minutes:.3f}" if run.minutes is not None else "-",
-                          "yes" if run.converged else f"no ({run.reason})",
+                          "yes" if run.converged else escape(f"no ({run.reason})"),
                           "-" if run.converge_point is None else f"{run.converge_point:g}",
                           scoring.quality_text(run.quality))
         console = Console(width=None if sys.stdout.isatty() else 120)
         console.print(table)
-        score = f"{result.score:.3f} minutes" if result.score is not None else "none (invalid)"
+        if result.score is not None:
+            score = f"{result.score:.3f} minutes"
+        else:  # valid: every run counts, but fewer than the olympic rule needs (the note gives the mean)
+            score = "none (too few runs)" if result.valid else "none (invalid)"
         console.print(f"runs found {len(result.runs)}, converged {result.converged}; olympic score: {score}"
-                      + (f"  [{result.note}]" if result.note else ""), highlight=False)
-        console.print(f"RCP check: {result.rcp}\n", highlight=False)
+                      + (f"  [{result.note}]" if result.note else ""), highlight=False, markup=False)
+        console.print(f"RCP check: {result.rcp}\n", highlight=False, markup=False)
     return 0 if all_valid else 1
 
 
@@ -207,10 +213,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     comparison = scoring.compare(Path(args.a), Path(args.b), args.ruleset)
     table = Table(title="time-to-train (minutes; olympic score, or the mean when there are too few runs)")
     for column in ("benchmark", f"A: {comparison.system_a}", f"B: {comparison.system_b}", "A / B"):
-        table.add_column(column)
+        table.add_column(escape(column))
     for key, sa, sb, ratio in comparison.rows:
-        table.add_row(key, f"{sa:.3f}" if sa else "invalid", f"{sb:.3f}" if sb else "invalid",
-                      f"{ratio:.2f}x" if ratio else "-")
+        table.add_row(key, f"{sa:.3f}" if sa is not None else "invalid", f"{sb:.3f}" if sb is not None else "invalid",
+                      f"{ratio:.2f}x" if ratio is not None else "-")
     Console(width=None if sys.stdout.isatty() else 120).print(table)
     print("A / B above 1 means B trains faster.")
     for warning in comparison.warnings:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,6 +17,12 @@ from trainperf.errors import TrainperfError
 from trainperf.results import scoring
 from trainperf.results.logs import read_records
 from trainperf.spec import Quality, Workload
+
+
+def _shown(name: str) -> str:
+    """A file or folder name as text: bytes that are not UTF-8 (which Python keeps as lone surrogates,
+    unprintable and unencodable) become U+FFFD."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _json(path: Path, what: str) -> Any:
@@ -97,6 +104,7 @@ class GroupView:
     target: Quality | None = None  # a number, or {name: target} for a composite metric
     metric: str = "quality"
     higher_is_better: bool = True
+    valid: bool = True  # False: too many non-converged runs for an MLPerf score (no time shown, none compared)
 
     @property
     def minutes(self) -> list[float]:
@@ -104,7 +112,9 @@ class GroupView:
 
     @property
     def headline(self) -> float | None:
-        """The olympic score, or the mean of converged runs when there are too few for one."""
+        """The olympic score, or the mean of converged runs when there are too few for one; none when invalid."""
+        if not self.valid:
+            return None
         if self.score is not None:
             return self.score
         return statistics.fmean(self.minutes) if self.minutes else None
@@ -116,6 +126,14 @@ class ReportData:
     systems: dict[str, dict[str, Any]] = field(default_factory=dict)
     scaling: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     ablations: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    seen: set[Path] = field(default_factory=set)  # what was added, resolved: a path given twice counts once
+
+    def first_time(self, path: Path) -> bool:
+        key = path.resolve()
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
 
     def group(self, system: str, benchmark: str, scale: str) -> GroupView:
         for g in self.groups:
@@ -200,13 +218,15 @@ def workload_group(label: str, scale: str, run_dirs: list[Path]) -> GroupView:
 
 
 def _add_run_folder(data: ReportData, folder: Path) -> None:
+    if not data.first_time(folder):
+        return
     path = folder / "result.json"
     result = _json(path, "run result")
     with _validating(path, "trainperf run result"):
         env = _dict(_dict(result).get("environment", {}))
         # The machine's system name, as a series names it (results before it was recorded: the platform).
-        system = _str(env.get("system") or env.get("platform", "this machine"))
-        view = _from_result_json(result, system, folder.name)
+        system = _shown(_str(env.get("system") or env.get("platform", "this machine")))
+        view = _from_result_json(result, system, _shown(folder.name))
         group = data.group(system, view.benchmark, view.scale or "?")
         group.target = view.target if view.target is not None else group.target
         group.runs.append(view)
@@ -214,30 +234,38 @@ def _add_run_folder(data: ReportData, folder: Path) -> None:
 
 def _add_results_tree(data: ReportData, root: Path) -> None:
     for folder in scoring.find_benchmark_folders(root):
+        if not data.first_time(folder):
+            continue
         scored = scoring.score_folder(folder, rcp=False)
+        system = _shown(scored.system)
+        # OUT/results/<system>/<benchmark>: OUT (or "/" for a shallower folder) may hold trainperf/ and systems/.
+        out = Path(os.path.abspath(folder)).parent.parent.parent
         # trainperf's own series keep each run's result.json beside the submission layout.
-        details = folder.parents[2] / "trainperf" / scored.system / scored.benchmark
+        details = out / "trainperf" / scored.system / scored.benchmark
         first_detail = details / "run_0" / "result.json"
         if first_detail.is_file():
             with _validating(first_detail, "trainperf run result"):
                 scale = _str(_dict(_json(first_detail, "run result")).get("scale", "?"))
         else:  # a closed-division log is a full-scale MLPerf run by definition
             scale = "full" if scored.runs[0].division == "closed" else "?"
-        group = data.group(scored.system, scored.benchmark, scale)
-        group.score = scored.score
+        group = data.group(system, scored.benchmark, scale)
+        group.score, group.valid = scored.score, scored.valid
         group.score_note = scored.note
         known = registry.by_benchmark(scored.benchmark)
         for run in scored.runs:
             name = Path(run.file).name
             index = name.removeprefix("result_").removesuffix(".txt")
             detail = details / f"run_{index}" / "result.json"
+            if not data.first_time(detail.parent if detail.is_file() else Path(run.file)):
+                continue  # also given as a run folder
+            name = _shown(name)
             if detail.is_file():
                 with _validating(detail, "trainperf run result"):
-                    view = _from_result_json(_json(detail, "run result"), scored.system, name)
+                    view = _from_result_json(_json(detail, "run result"), system, name)
                 group.target = view.target if view.target is not None else group.target
                 view.status = "success" if run.converged else "aborted"
             else:
-                view = RunView(system=scored.system, benchmark=scored.benchmark, label=name,
+                view = RunView(system=system, benchmark=scored.benchmark, label=name,
                                status="success" if run.converged else "aborted", minutes=run.minutes,
                                evals=_evals_from_log(Path(run.file)),
                                epochs_to_target=run.converge_point if run.converged else None)
@@ -247,10 +275,10 @@ def _add_results_tree(data: ReportData, root: Path) -> None:
                 if known is not None and known.recipe("full").log_epoch_num == "samples":
                     view.x_label = "samples"
             group.runs.append(view)
-        system_json = folder.parents[2] / "systems" / f"{scored.system}.json"
+        system_json = out / "systems" / f"{scored.system}.json"
         if system_json.is_file():
             with _validating(system_json, "system description"):
-                data.systems[scored.system] = _dict(_json(system_json, "system description"))
+                data.systems[system] = _dict(_json(system_json, "system description"))
 
 
 # The fields of a study's rows and their kinds: "n" number, "n?" number or null, "s" text, "b?" bool or null.
@@ -295,9 +323,11 @@ def collect(paths: list[Path]) -> ReportData:
         if (path / "result.json").is_file():
             _add_run_folder(data, path)
         elif (path / "scaling.json").is_file():
-            data.scaling.append((str(path), _study(path / "scaling.json", SCALING_FIELDS)))
+            if data.first_time(path):
+                data.scaling.append((_shown(str(path)), _study(path / "scaling.json", SCALING_FIELDS)))
         elif (path / "ablation.json").is_file():
-            data.ablations.append((str(path), _study(path / "ablation.json", ABLATION_FIELDS)))
+            if data.first_time(path):
+                data.ablations.append((_shown(str(path)), _study(path / "ablation.json", ABLATION_FIELDS)))
         elif path.is_dir() and any(path.rglob("result_*.txt")):
             _add_results_tree(data, path)
         elif path.is_dir() and any(path.rglob("result.json")):

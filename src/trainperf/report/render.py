@@ -48,6 +48,7 @@ def summary_rows(data: ReportData) -> tuple[list[str], list[list[str]]]:
         epochs = [r.epochs_to_target for r in g.runs if r.epochs_to_target is not None and r.status == "success"]
         rates = [r.samples_per_s for r in g.runs if r.samples_per_s]
         score = _fmt(g.score) if g.score is not None else (f"{_fmt(g.headline)} (mean)" if g.headline else "-")
+        score = score if g.valid else "invalid"
         rows.append([
             g.system, g.benchmark, g.scale, str(len(g.runs)), str(len(minutes)), score,
             f"{min(minutes):.3f} – {max(minutes):.3f}" if minutes else "-",

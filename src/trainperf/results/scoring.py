@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ class RunScore:
     converge_point: float | None  # epoch_num (or samples_count) of the last evaluation
     division: str | None = None
     quality: Any = None  # the last eval_accuracy value: a number, or named numbers
+    busy: str | None = None  # trainperf's record says the machine was busy while it was timed: why
 
 
 @dataclass
@@ -165,6 +167,8 @@ def score_run(path: Path, ruleset: str) -> tuple[RunScore, str | None]:
         reason = f"the official checker cannot parse it ({unreadable})"
     elif not compliant:
         reason = "fails the compliance check"
+    elif minutes <= 0:  # the official checker does not compare the two times
+        reason = "run_stop is not after run_start"
     elif info["status"] != "success":
         reason = f"run_stop status {info['status']}"
     run = RunScore(file=str(path), minutes=minutes, converged=reason is None, reason=reason,
@@ -185,10 +189,14 @@ def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True,
     ruleset = ruleset or keys.ruleset_for(benchmark, first["workload"], first["ruleset"])
     if ruleset is None:
         raise TrainperfError(f"{folder}: no compliance ruleset known for benchmark {benchmark!r} (use --ruleset)")
-    result = BenchmarkScore(system=folder.parent.name, benchmark=benchmark, folder=str(folder), ruleset=ruleset,
-                            eval_samples=first["eval_samples"])
+    # The system is the folder above, also when FOLDER is "." or ends in "..".
+    result = BenchmarkScore(system=Path(os.path.abspath(folder)).parent.name, benchmark=benchmark, folder=str(folder),
+                            ruleset=ruleset, eval_samples=first["eval_samples"])
     for done, path in enumerate(files, 1):
-        run, _ = score_run(path, ruleset)
+        run, logged = score_run(path, ruleset)
+        if logged != benchmark:  # one folder, one benchmark: a log of another is never scored as this one's run
+            raise TrainperfError(f"{path}: benchmark {logged or '(none)'} among {benchmark} logs ({files[0].name}); "
+                                 "a benchmark folder holds the runs of one benchmark")
         result.runs.append(run)
         if progress is not None:
             progress(done, len(files))
@@ -208,10 +216,31 @@ def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True,
         notes.append(f"{len(files)} of the {result.required_runs} runs MLPerf requires")
     if result.score is None and result.valid:
         notes.append(f"too few runs for olympic scoring; mean of converged runs {result.mean:.3f} minutes")
+    busy = _busy_runs(folder, result)
+    if busy:
+        notes.append(f"{busy} run(s) timed on a busy machine: their times are not figures")
     result.note = "; ".join(notes)
     if rcp:
         result.rcp = rcp_verdict(folder, ruleset, first["division"], keys.rcp_in_samples(benchmark, first["workload"]))
     return result
+
+
+def _busy_runs(folder: Path, result: BenchmarkScore) -> int:
+    """Mark the runs whose trainperf record (OUT/trainperf/<system>/<benchmark>/run_N/result.json,
+    beside OUT/results/…) says the machine was busy while they were timed; how many."""
+    import json
+
+    details = Path(os.path.abspath(folder)).parent.parent.parent / "trainperf" / result.system / result.benchmark
+    for run in result.runs:
+        index = Path(run.file).name.removeprefix("result_").removesuffix(".txt")
+        try:
+            load = json.loads((details / f"run_{index}" / "result.json").read_text(encoding="utf-8")).get(
+                "machine_load")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(load, dict) and load.get("busy"):
+            run.busy = str(load.get("why") or "busy")
+    return sum(1 for run in result.runs if run.busy)
 
 
 def rcp_verdict(folder: Path, ruleset: str, division: str | None, train_samples: bool = False) -> str:
@@ -247,8 +276,18 @@ def compare(root_a: Path, root_b: Path, ruleset: str | None = None) -> Compariso
         found: dict[str, BenchmarkScore] = {}
         for folder in find_benchmark_folders(root):
             result = score_folder(folder, ruleset, rcp=False)
-            found.setdefault(result.benchmark, result)
+            if result.benchmark in found:
+                raise TrainperfError(f"{root}: {result.benchmark} results of two systems "
+                                     f"({found[result.benchmark].system}, {result.system}); "
+                                     "compare one system's folder (results/<system>)")
+            found[result.benchmark] = result
         return found
+
+    def headline(result: BenchmarkScore) -> float | None:
+        """The olympic score, or the mean of converged runs when there are too few; none when invalid."""
+        if not result.valid:
+            return None
+        return result.score if result.score is not None else result.mean
 
     a, b = scores(root_a), scores(root_b)
     common = [k for k in a if k in b]
@@ -257,10 +296,14 @@ def compare(root_a: Path, root_b: Path, ruleset: str | None = None) -> Compariso
                              f"({', '.join(a) or 'none'} vs {', '.join(b) or 'none'})")
     rows, warnings = [], []
     for key in common:
-        sa, sb = a[key].score or a[key].mean, b[key].score or b[key].mean
-        rows.append((key, sa, sb, sa / sb if sa and sb else None))
+        sa, sb = headline(a[key]), headline(b[key])
+        rows.append((key, sa, sb, sa / sb if sa is not None and sb is not None else None))
         # A mini result and a full one are different datasets: their times say nothing of each other.
         if a[key].eval_samples != b[key].eval_samples:
             warnings.append(f"{key}: the two were evaluated on different datasets (eval_samples "
                             f"{a[key].eval_samples} vs {b[key].eval_samples}, e.g. full vs mini): not comparable")
-    return Comparison(a[common[0]].system, b[common[0]].system, rows, warnings)
+
+    def systems(found: dict[str, BenchmarkScore]) -> str:
+        return ", ".join(dict.fromkeys(found[key].system for key in common))
+
+    return Comparison(systems(a), systems(b), rows, warnings)
