@@ -163,11 +163,11 @@ def test_failed_launch_is_an_error_even_without_a_result(tmp_path, cli, monkeypa
 
     out = tmp_path / "ddp"
 
-    def launch(nproc: int, argv: list[str]) -> int:
+    def launch(nproc: int, argv: list[str]) -> distributed.Launched:
         out.mkdir()
         if written is not None:
             (out / "result.json").write_text(json.dumps(written))
-        return 1
+        return distributed.Launched(code=1)
 
     monkeypatch.setattr(distributed, "launch_local", launch)
     line = _one_line_error(cli("run", "resnet", "--nproc", "2", "--out", str(out), cwd=tmp_path))

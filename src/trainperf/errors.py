@@ -7,6 +7,16 @@ class TrainperfError(Exception):
     """A problem with the user's input or environment, reported as one clear line (no traceback)."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """A signal that stops a command (SIGINT, SIGTERM, SIGHUP), raised as Python raises Ctrl-C: a
+    KeyboardInterrupt, so that no `except Exception` swallows it, every `finally` and atomic output
+    unwinds (temporary files removed), and `main` exits 130."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
 class RunAborted(Exception):
     """Raised inside the timed loop to end a run early; the harness logs `run_stop` as aborted."""
 

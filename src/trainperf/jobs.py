@@ -16,7 +16,7 @@ from typing import Any
 
 from trainperf import devices, prepared, registry
 from trainperf.errors import TrainperfError
-from trainperf.files import copy_atomic, folder_lock, is_partial, remove_stale_partials_around
+from trainperf.files import copy_atomic, folder_lock, is_partial, remove_stale_partials_around, write_json_atomic
 from trainperf.runtime.load import busy_note
 from trainperf.spec import Assets, Recipe, Workload
 
@@ -249,17 +249,19 @@ def run_once(request: RunRequest, workload: Workload, recipe: Recipe, folder: Pa
     from trainperf.results import run_folder
     from trainperf.runtime import distributed
 
+    def run_config(log_path: Path | None, seed: int) -> RunConfig:
+        return RunConfig(workload=workload, recipe=recipe, scale=request.scale, data_dir=folder, seed=seed,
+                         log_path=log_path, division=request.division_or_default, org=request.org,
+                         status=request.status, clear_caches=request.clear_caches,
+                         extra_env={"command": request.command})
+
     if request.nproc > 1:
-        code = distributed.launch_local(request.nproc, request.process_argv(out_dir, seed))
-        return run_folder.load_launched(out_dir, code)
+        return _run_launched(request, out_dir, seed, run_config(out_dir / run_folder.LOG_NAME, seed))
     ctx = distributed.init_from_env(request.device)
     seed = distributed.agree_seed(ctx, seed)
     try:
         log_path = run_folder.claim(out_dir) if ctx.is_main else None
-        config = RunConfig(workload=workload, recipe=recipe, scale=request.scale, data_dir=folder, seed=seed,
-                           log_path=log_path, division=request.division_or_default, org=request.org,
-                           status=request.status, clear_caches=request.clear_caches,
-                           extra_env={"command": request.command})
+        config = run_config(log_path, seed)
         # Saved inside the harness's signal guard: a SIGTERM from the launcher cannot come between
         # run_stop and the result file.
         save = (lambda res: run_folder.save(out_dir, res)) if ctx.is_main else None
@@ -268,9 +270,42 @@ def run_once(request: RunRequest, workload: Workload, recipe: Recipe, folder: Pa
         distributed.shutdown()
     if not ctx.is_main:
         if result.status != "success":
-            raise SystemExit(1)
+            # As rank 0 would: 130 when interrupted, 1 otherwise (the launcher tells them from a crash).
+            raise SystemExit(EXIT_INTERRUPTED if interrupted(result.to_dict()) else EXIT_NOT_REACHED)
         return None
     return result.to_dict()
+
+
+def _run_launched(request: RunRequest, out_dir: Path, seed: int, config: Any) -> dict[str, Any]:
+    """A run on --nproc local processes; rank 0's result. When rank 0 died before it could close its run
+    (killed; or stopped by the launcher after its grace period), this process closes it: `run_stop`
+    `aborted` appended to the log through mllog, and the result.json that log supports. Interrupted
+    (Ctrl-C, SIGTERM, SIGHUP to this process, which the launcher passed on to every rank): the
+    aborted result, whose reason says so, or `Interrupted` again when no run was opened yet or it had
+    already ended with success (the command stops either way: a series too)."""
+    from trainperf.errors import Interrupted
+    from trainperf.harness.run import close_for_rank0
+    from trainperf.results import run_folder
+    from trainperf.runtime import distributed
+
+    log, saved = out_dir / run_folder.LOG_NAME, out_dir / run_folder.RESULT_NAME
+    try:
+        launched = distributed.launch_local(request.nproc, request.process_argv(out_dir, seed))
+    except Interrupted as stop:
+        if log.exists() and not saved.exists():
+            run_folder.save(out_dir, close_for_rank0(config, request.nproc, f"received {stop.signal_name}"))
+        if not saved.exists() or run_folder.load(out_dir)["status"] == "success":
+            raise
+        return run_folder.load(out_dir)
+    if launched.code != 0 and log.exists() and not saved.exists():
+        reason = f"{launched.failed_first or f'exit code {launched.code}'}; closed by the launching process"
+        run_folder.save(out_dir, close_for_rank0(config, request.nproc, reason))
+    result = run_folder.load_launched(out_dir, launched.code)
+    if launched.failed_first and interrupted(result):
+        # The launcher's SIGTERM to the surviving ranks, after another one failed: not the user's.
+        result["abort_reason"] = f"{launched.failed_first}; then {result['abort_reason']} from the launcher"
+        write_json_atomic(saved, result)
+    return result
 
 
 def run_series(request: RunRequest, workload: Workload, recipe: Recipe, folder: Path, out_dir: Path, seed: int,

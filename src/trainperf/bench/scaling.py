@@ -57,7 +57,7 @@ def run_study(workload: str, nprocs: Sequence[int], runs: int, base_batch: int, 
             argv = ["run", workload, "--out", str(run_dir), "--seed", str(first_seed + k), "--quiet",
                     *run_args, "--set", f"global_batch_size={gbs}"]
             say(f"devices {n}, run {k + 1}/{runs}: global batch {gbs}, seed {first_seed + k}")
-            results[n].append(run_folder.load_launched(run_dir, distributed.launch_local(n, argv)))
+            results[n].append(run_folder.load_launched(run_dir, distributed.launch_local(n, argv).code))
     return summarize(results)
 
 

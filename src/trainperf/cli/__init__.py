@@ -4,8 +4,11 @@ are in runs.py and perf.py, what they share in options.py."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from typing import NoReturn
@@ -50,8 +53,10 @@ from trainperf.cli.runs import (
     cmd_score,
     cmd_suite,
 )
-from trainperf.errors import TrainperfError
+from trainperf.errors import Interrupted, TrainperfError
 from trainperf.jobs import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE
+from trainperf.runtime.distributed import env_placement
+from trainperf.signals import hung_up
 
 __all__ = ["build_parser", "main"]
 
@@ -279,7 +284,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    if signum == signal.SIGHUP:
+        hung_up()
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def stop_on_signals() -> None:
+    """SIGTERM (kill, a scheduler, a container stopping) and SIGHUP (a closed terminal) stop a command
+    as Ctrl-C does: an `Interrupted` (a KeyboardInterrupt) unwinds it, so that atomic outputs remove
+    their temporary files and a run closes its log, and `main` exits 130. A signal the caller ignores
+    (nohup) stays ignored; the main thread only (where Python runs handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _interrupt)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    stop_on_signals()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     # `trainperf slurm WORKLOAD ... -- RUN ARGS`: everything after -- is for `trainperf run`.
@@ -310,8 +334,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = exc.filename if exc.filename is not None else ""
         print(f"trainperf: error: {where}{': ' if where else ''}{exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("trainperf: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        how = f" ({exc.signal_name})" if isinstance(exc, Interrupted) else ""
+        placement = env_placement(dict(os.environ))  # a launched rank: the launcher may be who stopped it
+        who = f"rank {placement[0]}: " if placement is not None else ""
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+            print(f"trainperf: {who}interrupted{how}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception:  # noqa: BLE001 - anything else is a bug: say so, with the traceback to report
         traceback.print_exc()

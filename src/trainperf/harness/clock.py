@@ -8,10 +8,11 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from trainperf.errors import RunAborted
+from trainperf.errors import Interrupted
+from trainperf.signals import STOP_SIGNALS, hung_up
 from trainperf.spec import (
     RuntimeContext,
 )
@@ -59,34 +60,60 @@ def clear_page_cache() -> bool:
         return False
 
 
-@contextlib.contextmanager
-def abort_on_signals() -> Iterator[Callable[[], None]]:
-    """Turn SIGINT/SIGTERM into RunAborted inside the timed loop (main thread only).
 
-    It yields `hold`: from then on a signal is held instead of raised, so that closing the log and
-    saving the result cannot be cut short (a launcher stops the surviving ranks with SIGTERM as soon
-    as one rank dies, which is exactly when rank 0 is writing its aborted result). A held signal is
-    delivered again once the previous handlers are back.
+
+class SignalGuard:
+    """What `abort_on_signals` yields. `received`: the signal that stopped the run, whatever exception
+    it surfaced as (a workload's `except Exception` may turn it into another, a peer's exit into a
+    failed collective); `hold()`: from now on signals wait until the guard is left."""
+
+    def __init__(self) -> None:
+        self.armed = True
+        self.received: str | None = None
+        self.held: list[int] = []
+
+    def hold(self) -> None:
+        self.armed = False
+
+    __call__ = hold  # `with abort_on_signals() as hold_signals: ... hold_signals()`
+
+
+@contextlib.contextmanager
+def abort_on_signals() -> Iterator[SignalGuard]:
+    """Turn SIGINT/SIGTERM/SIGHUP into `Interrupted` inside the timed loop (main thread only).
+
+    At most one exception comes from a signal: the first one disarms the guard, so a second Ctrl-C (or
+    the launcher's SIGTERM after the user's SIGINT) cannot cut short the closing of the log and the
+    saving of the result. `hold()` disarms it too (the loop has ended: a launcher stops the surviving
+    ranks with SIGTERM as soon as one rank dies, which is exactly when rank 0 is writing its result).
+    A signal held without one having stopped the run is delivered again once the previous handlers
+    are back. A signal the caller ignores (`nohup`, a background job's SIGINT) stays ignored.
     """
+    guard = SignalGuard()
     if threading.current_thread() is not threading.main_thread():
-        yield lambda: None
+        yield guard
         return
-    held: list[int] = []
-    armed = [True]
 
     def handler(signum: int, _frame: Any) -> None:
-        if armed[0]:
-            raise RunAborted(f"received {signal.Signals(signum).name}")
-        held.append(signum)
+        if signum == signal.SIGHUP:
+            hung_up()
+        if guard.armed:
+            guard.armed = False
+            guard.received = signal.Signals(signum).name
+            raise Interrupted(guard.received)
+        guard.held.append(signum)
 
-    def hold() -> None:
-        armed[0] = False
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous: dict[int, Any] = {}
+    for sig in STOP_SIGNALS:
+        old = signal.getsignal(sig)
+        if old is signal.SIG_IGN:
+            continue
+        signal.signal(sig, handler)
+        previous[sig] = signal.SIG_DFL if old is None else old
     try:
-        yield hold
+        yield guard
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-        if held:
-            signal.raise_signal(held[0])
+        if guard.held and guard.received is None:
+            signal.raise_signal(guard.held[0])

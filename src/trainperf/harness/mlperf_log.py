@@ -40,7 +40,9 @@ class _LogFile(logging.FileHandler):
 class MLPerfLog:
     """An mllog logger bound to one file (or to nothing, on ranks that do not write)."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, append: bool = False) -> None:
+        """`append`: go on with a log another process left (rank 0, killed): a last line cut by the kill
+        is not a record and is dropped, so that the records appended are whole lines."""
         self.path = path
         self.records: list[dict[str, Any]] = []
         self._reported = False  # a write failure is raised once; the records after it are dropped
@@ -50,7 +52,9 @@ class MLPerfLog:
         self._logger.setLevel(logging.INFO)
         self._handler: logging.Handler
         if path is not None:
-            self._handler = _LogFile(path, mode="w", encoding="utf-8")
+            if append:
+                _drop_cut_line(path)
+            self._handler = _LogFile(path, mode="a" if append else "w", encoding="utf-8")
         else:
             self._handler = logging.NullHandler()
         self._handler.setFormatter(logging.Formatter("%(message)s"))
@@ -88,3 +92,11 @@ class MLPerfLog:
     def close(self) -> None:
         self._handler.close()
         self._logger.removeHandler(self._handler)
+
+
+def _drop_cut_line(path: Path) -> None:
+    """Truncate a log after its last complete line (mllog writes one record per line)."""
+    with open(path, "rb+") as fh:
+        data = fh.read()
+        if data and not data.endswith(b"\n"):
+            fh.truncate(data.rfind(b"\n") + 1)

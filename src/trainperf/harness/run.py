@@ -24,11 +24,12 @@ from typing import Any
 import torch
 from mlperf_logging.mllog import constants as C
 
-from trainperf.errors import RunAborted, TrainperfError
+from trainperf.errors import Interrupted, RunAborted, TrainperfError
 from trainperf.harness.clock import Clock, abort_on_signals, clear_page_cache
 from trainperf.harness.mlperf_log import MLPerfLog
 from trainperf.harness.progress import NoProgress, PlainProgress
 from trainperf.harness.scorer import PendingEvaluations, Scorer
+from trainperf.results.logs import read_records
 from trainperf.rulesets import RULESET_KEY, WORKLOAD_KEY
 from trainperf.runtime import distributed, environment, load, speedups
 from trainperf.runtime.step import TrainStep
@@ -80,47 +81,31 @@ def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None =
     `on_result` (saving the result file, say) runs before a signal received after the loop ended
     is let through.
     """
-    workload, recipe = config.workload, config.recipe
     ctx = dataclasses.replace(ctx, seed=config.seed)
     progress = progress if (progress is not None and ctx.is_main) else NoProgress()
     log = MLPerfLog(config.log_path if ctx.is_main else None)
     clock = Clock(ctx)
     loop = _TimedLoop(config, ctx, log, clock, progress)
-    status, reason, bug = "aborted", None, None
     monitor = load.LoadMonitor(gpu_index=ctx.device.index if ctx.device.type == "cuda" else None).start() \
         if ctx.is_main else None
-    with abort_on_signals() as hold_signals:
+    reached, failure = False, None
+    with abort_on_signals() as guard:
         try:
             try:
                 reached = loop.execute()
-                if reached:
-                    status = "success"
-                else:
-                    reason = (f"target {workload.metric.name} {workload.metric.describe_target(recipe.target)} "
-                              f"not reached within {loop.cadence.describe_budget()}")
-            except RunAborted as exc:
-                reason = exc.reason
-            except KeyboardInterrupt:
-                reason = "interrupted"
-            except TrainperfError as exc:
-                reason = str(exc)
-            except Exception as exc:  # noqa: BLE001 - the log must close whatever went wrong
-                if ctx.distributed and _collective_failure(exc):
-                    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                    reason = f"rank {ctx.rank}: a collective failed, another rank died or hung ({first_line})"
-                else:
-                    # One line in the log and the result; the traceback goes to the terminal (re-raised).
-                    first_line = next((line for line in str(exc).splitlines() if line.strip()), "")
-                    reason = f"internal error: {type(exc).__name__}: {first_line}"
-                    bug = exc
-        finally:
-            hold_signals()
-            try:
-                reason = loop.stop(status, reason)
+            except BaseException as exc:  # noqa: BLE001 - sorted below, once signals are held
+                failure = exc
             finally:
-                loop.shutdown()
-                progress.close()
-                log.close()
+                guard.hold()
+        except Interrupted as exc:  # the guard's one exception, come while the one above was caught
+            failure = exc
+        status, reason, bug = _outcome(loop, reached, failure, guard.received)
+        try:
+            reason = loop.stop(status, reason)
+        finally:
+            loop.shutdown()
+            progress.close()
+            log.close()
         if bug is not None:
             raise bug
         result = loop.result(status, reason)
@@ -129,6 +114,54 @@ def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None =
         if on_result is not None:
             on_result(result)
     return result
+
+
+def _outcome(loop: _TimedLoop, reached: bool, failure: BaseException | None, signal_name: str | None
+             ) -> tuple[str, str | None, BaseException | None]:
+    """(status, reason, bug to re-raise once the log is closed) of a finished loop. A signal is the
+    reason whatever it surfaced as: a workload's `except Exception` may have turned it into another
+    error, a peer stopped by the same signal into a failed collective."""
+    workload, recipe, ctx = loop.workload, loop.recipe, loop.ctx
+    if failure is None and reached:
+        return "success", None, None  # a signal that came after the target was met is held
+    if signal_name is not None:
+        return "aborted", f"received {signal_name}", None
+    if failure is None:
+        return "aborted", (f"target {workload.metric.name} {workload.metric.describe_target(recipe.target)} "
+                           f"not reached within {loop.cadence.describe_budget()}"), None
+    if isinstance(failure, RunAborted):
+        return "aborted", failure.reason, None
+    if isinstance(failure, KeyboardInterrupt):
+        return "aborted", "interrupted", None
+    if isinstance(failure, TrainperfError):
+        return "aborted", str(failure), None
+    if isinstance(failure, Exception) and ctx.distributed and _collective_failure(failure):
+        first_line = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
+        return "aborted", f"rank {ctx.rank}: a collective failed, another rank died or hung ({first_line})", None
+    # A bug (or SystemExit): one line in the log and the result; the traceback goes to the terminal.
+    first_line = next((line for line in str(failure).splitlines() if line.strip()), "")
+    return "aborted", f"internal error: {type(failure).__name__}: {first_line}", failure
+
+
+def close_for_rank0(config: RunConfig, world_size: int, reason: str) -> RunResult:
+    """Close the run of a rank 0 that died before it could (killed; stopped by the launcher after its
+    grace period), from the process that launched it: what rank 0's own closing would have appended,
+    through mllog, to the log it left (an open run gets `run_stop` `aborted` with `reason`; a log
+    that rank 0 closed itself is left as it is), and the result that log supports."""
+    assert config.log_path is not None
+    records = read_records(config.log_path)
+    ctx = RuntimeContext(device=torch.device("cpu"), world_size=world_size, seed=config.seed)
+    log = MLPerfLog(config.log_path, append=True)
+    loop = _TimedLoop(config, ctx, log, Clock(ctx), NoProgress())
+    status = loop.resume(records)
+    try:
+        if status is None:
+            status, reason = "aborted", loop.stop("aborted", reason)
+        else:
+            reason = next(r for r in reversed(records) if r["key"] == C.RUN_STOP)["metadata"].get("reason")
+    finally:
+        log.close()
+    return loop.result(status, reason)
 
 
 def _tidy(epochs: float) -> float | int:
@@ -283,6 +316,30 @@ class _TimedLoop:
             metadata["reason"] = reason
         self.log.end(C.RUN_STOP, metadata=metadata, time_ms=self.run_stop_ms)
         return reason
+
+    def resume(self, records: list[dict[str, Any]]) -> str | None:
+        """Take up the state a log shows (another process wrote it: `close_for_rank0`); the status
+        of its run_stop, or None when the run is still open."""
+        times = {r["key"]: r["time_ms"] for r in records}  # the last of each key
+        self.init_start_ms = times.get(C.INIT_START)
+        self.init_stop_ms = times.get(C.INIT_STOP)
+        self.run_start_ms = times.get(C.RUN_START)
+        self.run_stop_ms = times.get(C.RUN_STOP)
+        values = {r["key"]: r.get("value") for r in records}
+        self.train_samples, self.eval_samples = values.get(C.TRAIN_SAMPLES), values.get(C.EVAL_SAMPLES)
+        self.train_samples_logged = C.TRAIN_SAMPLES in values
+        self.epochs_done = sum(1 for r in records if r["key"] == C.EPOCH_STOP)
+        style = self.recipe.log_epoch_num
+        for r in records:
+            if r["key"] != C.EVAL_ACCURACY:
+                continue
+            num = r["metadata"].get("epoch_num")
+            epoch = (num - 1 if style == "1+epochs" else num) if style != "samples" and num is not None else 0.0
+            elapsed = (r["time_ms"] - self.run_start_ms) / 1000.0 if self.run_start_ms is not None else 0.0
+            self.evaluations.append(Evaluation(epoch=_tidy(epoch), value=r.get("value"), samples=0,
+                                               time_s=elapsed, epoch_num=num))
+        stops = [r for r in records if r["key"] == C.RUN_STOP]
+        return stops[-1]["metadata"].get("status", "aborted") if stops else None
 
     def shutdown(self) -> None:
         if self._scorer is not None:

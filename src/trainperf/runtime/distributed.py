@@ -10,16 +10,21 @@ import datetime
 import logging
 import os
 import re
+import signal
 import sys
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from trainperf import devices
-from trainperf.errors import TrainperfError
+from trainperf.errors import Interrupted, TrainperfError
+from trainperf.signals import hung_up
 from trainperf.spec import ModelParts, RuntimeContext
+
+EXIT_INTERRUPTED = 130  # jobs.EXIT_INTERRUPTED (jobs imports this module)
 
 # A rank that stops answering makes the others fail their next collective after this long.
 DEFAULT_TIMEOUT_S = 120
@@ -113,55 +118,90 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def launch_local(nproc: int, argv: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
+@dataclass(frozen=True)
+class Launched:
+    """How a local launch ended: `code` 0 when every process exited 0, else the first failure's exit
+    code (1 if unknown); `failed_first` says which rank failed first and how."""
+
+    code: int
+    failed_rank: int | None = None
+    failed_first: str | None = None
+
+
+# The signals the elastic agent catches in the launching process and passes on to every process.
+_AGENT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+def launch_local(nproc: int, argv: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> Launched:
     """Run `python -m trainperf ARGV` as `nproc` local processes through torch's elastic launcher.
 
     The launcher sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_*; when one process dies it stops the others.
-    Returns 0 when every process exited 0, otherwise the first failing exit code (1 if unknown).
+    A signal to this process (Ctrl-C, SIGTERM, SIGHUP) is passed on by the launcher to every process
+    (each closes its run), which it then waits for (`shutdown_timeout`, then SIGKILL); it is then
+    raised here as `Interrupted`, not as torch's SignalException.
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    # The children inherit this process's environment: set it for the launch, then restore it.
+    # One intra-op thread per process unless the user chose otherwise: N processes share the cores.
+    # The agent catches (and passes on) only the signals this process does not ignore: under nohup a
+    # closed terminal must not stop the run.
+    handled = [name for name in _AGENT_SIGNALS if signal.getsignal(getattr(signal, name)) is not signal.SIG_IGN]
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"trainperf-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.2,
-        start_method="spawn", shutdown_timeout=10,
+        start_method="spawn", shutdown_timeout=10, signals_to_handle=",".join(handled),
     )
-    # The children inherit this process's environment: set it for the launch, then restore it.
-    # One intra-op thread per process unless the user chose otherwise: N processes share the cores.
     child_env = {
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc))),
         "TRAINPERF_COLLECTIVE_TIMEOUT_S": os.environ.get("TRAINPERF_COLLECTIVE_TIMEOUT_S", str(timeout_s)),
         # The ranks are one run: the machine-load monitor counts this process and its descendants as it.
         "TRAINPERF_LAUNCHER_PID": str(os.getpid()),
     }
+    # launch_agent sets TORCHELASTIC_SIGNALS_TO_HANDLE from the config, for good: restored below too.
+    saved_signals_env = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
     saved = {key: os.environ.get(key) for key in child_env}
     os.environ.update(child_env)
+    # The agent installs its own handlers for these signals and leaves them there: put ours back after.
+    handlers = {name: signal.getsignal(getattr(signal, name)) for name in _AGENT_SIGNALS}
     # The launcher logs every non-zero exit as an error, including a run that ended `aborted` (exit 1)
-    # on every rank; trainperf reports failures itself, below.
-    elastic_log = logging.getLogger("torch.distributed.elastic")
-    saved_level = elastic_log.level
-    elastic_log.setLevel(logging.CRITICAL)
+    # on every rank; trainperf reports failures itself, below. (The agent's own logger has a level of
+    # its own, hence each logger below torch.distributed.elastic.)
+    quiet = [logging.getLogger(name) for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]
+             if name.startswith("torch.distributed.elastic")]
+    levels = [(logger, logger.level) for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.CRITICAL)
     try:
         elastic_launch(config, sys.executable)("-m", "trainperf", *argv)
+    except SignalException as exc:
+        if exc.sigval == signal.SIGHUP:
+            hung_up()
+        raise Interrupted(signal.Signals(exc.sigval).name) from None
     except ChildFailedError as exc:
         failures = exc.failures
-        if len(failures) == nproc and all(f.exitcode == 1 for f in failures.values()):
-            return 1  # every rank finished its run and reported it aborted: not a crash
+        if len(failures) == nproc and all(f.exitcode in (1, EXIT_INTERRUPTED) for f in failures.values()):
+            # every rank finished its run and reported it aborted (or interrupted): not a crash
+            return Launched(code=max(f.exitcode for f in failures.values()))
         rank, failure = min(failures.items(), key=lambda kv: kv[1].timestamp)
         code = failure.exitcode if failure.exitcode > 0 else 1
         how = f"exit code {failure.exitcode}" if failure.exitcode >= 0 else f"signal {-failure.exitcode}"
-        print(f"trainperf: rank {rank} failed first ({how}); the launcher stopped the other ranks",
-              file=sys.stderr)
-        return code
+        first = f"rank {rank} failed first ({how})"
+        print(f"trainperf: {first}; the launcher stopped the other ranks", file=sys.stderr)
+        return Launched(code=code, failed_rank=rank, failed_first=first)
     finally:
-        elastic_log.setLevel(saved_level)
-        for key, value in saved.items():
+        for logger, level in levels:
+            logger.setLevel(level)
+        for name, handler in handlers.items():
+            signal.signal(getattr(signal, name), signal.SIG_DFL if handler is None else handler)
+        for key, value in [*saved.items(), ("TORCHELASTIC_SIGNALS_TO_HANDLE", saved_signals_env)]:
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    return 0
+    return Launched(code=0)
 
 
 def agree_seed(ctx: RuntimeContext, seed: int) -> int:

@@ -224,7 +224,7 @@ def measure_link(devices: int, out_dir: Path, device: str | None = None) -> Link
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / "allreduce.json"
     argv = ["allreduce", "--nproc", str(devices), "--json", str(out)] + (["--device", device] if device else [])
-    code = distributed.launch_local(devices, argv)
+    code = distributed.launch_local(devices, argv).code
     if code != 0 or not out.is_file():
         raise TrainperfError(f"all-reduce probe on {devices} processes failed (exit code {code})")
     data = json.loads(out.read_text(encoding="utf-8"))
