@@ -111,3 +111,37 @@ def test_large_sources_are_fingerprinted_by_size_time_and_edges(tmp_path, monkey
     big.write_bytes(bytes(data))
     os.utime(big, ns=(mtime, mtime))
     assert "other content" in prepared.stale(stamp, {"day_0": big}, 1, {}, tmp_path)
+
+
+def test_data_dot_is_the_current_folder_by_its_absolute_path(tmp_path, monkeypatch, capsys):
+    """`--data .` has no name (Path(".").name == ""): the lock beside it landed inside it, and a generator
+    that renames a sibling into place raised ValueError. Mini data replaces its folder: never the current one."""
+    from tests.conftest import imagenet_folder
+    from trainperf.cli import main
+    from trainperf.prepared import GENERATED_MANIFEST
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["prepare", "ncf", "--data", "."]) == 2
+    err = capsys.readouterr().err
+    assert "is the current folder" in err and "..trainperf-lock" not in err and not list(tmp_path.iterdir())
+    (tmp_path / GENERATED_MANIFEST).write_text('{"files": {}}')  # a mini made here by an older trainperf
+    assert main(["prepare", "resnet", "--data", "."]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    # A full dataset is read where it is: `.` works as its absolute path does.
+    monkeypatch.chdir(imagenet_folder(tmp_path / "imagenet"))
+    assert main(["prepare", "resnet", "--scale", "full", "--data", "."]) == 0
+    assert f"{tmp_path / 'imagenet'}: ready for trainperf run resnet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", [n for n in registry.names() if registry.get(n).full_eval_samples is not None])
+def test_every_fixed_evaluation_set_is_counted_for_the_empty_set_check(name):
+    """jobs.eval_set_problems refuses an empty evaluation set for `prepare` and `run` alike: every workload
+    whose evaluation is a fixed set says where it is and how to count it (3D U-Net's 42 cases are checked
+    by its own split, and its recipe refuses an empty eval_cases)."""
+    workload = registry.get(name)
+    if name == "unet3d":
+        pytest.skip("the reference's 42 cases are required by data_problems; eval_cases is checked by the recipe")
+    from trainperf.spec import Workload
+
+    assert type(workload).eval_set is not Workload.eval_set, \
+        f"{name}: declares full_eval_samples but does not override Workload.eval_set"

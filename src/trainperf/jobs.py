@@ -90,7 +90,9 @@ class RunOutcome:
 
 def data_dir(workload: Workload, scale: str, data: str | None) -> Path:
     if data:
-        return Path(data).expanduser()
+        # Absolute: "." has no name (Path(".").name == ""), so the lock beside it, the temporary sibling a
+        # generator renames into place, and the comparison with the cache folder would all go wrong.
+        return Path(data).expanduser().absolute()
     default = workload.default_data_dir(scale)
     if default is None:
         raise TrainperfError(f"{workload.name} --scale {scale} needs --data DIR (the dataset's root folder)")
@@ -103,7 +105,20 @@ def data_problems(workload: Workload, scale: str, folder: Path) -> list[str]:
     problems = workload.data_problems(scale, folder)
     if scale == "mini" and not problems:
         problems = prepared.generated_problems(folder)
+    if scale == "full" and not problems:
+        problems = eval_set_problems(workload, folder)
     return problems
+
+
+def eval_set_problems(workload: Workload, folder: Path) -> list[str]:
+    """An empty evaluation set passes every file check; a run would then train its whole budget and score
+    nothing (BLEU of no sentence fails, COCO AP of no image or no box reads 0.0). Refused before a run,
+    for `run`, `bench` and `prepare` alike."""
+    found = workload.eval_set("full", folder)
+    if found is None or found[1] > 0:
+        return []
+    expected = f" (MLPerf's holds {workload.full_eval_samples:,})" if workload.full_eval_samples else ""
+    return [f"{found[0]}: the evaluation set is empty{expected}; a run would train and then score nothing"]
 
 
 def generate(workload: Workload, folder: Path, problems: list[str], say: Say = print) -> None:
@@ -132,6 +147,10 @@ def check_generation_target(workload: Workload, folder: Path) -> None:
     not write there. Allowed: a missing or empty folder, one holding trainperf's record of generated
     files, and the workload's own mini folder in trainperf's cache (made by trainperf, even before
     it recorded its files)."""
+    here = Path.cwd().resolve()
+    if folder.resolve() == here or folder.resolve() in here.parents:
+        raise TrainperfError(f"--data {folder}: is the current folder (or holds it); mini data replaces the folder it "
+                             "is generated into: name another folder, or leave --data out")
     if not folder.exists() and not folder.is_symlink():
         return
     if not folder.is_dir() or folder.is_symlink():

@@ -327,9 +327,9 @@ def _bert_rows() -> dict[str, np.ndarray]:
     return B.random_rows(4, 32, 5, 50, np.random.default_rng(0))
 
 
-@cache
-def _bert_tfrecord() -> bytes:
-    """Pretraining examples in the reference's TFRecord form (protobuf Examples by the tfrecord package)."""
+def _bert_records(change: Callable[[dict], None] | None = None) -> bytes:
+    """Pretraining examples in the reference's TFRecord form (protobuf Examples by the tfrecord package);
+    `change(features)` edits each record's features before it is written (its CRCs stay valid)."""
     from tfrecord.writer import TFRecordWriter
 
     from trainperf.workloads.bert import batches as B
@@ -337,10 +337,43 @@ def _bert_tfrecord() -> bytes:
 
     rows, buf = _bert_rows(), io.BytesIO()
     for i in range(4):
-        example = TFRecordWriter.serialize_tf_example(
-            {key: (np.asarray(rows[key][i]).reshape(-1).tolist(), "int") for key in B.KEYS}
-            | {"masked_lm_weights": ((rows["masked_lm_positions"][i] > 0).astype(float).tolist(), "float")})
-        R.write_record(buf, example)
+        features = ({key: (np.asarray(rows[key][i]).reshape(-1).tolist(), "int") for key in B.KEYS}
+                    | {"masked_lm_weights": ((rows["masked_lm_positions"][i] > 0).astype(float).tolist(), "float")})
+        if change is not None:
+            change(features)
+        R.write_record(buf, TFRecordWriter.serialize_tf_example(features))
+    return buf.getvalue()
+
+
+@cache
+def _bert_tfrecord() -> bytes:
+    return _bert_records()
+
+
+def _bert_record_of_length(length: int) -> bytes:
+    """A record header whose length has a valid CRC but runs far past the end of the file."""
+    import struct
+
+    from trainperf.workloads.bert import records as R
+
+    raw = struct.pack("<Q", length)
+    return raw + struct.pack("<I", R.masked_crc(raw)) + _bert_tfrecord()
+
+
+def _bert_feature_as(key: str, kind: str) -> bytes:
+    cast = {"byte": lambda v: str(v).encode(), "float": float}[kind]
+    return _bert_records(lambda f: f.update({key: ([cast(v) for v in f[key][0]], kind)}))
+
+
+def _bert_feature_kind_as_varint() -> bytes:
+    """An Example whose one feature holds a varint where a value list belongs (protobuf allows the bytes)."""
+    from trainperf.workloads.bert import records as R
+
+    def field(number: int, payload: bytes) -> bytes:
+        return bytes([number << 3 | 2, len(payload)]) + payload
+
+    buf = io.BytesIO()
+    R.write_record(buf, field(1, field(1, field(1, b"input_ids") + field(2, bytes([3 << 3, 5])))))
     return buf.getvalue()
 
 
@@ -467,15 +500,19 @@ def _read_nifti(path: Path) -> object:
     return D.read_nifti(path, "00000")
 
 
-def _float_volume(nan: bool) -> bytes:
+def _float_volume(nan: bool = False, shape: tuple[int, int, int] = (3, 4, 5),
+                  pixdim: tuple[float, float, float] | None = None) -> bytes:
     import nibabel
 
-    volume = np.linspace(-200, 400, 60, dtype=np.float32).reshape(3, 4, 5)
+    volume = np.linspace(-200, 400, int(np.prod(shape)), dtype=np.float32).reshape(shape)
     if nan:  # outside the field of view, as a resampled scan has it
         volume[:, 0] = np.nan
+    image = nibabel.Nifti1Image(volume, np.diag([0.8, 0.7, 0.7, 1.0]))
+    if pixdim is not None:  # the header's spacing alone (the reference reads pixdim, not the affine)
+        image.header["pixdim"][1:4] = pixdim
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "imaging.nii"  # uncompressed: byte flips reach the voxels
-        nibabel.save(nibabel.Nifti1Image(volume, np.diag([0.8, 0.7, 0.7, 1.0])), str(out))
+        nibabel.save(image, str(out))
         return out.read_bytes()
 
 
@@ -495,7 +532,13 @@ def _preprocess_nifti_case(path: Path) -> object:
     case.mkdir()
     # Mutated uncompressed (so that byte flips reach the voxels), then compressed as KiTS19 has it.
     (case / "imaging.nii.gz").write_bytes(gzip.compress(path.read_bytes()))
-    nibabel.save(nibabel.Nifti1Image(np.zeros((3, 4, 5), np.uint8), np.diag([0.8, 0.7, 0.7, 1.0])),
+    try:  # the segmentation has the image's shape: a damaged image is refused for what is wrong with it
+        shape = tuple(nibabel.load(str(path)).shape)
+    except Exception:  # noqa: BLE001 - a mutated header: any shape does
+        shape = (3, 4, 5)
+    if len(shape) != 3 or not 0 < int(np.prod(shape)) <= 10**6:
+        shape = (3, 4, 5)
+    nibabel.save(nibabel.Nifti1Image(np.zeros(shape, np.uint8), np.diag([0.8, 0.7, 0.7, 1.0])),
                  str(case / "segmentation.nii.gz"))
     return D.preprocess_case(case)
 
@@ -548,7 +591,15 @@ READERS: list[Reader] = [
                                              ("crowd RLE runs past the image", _crowd_rle_runs_too_long))),
     Reader("wmt parallel text", "corpus.en", _english, _read_parallel, workloads=("transformer", "gnmt")),
     Reader("gnmt vocab.bpe", "vocab.bpe.32000", _vocab_bpe, _read_vocab_bpe, workloads=("gnmt",)),
-    Reader("bert tfrecord", "part-00000-of-00500", _bert_tfrecord, _read_bert_tfrecord, workloads=("bert",)),
+    Reader("bert tfrecord", "part-00000-of-00500", _bert_tfrecord, _read_bert_tfrecord, workloads=("bert",),
+           damaged=(("a record length of 2**40 with a valid CRC", lambda: _bert_record_of_length(2**40)),
+                    ("a record length of 2**64 - 1 with a valid CRC", lambda: _bert_record_of_length(2**64 - 1)),
+                    ("input_ids as a bytes_list", lambda: _bert_feature_as("input_ids", "byte")),
+                    ("input_ids as a float_list", lambda: _bert_feature_as("input_ids", "float")),
+                    ("masked_lm_weights as a bytes_list", lambda: _bert_feature_as("masked_lm_weights", "byte")),
+                    ("masked_lm_weights shorter than masked_lm_positions",
+                     lambda: _bert_records(lambda f: f.update(masked_lm_weights=([1.0], "float")))),
+                    ("a feature's value list as a varint", _bert_feature_kind_as_varint))),
     Reader("bert vocab.txt", "vocab.txt", _bert_vocab, _read_bert_vocab, workloads=("bert",)),
     Reader("librispeech flac", "19-198-0000.flac", _flac, _read_flac, workloads=("rnnt",)),
     Reader("librispeech trans.txt", "19-198.trans.txt", _transcripts, _read_transcripts, workloads=("rnnt",)),
@@ -558,7 +609,11 @@ READERS: list[Reader] = [
     Reader("kits19 case label .npy", "case_00000_y.npy", _kits_label, _read_kits_label, workloads=("unet3d",)),
     Reader("kits19 nifti", "imaging.nii.gz", _nifti, _read_nifti, workloads=("unet3d",)),
     Reader("kits19 float nifti case, preprocessed", "imaging.nii", _float_nifti, _preprocess_nifti_case,
-           workloads=("unet3d",), budget=0.5, damaged=(("NaN voxels", lambda: _float_volume(nan=True)),)),
+           workloads=("unet3d",), budget=0.5,
+           damaged=(("NaN voxels", lambda: _float_volume(nan=True)),
+                    ("a 1x1x1 volume", lambda: _float_volume(shape=(1, 1, 1))),
+                    ("NaN spacing in the header", lambda: _float_volume(pixdim=(float("nan"), 0.7, 0.7))),
+                    ("spacing that resamples to terabytes", lambda: _float_volume(pixdim=(1e12, 1e12, 1e12))))),
     Reader("minigo target network", "target.pt", _minigo_network, _read_minigo_network, workloads=("minigo",)),
     Reader("criteo day.gz", "day_0.gz", _gz(_criteo_day), _parse_gz_day, workloads=("dlrm",)),
     Reader("mlperf log header", "result_0.txt", _mlperf_log, _log_header),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from dataclasses import dataclass
@@ -344,3 +345,14 @@ def test_a_full_disk_ends_the_run_at_the_first_failed_write_in_one_line(tmp_path
                                           "(No space left on device)")
     assert len(records) == 20  # what was written before is kept
     assert "Logging error" not in capsys.readouterr().err
+
+
+def test_an_empty_evaluation_set_ends_the_run_before_training(tmp_path, monkeypatch):
+    """The backstop behind the data checks: a workload with a fixed evaluation set that opens none."""
+    workload = FakeWorkload(scores=[0.95])
+    monkeypatch.setattr(type(workload), "full_eval_samples", 100, raising=False)
+    load = workload.load_data
+    monkeypatch.setattr(workload, "load_data", lambda *a: dataclasses.replace(load(*a), eval_samples=0))
+    result, records = _run(tmp_path, workload)
+    assert result.status == "aborted" and "the evaluation set is empty" in result.abort_reason
+    assert "\n" not in result.abort_reason and not result.evaluations

@@ -430,3 +430,44 @@ def test_make_phase1_writes_a_checkpoint_its_manifest_vouches_for(tmp_path):
     assert manifest["vocab_sha256"] == D.sha256(tmp_path / "vocab.txt") and manifest["steps"] == 2
     state = torch.load(tmp_path / "phase1.pt", weights_only=True)
     assert state["bert.embeddings.word_embeddings.weight"].shape == (manifest["vocab_size"], MINI.model.hidden)
+
+
+def test_tfrecords_with_valid_crcs_but_wrong_content_are_one_line(tmp_path):
+    """A CRC vouches for bytes, not for what they mean: a length past the end of the file, a feature of
+    another type or range, masked_lm_weights not matching the positions are named before a shard is written."""
+    import struct
+
+    path = tmp_path / "part-00002-of-00500"
+    for length in (2**40, 2**64 - 1):
+        raw = struct.pack("<Q", length)
+        path.write_bytes(raw + struct.pack("<I", R.masked_crc(raw)) + b"\0" * 64)
+        with pytest.raises(TrainperfError, match=rf"record 0: truncated \(length {length:,} bytes"):
+            D.tfrecord_to_rows(path)
+    writer_mod = pytest.importorskip("tfrecord.writer")
+    rows = _rows(n=2)
+    for change, message in [
+        ({"input_ids": ([b"x"] * 64, "byte")}, "feature 'input_ids' is a bytes_list, expected an int64_list"),
+        ({"input_ids": ([0.5] * 64, "float")}, "feature 'input_ids' is a float_list, expected an int64_list"),
+        ({"segment_ids": ([7] * 64, "int")}, "feature 'segment_ids' holds 7, expected values from 0 to 1"),
+        ({"next_sentence_labels": ([0, 1], "int")}, "feature 'next_sentence_labels' holds 2 values, expected 1"),
+        ({"masked_lm_weights": ([b"x"] * 8, "byte")}, "feature 'masked_lm_weights' is a bytes_list"),
+        ({"masked_lm_weights": ([1.0], "float")}, "feature 'masked_lm_weights' holds 1 values, masked_lm_positions 8"),
+    ]:
+        writer = writer_mod.TFRecordWriter(str(path))
+        for i in range(2):
+            features = {key: (np.asarray(rows[key][i]).reshape(-1).tolist(), "int") for key in B.KEYS}
+            features["masked_lm_weights"] = ((rows["masked_lm_positions"][i] > 0).astype(float).tolist(), "float")
+            writer.write(features | change)
+        writer.close()
+        with pytest.raises(TrainperfError, match=r"record 0: " + message.replace("(", r"\(")) as err:
+            D.tfrecord_to_rows(path)
+        assert "\n" not in str(err.value)
+
+
+def test_an_evaluation_shard_of_no_rows_is_refused_before_a_run(tmp_path):
+    from trainperf import jobs
+
+    root = _full_tree(tmp_path)
+    D.write_shard(root / D.EVAL / "eval.hdf5", {key: value[:0] for key, value in _rows(n=4).items()})
+    problems = jobs.data_problems(BertWorkload(), "full", root)
+    assert problems and "eval: the evaluation set is empty (MLPerf's holds 10,000)" in problems[0]

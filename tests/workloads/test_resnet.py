@@ -182,3 +182,18 @@ def test_verify_lists_bad_images_in_parallel_and_the_run_skips_them(tmp_path, ca
     assert main(["run", "resnet", "--scale", "full", "--data", str(data), "--out", str(tmp_path / "r2")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "changed since it was verified" in err[0] and "--verify again" in err[0]
+
+
+def test_a_file_name_that_is_not_utf8_is_verified_listed_and_skipped(tmp_path, capsys):
+    """A name with a byte that is not UTF-8 (Latin-1 'ÿ'): --verify lists it (as a Python literal), the
+    list stays readable, and a plain prepare does not ask for --verify again (it used to: a loop)."""
+    data = imagenet_folder(tmp_path / "imagenet")
+    assert main(["prepare", "resnet", "--scale", "full", "--data", str(data), "--verify", "--workers", "1"]) == 0
+    folder = data / "train" / "n01440760"
+    Path(os.fsdecode(os.fsencode(folder) + b"/n01440760_\xff.JPEG")).write_bytes(b"not an image")
+    capsys.readouterr()
+    assert main(["prepare", "resnet", "--scale", "full", "--data", str(data), "--verify", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "n01440760_\\udcff.JPEG" in out and "1 unreadable sample(s)" in out
+    assert main(["prepare", "resnet", "--scale", "full", "--data", str(data)]) == 0
+    assert "1 images that do not decode are skipped" in capsys.readouterr().out

@@ -282,3 +282,22 @@ def test_two_processes_reach_the_same_ap_as_one_with_one_log(tmp_path):
     assert abs(two["evaluations"][0]["value"] - one["evaluations"][0]["value"]) < 0.06
     records = read_log(tmp_path / "two" / "mlperf_log.txt")
     assert [r["key"] for r in records].count("run_start") == 1
+
+
+@pytest.mark.parametrize("empty", ["no images", "no annotations"])
+def test_an_empty_evaluation_set_is_refused_by_prepare_and_run(tmp_path, capsys, empty):
+    """val2017 with no image (or none annotated) passed every check: SSD then trained its whole budget,
+    logging AP 0.0 on nothing. Refused in one line, by `prepare` and by `run`'s data check alike."""
+    from trainperf import jobs, registry
+
+    root = _coco_tree(tmp_path / "coco")
+    path = root / "annotations" / "instances_val2017.json"
+    data = json.loads(path.read_text())
+    data["annotations"] = []
+    if empty == "no images":
+        data["images"] = []
+    path.write_text(json.dumps(data))
+    assert main(["prepare", "ssd", "--scale", "full", "--data", str(root)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "instances_val2017.json: the evaluation set is empty (MLPerf's holds 4,952)" in err[0]
+    assert jobs.data_problems(registry.get("ssd"), "full", root) == [err[0].removeprefix("trainperf: error: ")]

@@ -326,3 +326,20 @@ def test_random_bleu_is_near_zero():
     words = "der die das Hund Katze sieht".split()
     hyps = [" ".join(rnd.choice(words) for _ in range(6)) for _ in FIXED_REFERENCES]
     assert bleu.bleu(hyps, FIXED_REFERENCES, "transformer") < 15
+
+
+def test_an_empty_newstest_is_refused_before_a_run(tmp_path, capsys):
+    """An empty newstest2014 prepared fine; the run then trained and died at its first evaluation (sacrebleu
+    on no sentence: exit 3). Refused in one line by `prepare`."""
+    from trainperf.cli import main
+
+    root = tmp_path / "wmt"
+    (root / "train").mkdir(parents=True)
+    pairs = synthetic.corpus(200, seed=3)
+    (root / "train" / "syn.de-en.en").write_text("".join(en + "\n" for en, _ in pairs))
+    (root / "train" / "syn.de-en.de").write_text("".join(de + "\n" for _, de in pairs))
+    (root / "newstest2014.en").write_text("")
+    (root / "newstest2014.de").write_text("")
+    assert main(["prepare", "transformer", "--scale", "full", "--data", str(root)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "newstest2014.de: the evaluation set is empty (MLPerf's holds 3,003)" in err[0]

@@ -310,3 +310,41 @@ def test_non_finite_voxels_are_refused_naming_the_case(tmp_path, capsys):
     np.save(root / "case_00002_y.npy", np.zeros((1, 4, 4, 4), np.uint8))
     with pytest.raises(TrainperfError, match=r"^case 00002: case_00002_x.npy holds 64 non-finite voxels"):
         D.load_case("00002", root / "case_00002_x.npy", root / "case_00002_y.npy")
+
+
+@pytest.mark.parametrize("shape, pixdim, message", [
+    ((1, 1, 1), None, r"of \(1, 1, 1\) voxels at \(0.8, 0.7, 0.7\) mm resamples to \(0.5, 0.5833, 0.5833\)"),
+    ((3, 4, 5), (float("nan"), 0.7, 0.7), r"has voxel spacing \(nan, 0.7, 0.7\) mm \(the header's pixdim\)"),
+    # Terabytes: today torch refuses the size before allocating (a spacing asking for 2 TB, 1600 x 1200 x 1200
+    # mm on 8^3 voxels, would try to allocate it: not in a test run on a machine that overcommits memory).
+    ((3, 4, 5), (1e12, 1e12, 1e12), r"of \(3, 4, 5\) voxels at \(1e\+12, 1e\+12, 1e\+12\) mm resamples to \(1.875e"),
+])
+def test_spacing_and_resampled_size_are_checked_before_resampling(tmp_path, capsys, shape, pixdim, message):
+    """The header's spacing decides the resampled size: a NaN, a volume that resamples to nothing, or a
+    spacing that asks for terabytes is one line naming the case, not a RuntimeError from torch."""
+    nibabel = pytest.importorskip("nibabel")
+    from trainperf.cli import main
+
+    root = tmp_path / "kits19"
+    (root / "case_00001").mkdir(parents=True)
+    for name, data in (("imaging.nii.gz", np.full(shape, 50.0, np.float32)),
+                       ("segmentation.nii.gz", np.zeros(shape, np.uint8))):
+        img = nibabel.Nifti1Image(data, np.diag([0.8, 0.7, 0.7, 1.0]))
+        if pixdim is not None:
+            img.header["pixdim"][1:4] = pixdim  # the spacing the reference reads (the affine stays sane)
+        nibabel.save(img, str(root / "case_00001" / name))
+    with pytest.raises(TrainperfError, match=r"^case 00001: imaging.nii.gz " + message):
+        D.preprocess_case(root / "case_00001")
+    assert main(["prepare", "unet3d", "--scale", "full", "--data", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", ["", ",", "abc", "3,x"])
+def test_eval_cases_must_name_at_least_one_case_number(value):
+    """`--set eval_cases=` left no evaluation case (the run trained, then failed at its first evaluation);
+    `eval_cases=abc` raised ValueError (exit 3) when the data was checked."""
+    from trainperf.workloads.unet3d import FULL_RECIPES
+
+    with pytest.raises(TrainperfError, match="recipe field eval_cases="):
+        FULL_RECIPES["reference"].with_overrides([f"eval_cases={value}"])

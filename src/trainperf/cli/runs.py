@@ -70,6 +70,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         for stale in remove_stale_partials_around(data_dir):
             print(f"removed {stale}, left by a prepare that was killed")
         workload.prepare(args.scale, data_dir, print)
+    problems = jobs.eval_set_problems(workload, data_dir)  # the check `run` makes: refused here already
+    if problems:
+        raise TrainperfError(problems[0])
     if args.scale == "full":
         print(f"{data_dir}: ready for trainperf run {workload.name} --scale full --data {data_dir}")
     return 0

@@ -393,7 +393,11 @@ class _TimedLoop:
             raise TrainperfError(f"global_batch_size {recipe.global_batch_size} is not divisible by "
                                  f"{ctx.world_size} processes")
         data = workload.load_data(recipe, config.data_dir, ctx)
-        if data.train_samples is not None and recipe.global_batch_size > data.train_samples:
+        if data.eval_samples < 1 and workload.full_eval_samples is not None:
+            # Whatever the data checks let through: a run must not train its budget to score nothing.
+            raise TrainperfError(f"{config.data_dir}: the evaluation set is empty; nothing to score the target on")
+        if recipe.BATCH_UNIT == "samples" and data.train_samples is not None \
+                and recipe.global_batch_size > data.train_samples:
             # A loader can only cut such a batch down to the epoch: the log would name a batch never used.
             raise TrainperfError(f"recipe field global_batch_size={recipe.global_batch_size}: expected at most "
                                  f"{data.train_samples:,}, the training samples of one epoch of {config.data_dir}")

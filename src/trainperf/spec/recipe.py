@@ -59,6 +59,9 @@ class Recipe:
     # log records it (`trainperf_ruleset`) and check/score/compare then use it.
     ruleset: str = ""
 
+    # What global_batch_size counts: "samples" (what train_samples counts too), or "tokens" (a
+    # translation model's token budget per batch).
+    BATCH_UNIT: ClassVar[str] = "samples"
     # Values a field may take, for fields restricted to a set (checked by `validate`).
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {}
     # The interval each numeric field must lie in, by field name, for every recipe (and its nested

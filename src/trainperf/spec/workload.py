@@ -103,6 +103,12 @@ class Workload(ABC, Generic[R]):
         one line per unreadable sample, which the loaders then skip. progress(done, total, bad)."""
         raise TrainperfError(f"--verify: not available for {self.name}")
 
+    def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
+        """Where the prepared evaluation set is and how many samples it holds, counted cheaply (no
+        decoding), for the shared check that refuses an empty one (jobs.eval_set_problems). Called on
+        data `data_problems` passed. None: not known without loading it (MiniGo's games)."""
+        return None
+
     def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
         """The files or folders `prepare` derives cached outputs from (ratings.csv, the day files), by
         name. Each preparation records their fingerprints (trainperf.prepared): when one changes,

@@ -142,6 +142,9 @@ class BertWorkload(Workload[BertRecipe]):
     def recipes(self, scale: str) -> dict[str, BertRecipe]:
         return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
 
+    def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
+        return data_dir / D.EVAL, sum(shard.rows for shard in D.eval_shards(data_dir))
+
     def data_problems(self, scale: str, data_dir: Path) -> list[str]:
         return D.problems(scale, data_dir)
 

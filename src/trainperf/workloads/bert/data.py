@@ -219,6 +219,25 @@ def text_to_shards(root: Path, vocab: Path, cfg: corpus.InstanceConfig, say: Cal
 # ---------------------------------------------------------------------------------------------
 # full: the reference's TFRecords -> HDF5
 # ---------------------------------------------------------------------------------------------
+WIDE = ("input_ids", "masked_lm_positions", "masked_lm_ids")  # int32 in a shard; the others are 0 or 1 (int8)
+
+
+def _kind(value: object) -> str:
+    return "bytes_list" if isinstance(value, list) else "float_list" if value.dtype.kind == "f" else "int64_list"
+
+
+def _ints(path: Path, index: int, key: str, value: object) -> np.ndarray:
+    """A feature the shards keep as integers: an int64_list, every value in the shard dtype's range."""
+    if not isinstance(value, np.ndarray) or value.dtype != np.int64:
+        raise TrainperfError(f"{path}: record {index}: feature {key!r} is a {_kind(value)}, expected an int64_list")
+    low, high = (0, 2**31 - 1) if key in WIDE else (0, 1)
+    outside = value[(value < low) | (value > high)]
+    if outside.size:
+        raise TrainperfError(f"{path}: record {index}: feature {key!r} holds {outside[0]}, expected values "
+                             f"from {low} to {high:,}")
+    return value
+
+
 def tfrecord_to_rows(path: Path) -> dict[str, np.ndarray]:
     """One TFRecord file of pretraining examples as shard rows (masked_lm_weights folded into the
     positions: a slot of weight 0 is padding)."""
@@ -229,12 +248,22 @@ def tfrecord_to_rows(path: Path) -> dict[str, np.ndarray]:
         missing = [k for k in KEYS if k not in example]
         if missing:
             raise TrainperfError(f"{path}: record {index}: no feature {missing[0]!r}")
+        values = {key: _ints(path, index, key, example[key]) for key in KEYS}
+        if values["next_sentence_labels"].size != 1:
+            raise TrainperfError(f"{path}: record {index}: feature 'next_sentence_labels' holds "
+                                 f"{values['next_sentence_labels'].size} values, expected 1")
         weights = example.get("masked_lm_weights")
+        if weights is not None:
+            positions = values["masked_lm_positions"]
+            if not isinstance(weights, np.ndarray) or weights.dtype.kind not in "fi":
+                raise TrainperfError(f"{path}: record {index}: feature 'masked_lm_weights' is a {_kind(weights)}, "
+                                     "expected a float_list")
+            if weights.shape != positions.shape:
+                raise TrainperfError(f"{path}: record {index}: feature 'masked_lm_weights' holds {weights.size} "
+                                     f"values, masked_lm_positions {positions.size}")
+            values["masked_lm_positions"] = np.where(weights > 0, positions, 0)
         for key in KEYS:
-            value = np.asarray(example[key])
-            if key == "masked_lm_positions" and weights is not None:
-                value = np.where(np.asarray(weights) > 0, value, 0)
-            rows[key].append(value)
+            rows[key].append(values[key])
     if not rows["input_ids"]:
         raise TrainperfError(f"{path}: no records")
     out = {}
@@ -242,8 +271,7 @@ def tfrecord_to_rows(path: Path) -> dict[str, np.ndarray]:
         widths = {v.shape for v in values}
         if len(widths) > 1:
             raise TrainperfError(f"{path}: feature {key!r} has records of different lengths {sorted(widths)}")
-        out[key] = np.stack(values).astype(np.int32 if key in ("input_ids", "masked_lm_positions",
-                                                                 "masked_lm_ids") else np.int8)
+        out[key] = np.stack(values).astype(np.int32 if key in WIDE else np.int8)
     out["next_sentence_labels"] = out["next_sentence_labels"].reshape(-1)
     return out
 

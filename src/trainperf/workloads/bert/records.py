@@ -8,6 +8,7 @@ neither TensorFlow nor a protobuf schema is needed."""
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,7 @@ def read_records(path: Path) -> Iterator[bytes]:
     """The payloads of a TFRecord file, each checked against its CRCs; a damaged file is one line
     naming the file and the record."""
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         index = 0
         while True:
             header = f.read(12)
@@ -40,6 +42,10 @@ def read_records(path: Path) -> Iterator[bytes]:
             (crc,) = struct.unpack("<I", header[8:])
             if masked_crc(header[:8]) != crc:
                 raise TrainperfError(f"{path}: record {index}: bad length CRC (not a TFRecord file, or damaged)")
+            left = size - f.tell() - 4  # what the file holds for the payload, before its 4-byte CRC
+            if length > left:  # before reading: a valid CRC does not make 2**64 - 1 bytes readable
+                raise TrainperfError(f"{path}: record {index}: truncated (length {length:,} bytes, "
+                                     f"{max(left, 0):,} left in the file)")
             payload = f.read(length)
             footer = f.read(4)
             if len(payload) < length or len(footer) < 4:
@@ -118,7 +124,8 @@ def decode_varints(buf: bytes) -> np.ndarray:
 
 def _feature(buf: bytes) -> np.ndarray | list[bytes]:
     for number, wire, value in _fields(buf):
-        assert isinstance(value, bytes)
+        if not isinstance(value, bytes):
+            raise ValueError(f"feature field {number} is a varint, expected a value list")
         if number == 1:  # BytesList
             return [v for n, _w, v in _fields(value) if n == 1]  # type: ignore[misc]
         if number == 2:  # FloatList: packed fixed32, or one fixed32 per field

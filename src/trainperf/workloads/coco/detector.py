@@ -56,6 +56,13 @@ class Detector(Workload[D]):
     def data_problems(self, scale: str, data_dir: Path) -> list[str]:
         return self.data.problems(scale, data_dir)
 
+    def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
+        from trainperf.workloads.coco.data import read_instances
+
+        # The evaluation split alone (train's annotations are ten times larger), without its masks.
+        val = read_instances(data_dir, self.data.layout.splits[1], layout=self.data.layout)
+        return val.annotation_file, len(val.without_empty_images())  # no annotated object: AP is undefined
+
     def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
         self.data.prepare(scale, data_dir, say)
 

@@ -272,6 +272,10 @@ class DLRMWorkload(Workload[DLRMRecipe]):
     def _days(scale: str) -> int:
         return MINI_DAYS if scale == "mini" else FULL_DAYS
 
+    def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
+        manifest = D.preprocessed(data_dir) or {}
+        return data_dir / D.MANIFEST, int(manifest.get("test_samples", 0))
+
     def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
         return D.day_sources(data_dir, self._days(scale))
 

@@ -129,6 +129,11 @@ class GNMTWorkload(Workload[GNMTRecipe]):
     def recipes(self, scale: str) -> dict[str, GNMTRecipe]:
         return {"mini": MINI} if scale == "mini" else {"reference": FULL}
 
+    def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
+        from trainperf.workloads.wmt.text import read_lines
+
+        return data_dir / "newstest2014.de", len(read_lines(data_dir / "newstest2014.de"))
+
     def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
         return D.sources(scale, data_dir)
 

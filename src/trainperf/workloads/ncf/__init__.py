@@ -137,6 +137,11 @@ class NCFWorkload(Workload[NCFRecipe]):
         DIR itself, or DIR/ml-20m when the user points at the folder the zip was extracted into."""
         return data_dir / "ml-20m" if (data_dir / "ml-20m").is_dir() else data_dir
 
+    def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
+        root = self._converted_dir(data_dir)  # one test item per user: empty only with no user at all
+        manifest = D.converted(root)
+        return (root / D.MANIFEST, int(manifest["users"])) if manifest else None
+
     def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
         return {"ratings.csv": self._converted_dir(data_dir) / "ratings.csv"}
 

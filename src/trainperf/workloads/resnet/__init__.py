@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from trainperf.errors import TrainperfError
+from trainperf.errors import TrainperfError, shown
 from trainperf.loaders import DevicePrefetcher, one_line_errors
 from trainperf.optim import LARS, kernels, multi_tensor, warmup_poly
 from trainperf.spec import (
@@ -171,6 +171,9 @@ class ResNetWorkload(Workload[ResNetRecipe]):
                 problems.append(str(exc))
         return problems
 
+    def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
+        return data_dir / "val", len(self._indexes(data_dir)[1].paths)  # without the images --verify found bad
+
     @staticmethod
     def _indexes(data_dir: Path) -> tuple[D.ImageIndex, D.ImageIndex, int]:
         """Train and val, without the images `prepare --verify` found bad; and how many it skipped."""
@@ -205,7 +208,8 @@ class ResNetWorkload(Workload[ResNetRecipe]):
         if problems:
             raise TrainperfError(problems[0])
         record = D.verify_images(data_dir, workers, progress)
-        return [f"{data_dir / item['path']}: {item['reason']}" for item in record["bad"]]
+        # A name that is not UTF-8 is shown as a Python literal (printing it as it is fails on a UTF-8 terminal).
+        return [f"{shown(str(data_dir / item['path']), limit=4096)}: {item['reason']}" for item in record["bad"]]
 
     def mlperf_hyperparameters(self, recipe: ResNetRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         decay_epochs = recipe.train_epochs - recipe.warmup_epochs

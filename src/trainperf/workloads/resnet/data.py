@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms import v2
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from trainperf.errors import TrainperfError
+from trainperf.errors import TrainperfError, shown
 from trainperf.files import AtomicOutput, write_json_atomic
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
@@ -83,7 +83,9 @@ def listing_digest(root: Path, indexes: list[ImageIndex]) -> str:
     digest = hashlib.sha256()
     for index in indexes:
         for path in index.paths:
-            digest.update(str(path.relative_to(root)).encode() + b"\n")
+            # The name's bytes as on disk: one that is not UTF-8 arrives with surrogate escapes, which
+            # str.encode() refuses; every UTF-8 name gives the same bytes (and digest) as before.
+            digest.update(os.fsencode(path.relative_to(root)) + b"\n")
     return digest.hexdigest()
 
 
@@ -132,10 +134,10 @@ def bad_images(root: Path, indexes: list[ImageIndex]) -> set[Path]:
     path = root / BAD_IMAGES
     if not path.is_file():
         return set()
+    listing = listing_digest(root, indexes)  # outside the try: its failure is not the list's fault
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        current = record["format_version"] == BAD_FORMAT_VERSION and \
-            record["listing_sha256"] == listing_digest(root, indexes)
+        current = record["format_version"] == BAD_FORMAT_VERSION and record["listing_sha256"] == listing
         listed = {root / item["path"] for item in record["bad"]}
     except (OSError, ValueError, KeyError, TypeError):
         raise TrainperfError(f"{path}: unreadable list of bad images; run trainperf prepare resnet --scale full "
@@ -182,7 +184,7 @@ def decode(path: Path) -> torch.Tensor:
             return pil_to_tensor(img.convert("RGB"))
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise TrainperfError(f"{path}: cannot decode image ({reason})") from None
+        raise TrainperfError(f"{shown(str(path), limit=4096)}: cannot decode image ({reason})") from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -182,6 +182,10 @@ class RNNTWorkload(Workload[RNNTRecipe]):
             return [f"{data_dir}: mini dataset not generated yet (trainperf prepare rnnt)"]
         return D.problems(data_dir, recipe.subsets, recipe.model.pieces)
 
+    def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
+        path = D.manifest_path(data_dir, D.EVAL_SUBSET)
+        return path, len(D.read_manifest(path))
+
     def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
         recipe = self.recipe(scale)
         return D.sources(data_dir, [*recipe.subsets, D.EVAL_SUBSET])

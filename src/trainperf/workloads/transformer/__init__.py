@@ -42,6 +42,7 @@ class TransformerRecipe(Recipe):
     STEP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
     WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
     # global_batch_size is in TOKENS: a global batch holds sentences x longest side <= this many.
+    BATCH_UNIT: ClassVar[str] = "tokens"
     dim: int = 1024
     heads: int = 16
     ffn: int = 4096
@@ -113,6 +114,11 @@ class TransformerWorkload(Workload[TransformerRecipe]):
 
     def recipes(self, scale: str) -> dict[str, TransformerRecipe]:
         return {"mini": MINI} if scale == "mini" else {"reference": FULL}
+
+    def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
+        from trainperf.workloads.wmt.text import read_lines
+
+        return data_dir / "newstest2014.de", len(read_lines(data_dir / "newstest2014.de"))
 
     def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
         return D.sources(data_dir)

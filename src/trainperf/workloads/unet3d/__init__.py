@@ -62,6 +62,11 @@ class UNet3DRecipe(Recipe):
             raise TrainperfError(f"recipe field patch={self.patch}: must be divisible by 2 ** {len(self.channels)}")
         if not 0 <= self.oversampling <= 1 or not 0 <= self.overlap < 1 or self.eval_windows < 1:
             raise TrainperfError("recipe: need 0 <= oversampling <= 1, 0 <= overlap < 1, eval_windows >= 1")
+        if self.eval_cases != "reference":
+            ids = [c.strip() for c in self.eval_cases.split(",") if c.strip()]
+            if not ids or not all(c.isdigit() for c in ids):
+                raise TrainperfError(f"recipe field eval_cases={self.eval_cases!r}: expected 'reference' or a "
+                                     "comma-separated list of case numbers (at least one)")
         if self.base_lr <= 0 or self.init_lr < 0 or self.warmup_epochs < 0 or not 0 < self.decay_factor <= 1:
             raise TrainperfError("recipe: need base_lr > 0, init_lr >= 0, warmup_epochs >= 0, 0 < decay_factor <= 1")
 

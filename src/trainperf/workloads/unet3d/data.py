@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,9 @@ CLIP = (-79.0, 304.0)
 MEAN, STD = 101.0, 76.9
 MIN_SHAPE = 128
 CLASSES = 3
+# KiTS19's CTs (512 x 512 at 0.44-1.04 mm, up to ~1,000 slices of 0.5-5 mm) resample to ~1e8 voxels at most;
+# 2**30 (4 GiB as float32) is generous, and refuses a header whose spacing would ask for terabytes.
+MAX_RESAMPLED_VOXELS = 1 << 30
 PACKAGE = Path(__file__).parent
 CASE = re.compile(r"^case_(\d{5})_x\.npy$")
 
@@ -207,7 +211,14 @@ def read_nifti(path: Path, case: str) -> tuple[np.ndarray, tuple[float, float, f
     if data.ndim != 3:
         raise TrainperfError(f"case {case}: {path.name} has {data.ndim} dimensions, expected 3")
     spacing = tuple(float(x) for x in img.header["pixdim"][1:4])
+    if not all(math.isfinite(s) and s > 0 for s in spacing):
+        raise TrainperfError(f"case {case}: {path.name} has voxel spacing {_mm(spacing)} mm (the header's pixdim), "
+                             "expected finite sizes > 0")
     return data, spacing  # type: ignore[return-value]
+
+
+def _mm(values: object) -> str:
+    return "(" + ", ".join(f"{float(v):.4g}" for v in values) + ")"  # type: ignore[attr-defined]
 
 
 def preprocess_case(case_dir: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -226,7 +237,12 @@ def preprocess_case(case_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     x = torch.from_numpy(image.astype(np.float32))[None, None]
     y = torch.from_numpy(label)[None, None]
     if list(spacing) != list(TARGET_SPACING):
-        size = (np.array(spacing) / np.array(TARGET_SPACING) * np.array(image.shape)).astype(int).tolist()
+        exact = np.array(spacing) / np.array(TARGET_SPACING) * np.array(image.shape)  # in float: no overflow
+        if exact.min() < 1 or float(np.prod(exact)) > MAX_RESAMPLED_VOXELS:
+            raise TrainperfError(f"case {case}: imaging.nii.gz of {image.shape} voxels at {_mm(spacing)} mm resamples "
+                                 f"to {_mm(exact)} voxels at {TARGET_SPACING} mm; expected 1 to "
+                                 f"{MAX_RESAMPLED_VOXELS:,} voxels, at least 1 per axis (check the header's pixdim)")
+        size = exact.astype(int).tolist()
         x = F.interpolate(x, size=size, mode="trilinear", align_corners=True)
         y = F.interpolate(y, size=size, mode="nearest")
     x = (x.clamp(*CLIP) - MEAN) / STD
