@@ -32,7 +32,10 @@ def test_the_round_summarises_its_sections(tmp_path):
     (row,) = summary["sections"][2]["results"]
     assert row["workload"] == "resnet" and row["samples_per_s"] > 0 and row["switches"]["precision"] == "bf16"
     by_host = row["profile"]["by_host"]
-    assert by_host and any(r["name"] == "aten::convolution_backward" for r in by_host)
+    # A convolution's backward among the top operators by self host time: which of its layers holds the
+    # time (the dispatching convolution_backward or the kernel below it, _slow_conv2d_backward for bf16
+    # on a CPU) depends on the machine's speed.
+    assert by_host and any("conv" in r["name"] and "backward" in r["name"] for r in by_host), by_host
     assert all(r["calls"] > 0 and r["host_ms"] >= 0 for r in by_host)
     text = (tmp_path / "round.md").read_text()
     for heading in ("# GPU round:", "## env: ok", "## nccl: ok", "## bench: ok", "### resnet: top operators"):
