@@ -11,7 +11,7 @@ import trainperf
 
 PACKAGE = Path(trainperf.__file__).parent
 LEAVES = {"__init__", "errors", "rulesets", "files", "plots", "paths", "prepared", "loaders", "devices", "optional",
-          "calibration"}
+          "calibration", "signals"}
 # What each part may import, besides itself and the leaves.
 ALLOWED: dict[str, set[str]] = {
     "spec": set(),

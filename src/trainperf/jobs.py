@@ -305,6 +305,7 @@ def _run_launched(request: RunRequest, out_dir: Path, seed: int, config: Any) ->
     from trainperf.errors import Interrupted
     from trainperf.harness.run import close_for_rank0
     from trainperf.results import run_folder
+    from trainperf.results.logs import read_records
     from trainperf.runtime import distributed
 
     log, saved = out_dir / run_folder.LOG_NAME, out_dir / run_folder.RESULT_NAME
@@ -312,13 +313,14 @@ def _run_launched(request: RunRequest, out_dir: Path, seed: int, config: Any) ->
         launched = distributed.launch_local(request.nproc, request.process_argv(out_dir, seed))
     except Interrupted as stop:
         if log.exists() and not saved.exists():
-            run_folder.save(out_dir, close_for_rank0(config, request.nproc, f"received {stop.signal_name}"))
+            run_folder.save(out_dir, close_for_rank0(config, request.nproc, f"received {stop.signal_name}",
+                                                      read_records(log)))
         if not saved.exists() or run_folder.load(out_dir)["status"] == "success":
             raise
         return run_folder.load(out_dir)
     if launched.code != 0 and log.exists() and not saved.exists():
         reason = f"{launched.failed_first or f'exit code {launched.code}'}; closed by the launching process"
-        run_folder.save(out_dir, close_for_rank0(config, request.nproc, reason))
+        run_folder.save(out_dir, close_for_rank0(config, request.nproc, reason, read_records(log)))
     result = run_folder.load_launched(out_dir, launched.code)
     if launched.failed_first and interrupted(result):
         # The launcher's SIGTERM to the surviving ranks, after another one failed: not the user's.

@@ -98,7 +98,7 @@ def test_the_launching_process_closes_the_log_of_a_killed_rank0(tmp_path, partia
                     log_path=tmp_path / "mlperf_log.txt")
     run(cfg, RuntimeContext.create("cpu"))
     _cut(cfg.log_path, "eval_accuracy", partial_line)  # rank 0 killed after its first evaluation
-    result = close_for_rank0(cfg, 2, "rank 0 failed first (signal 9)")
+    result = close_for_rank0(cfg, 2, "rank 0 failed first (signal 9)", read_records(cfg.log_path))
     records = read_records(cfg.log_path)
     assert records[-1]["key"] == "run_stop"
     assert records[-1]["metadata"] == {**records[-1]["metadata"], "status": "aborted",
@@ -109,7 +109,7 @@ def test_the_launching_process_closes_the_log_of_a_killed_rank0(tmp_path, partia
     assert check(cfg.log_path).valid, check(cfg.log_path).output
     # A log rank 0 closed itself is left as it is.
     before = cfg.log_path.read_text()
-    again = close_for_rank0(cfg, 2, "another reason")
+    again = close_for_rank0(cfg, 2, "another reason", read_records(cfg.log_path))
     assert cfg.log_path.read_text() == before and again.abort_reason == "rank 0 failed first (signal 9)"
 
 

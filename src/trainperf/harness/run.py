@@ -29,7 +29,6 @@ from trainperf.harness.clock import Clock, abort_on_signals, clear_page_cache
 from trainperf.harness.mlperf_log import MLPerfLog
 from trainperf.harness.progress import NoProgress, PlainProgress
 from trainperf.harness.scorer import PendingEvaluations, Scorer
-from trainperf.results.logs import read_records
 from trainperf.rulesets import RULESET_KEY, WORKLOAD_KEY
 from trainperf.runtime import distributed, environment, load, speedups
 from trainperf.runtime.step import TrainStep
@@ -143,13 +142,13 @@ def _outcome(loop: _TimedLoop, reached: bool, failure: BaseException | None, sig
     return "aborted", f"internal error: {type(failure).__name__}: {first_line}", failure
 
 
-def close_for_rank0(config: RunConfig, world_size: int, reason: str) -> RunResult:
+def close_for_rank0(config: RunConfig, world_size: int, reason: str, records: list[dict[str, Any]]) -> RunResult:
     """Close the run of a rank 0 that died before it could (killed; stopped by the launcher after its
     grace period), from the process that launched it: what rank 0's own closing would have appended,
     through mllog, to the log it left (an open run gets `run_stop` `aborted` with `reason`; a log
-    that rank 0 closed itself is left as it is), and the result that log supports."""
+    that rank 0 closed itself is left as it is), and the result that log supports. `records`: the
+    log's records as read (by the caller: reading logs is the results layer's)."""
     assert config.log_path is not None
-    records = read_records(config.log_path)
     ctx = RuntimeContext(device=torch.device("cpu"), world_size=world_size, seed=config.seed)
     log = MLPerfLog(config.log_path, append=True)
     loop = _TimedLoop(config, ctx, log, Clock(ctx), NoProgress())
