@@ -130,6 +130,13 @@ def remove_stale_partials_around(folder: Path) -> list[Path]:
 LOCK_NAME = ".trainperf-lock"
 
 
+def folder_lock_path(folder: Path, inside: bool = False) -> Path:
+    """Where `folder_lock` keeps its lock file (made by trainperf: its presence says trainperf prepared
+    this folder before, or is preparing it now)."""
+    folder = Path(folder)
+    return folder / LOCK_NAME if inside else folder.parent / f".{folder.name}.trainperf-lock"
+
+
 @contextlib.contextmanager
 def folder_lock(folder: Path, inside: bool = False) -> Iterator[bool]:
     """An exclusive lock on preparing `folder`, held by one process at a time (a second `prepare` or
@@ -139,8 +146,7 @@ def folder_lock(folder: Path, inside: bool = False) -> Iterator[bool]:
     is nothing to write there either."""
     import fcntl
 
-    folder = Path(folder)
-    lock_path = folder / LOCK_NAME if inside else folder.parent / f".{folder.name}.trainperf-lock"
+    lock_path = folder_lock_path(folder, inside)
     try:
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)

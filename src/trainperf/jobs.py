@@ -16,7 +16,14 @@ from typing import Any
 
 from trainperf import devices, prepared, registry
 from trainperf.errors import TrainperfError
-from trainperf.files import copy_atomic, folder_lock, is_partial, remove_stale_partials_around, write_json_atomic
+from trainperf.files import (
+    copy_atomic,
+    folder_lock,
+    folder_lock_path,
+    is_partial,
+    remove_stale_partials_around,
+    write_json_atomic,
+)
 from trainperf.runtime.load import busy_note
 from trainperf.spec import Assets, Recipe, Workload
 
@@ -124,7 +131,13 @@ def eval_set_problems(workload: Workload, folder: Path) -> list[str]:
 def generate(workload: Workload, folder: Path, problems: list[str], say: Say = print) -> None:
     """Generate mini data, again from scratch when the copy there is damaged, and record its files.
     Only into a folder trainperf may write (see `check_generation_target`); one process at a time."""
-    check_generation_target(workload, folder)
+    try:
+        check_generation_target(workload, folder)
+    except TrainperfError:
+        # Another process may be generating into it right now (its files there, its record not yet):
+        # then its lock file is beside the folder, and the check is made again once it is done.
+        if not folder_lock_path(folder).exists():
+            raise
     with folder_lock(folder):
         for stale in remove_stale_partials_around(folder):
             say(f"removed {stale}, left by a prepare that was killed")
