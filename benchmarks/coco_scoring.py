@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainperf.workloads.coco import scoring
+from trainperf.workloads.common.coco import scoring
 
 
 def synthetic(images: int, per_image: int, seed: int = 0) -> tuple[dict, list[tuple[float, ...]]]:

@@ -17,9 +17,9 @@ import importlib
 import numpy as np
 
 from trainperf import registry
-from trainperf.workloads.coco import data as C
-from trainperf.workloads.coco import masks as K
-from trainperf.workloads.coco import scoring
+from trainperf.workloads.common.coco import data as C
+from trainperf.workloads.common.coco import masks as K
+from trainperf.workloads.common.coco import scoring
 
 
 def _filled(boxes: np.ndarray, height: int, width: int) -> list[dict]:

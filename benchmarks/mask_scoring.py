@@ -29,8 +29,8 @@ import torch
 from PIL import Image, ImageDraw
 from pycocotools import mask as maskutils
 
-from trainperf.workloads.coco import masks as K
-from trainperf.workloads.coco import scoring
+from trainperf.workloads.common.coco import masks as K
+from trainperf.workloads.common.coco import scoring
 
 CATEGORIES = 80
 

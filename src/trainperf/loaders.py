@@ -1,5 +1,5 @@
-"""Helpers for workloads whose data comes through torch DataLoader workers (ImageNet today; COCO,
-LibriSpeech and KiTS19 to come): one-line errors from worker processes, and a device prefetcher."""
+"""Helpers for workloads whose data comes through torch DataLoader workers (ImageNet, COCO, LibriSpeech,
+KiTS19): one-line errors from worker processes, and a device prefetcher."""
 
 from __future__ import annotations
 

@@ -164,7 +164,7 @@ def _ablation_json() -> bytes:
 
 @cache
 def _coco_instances() -> bytes:
-    from trainperf.workloads.coco import data as C
+    from trainperf.workloads.common.coco import data as C
 
     with tempfile.TemporaryDirectory() as tmp:
         C.generate_mini(Path(tmp) / "coco", C.COCO2017, (6, 1), size=32, say=lambda s: None)
@@ -281,14 +281,14 @@ def _coco_root(path: Path) -> Path:
 
 
 def _read_coco(path: Path) -> object:
-    from trainperf.workloads.coco import data as C
+    from trainperf.workloads.common.coco import data as C
 
     return C.read_instances(_coco_root(path), "train2017")
 
 
 def _read_coco_masks(path: Path) -> object:
-    from trainperf.workloads.coco import data as C
-    from trainperf.workloads.coco import masks as K
+    from trainperf.workloads.common.coco import data as C
+    from trainperf.workloads.common.coco import masks as K
 
     index = C.read_instances(_coco_root(path), "train2017", masks=True)
     # What was accepted must rasterise: pycocotools sees only checked segmentations.
@@ -297,14 +297,14 @@ def _read_coco_masks(path: Path) -> object:
 
 @cache
 def _english() -> bytes:
-    from trainperf.workloads.wmt import synthetic
+    from trainperf.workloads.common.wmt import synthetic
 
     return "".join(en + "\n" for en, _ in synthetic.corpus(20, seed=3)).encode()
 
 
 def _read_parallel(path: Path) -> object:
-    from trainperf.workloads.wmt import synthetic
-    from trainperf.workloads.wmt import text as T
+    from trainperf.workloads.common.wmt import synthetic
+    from trainperf.workloads.common.wmt import text as T
 
     german = path.with_name("corpus.de")  # the valid other side: the mutated one may not match it
     german.write_text("".join(de + "\n" for _, de in synthetic.corpus(20, seed=3)), encoding="utf-8")

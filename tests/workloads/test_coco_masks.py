@@ -16,9 +16,9 @@ from pycocotools import mask as maskutils
 from tests.conftest import mini_data
 from trainperf.cli import main
 from trainperf.errors import TrainperfError
-from trainperf.workloads.coco import data as C
-from trainperf.workloads.coco import masks as K
-from trainperf.workloads.coco import scoring
+from trainperf.workloads.common.coco import data as C
+from trainperf.workloads.common.coco import masks as K
+from trainperf.workloads.common.coco import scoring
 
 PATH = Path("instances.json")
 

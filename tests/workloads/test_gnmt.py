@@ -17,12 +17,12 @@ from tests.conftest import cut_short_run, read_log, write_minimal_closed_log
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
 from trainperf.spec import RuntimeContext
+from trainperf.workloads.common.wmt import batching
+from trainperf.workloads.common.wmt import beam as B
+from trainperf.workloads.common.wmt import text as T
 from trainperf.workloads.gnmt import FULL, MINI, GNMTWorkload, lr_factor, schedule_steps
 from trainperf.workloads.gnmt import data as D
 from trainperf.workloads.gnmt import model as M
-from trainperf.workloads.wmt import batching
-from trainperf.workloads.wmt import beam as B
-from trainperf.workloads.wmt import text as T
 
 
 @pytest.fixture(scope="module")

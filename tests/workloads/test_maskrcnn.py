@@ -16,8 +16,8 @@ from tests.conftest import mini_data, read_log, write_minimal_closed_log
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
 from trainperf.spec import RuntimeContext
-from trainperf.workloads.coco import data as C
-from trainperf.workloads.coco import masks as K
+from trainperf.workloads.common.coco import data as C
+from trainperf.workloads.common.coco import masks as K
 from trainperf.workloads.maskrcnn import DATA, FULL_RECIPES, MINI, MaskRCNNWorkload, lr_factor, param_groups
 from trainperf.workloads.maskrcnn import model as M
 

@@ -90,18 +90,37 @@ def test_device_crops_and_eval_crops_are_torchvisions():
         torch.testing.assert_close(D.resize_center_crop([img], 256, 224)[0], expected, atol=1e-3, rtol=1e-4)
 
 
-@pytest.mark.parametrize("decoder", ["torchcodec", "torchvision"])
-def test_device_decoding_reads_what_pillow_reads_and_falls_back_for_a_png(tmp_path, monkeypatch, decoder):
+class _NoFFmpeg:
+    """A meta-path finder that fails TorchCodec's import the way it fails without FFmpeg's libraries."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith("torchcodec"):
+            raise RuntimeError("Could not load libtorchcodec. Likely causes: FFmpeg is not properly installed.")
+        return None
+
+
+@pytest.mark.parametrize("decoder", ["torchcodec", "torchvision", "torchcodec-without-ffmpeg"])
+def test_device_decoding_reads_what_pillow_reads_and_falls_back_for_a_png(tmp_path, monkeypatch, request, decoder):
     import sys
+    import warnings
 
     from PIL import Image
 
     from tests.conftest import imagenet_folder
 
+    D._jpeg_decoder.cache_clear()
     if decoder == "torchcodec":
         pytest.importorskip("torchcodec.decoders")
-    else:
+    elif decoder == "torchvision":
         monkeypatch.setitem(sys.modules, "torchcodec.decoders", None)  # as where it is not installed
+    else:
+        for name in [m for m in sys.modules if m.startswith("torchcodec")]:
+            monkeypatch.delitem(sys.modules, name)
+        monkeypatch.setattr(sys, "meta_path", [_NoFFmpeg(), *sys.meta_path])
+        with pytest.warns(UserWarning, match=r"^decode=device: TorchCodec cannot load \(Could not load libtorchcodec"):
+            D._jpeg_decoder()
+    request.addfinalizer(D._jpeg_decoder.cache_clear)  # no decoder chosen under a patched import outlives the test
+    warnings.simplefilter("ignore")
 
     root = imagenet_folder(tmp_path / "imagenet")
     jpeg = next((root / "train").rglob("*.JPEG"))

@@ -23,7 +23,7 @@ from trainperf.cli import main
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
 from trainperf.spec import Assets, RuntimeContext
-from trainperf.workloads.coco import data as C
+from trainperf.workloads.common.coco import data as C
 from trainperf.workloads.retinanet import FULL_RECIPES, MINI, RetinaNetWorkload, lr_factor
 from trainperf.workloads.retinanet import model as M
 

@@ -167,8 +167,13 @@ def test_torchaudio_loss_without_torchaudio_is_one_line(monkeypatch):
     from trainperf.workloads.rnnt import transducer_losses
 
     monkeypatch.setitem(sys.modules, "torchaudio", None)  # import fails, as where it is not installed
-    with pytest.raises(TrainperfError, match="loss_impl=torchaudio: torchaudio cannot be imported"):
+    with pytest.raises(TrainperfError, match=r"^loss_impl=torchaudio: needs the torchaudio build of torch [^\n]*"
+                                             r"use loss_impl=wavefront[^\n]*$"):
         transducer_losses("torchaudio", 4)
+    from trainperf.workloads.rnnt import MINI
+
+    with pytest.raises(TrainperfError, match="loss_impl=torchaudio: needs"):  # at --set, not at the first step
+        MINI.with_overrides(["loss_impl=torchaudio"])
 
 
 def test_a_certain_alignment_has_zero_loss_and_zero_gradient():

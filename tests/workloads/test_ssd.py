@@ -17,8 +17,8 @@ from tests.conftest import mini_data, read_log
 from trainperf.cli import main
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
-from trainperf.workloads.coco import data as C
-from trainperf.workloads.coco import scoring
+from trainperf.workloads.common.coco import data as C
+from trainperf.workloads.common.coco import scoring
 from trainperf.workloads.ssd import FULL_RECIPES, MINI, lr_factor
 from trainperf.workloads.ssd import model as M
 

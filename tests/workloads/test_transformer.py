@@ -21,12 +21,12 @@ from tests.conftest import cut_short_run, read_log, write_minimal_closed_log
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
 from trainperf.spec import RuntimeContext
+from trainperf.workloads.common.wmt import batching, bleu, synthetic
+from trainperf.workloads.common.wmt import beam as B
+from trainperf.workloads.common.wmt import text as T
 from trainperf.workloads.transformer import FULL, MINI, TransformerWorkload, lr_factor
 from trainperf.workloads.transformer import data as D
 from trainperf.workloads.transformer import model as M
-from trainperf.workloads.wmt import batching, bleu, synthetic
-from trainperf.workloads.wmt import beam as B
-from trainperf.workloads.wmt import text as T
 
 
 # -- BLEU ---------------------------------------------------------------------------------------

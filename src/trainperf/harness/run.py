@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from mlperf_logging.mllog import constants as C
+from mlperf_logging.mllog import constants
 
 from trainperf.errors import Interrupted, RunAborted, TrainperfError
 from trainperf.harness.clock import Clock, abort_on_signals, clear_page_cache
@@ -157,7 +157,7 @@ def close_for_rank0(config: RunConfig, world_size: int, reason: str, records: li
         if status is None:
             status, reason = "aborted", loop.stop("aborted", reason)
         else:
-            reason = next(r for r in reversed(records) if r["key"] == C.RUN_STOP)["metadata"].get("reason")
+            reason = next(r for r in reversed(records) if r["key"] == constants.RUN_STOP)["metadata"].get("reason")
     finally:
         log.close()
     return loop.result(status, reason)
@@ -232,20 +232,20 @@ class _TimedLoop:
         config, log, clock, ctx = self.config, self.log, self.clock, self.ctx
         workload, recipe = self.workload, self.recipe
         cleared = clear_page_cache() if config.clear_caches else False
-        log.event(C.CACHE_CLEAR, cleared, time_ms=clock.now_ms())
+        log.event(constants.CACHE_CLEAR, cleared, time_ms=clock.now_ms())
         now = clock.now_ms()
-        log.event(C.SUBMISSION_ORG, config.org, time_ms=now)
-        log.event(C.SUBMISSION_PLATFORM, environment.platform_name(ctx.device, ctx.world_size), time_ms=now)
-        log.event(C.SUBMISSION_DIVISION, config.division, time_ms=now)
-        log.event(C.SUBMISSION_STATUS, config.status, time_ms=now)
-        log.event(C.SUBMISSION_BENCHMARK, workload.benchmark, time_ms=now)
+        log.event(constants.SUBMISSION_ORG, config.org, time_ms=now)
+        log.event(constants.SUBMISSION_PLATFORM, environment.platform_name(ctx.device, ctx.world_size), time_ms=now)
+        log.event(constants.SUBMISSION_DIVISION, config.division, time_ms=now)
+        log.event(constants.SUBMISSION_STATUS, config.status, time_ms=now)
+        log.event(constants.SUBMISSION_BENCHMARK, workload.benchmark, time_ms=now)
         # Not an MLPerf key: which trainperf workload wrote the log (two share `ssd`, rulesets.py).
         log.event(WORKLOAD_KEY, workload.name, time_ms=now)
         log.event(RULESET_KEY, recipe.ruleset or workload.ruleset, time_ms=now)
         self.init_start_ms = clock.now_ms()
-        log.start(C.INIT_START, time_ms=self.init_start_ms)
+        log.start(constants.INIT_START, time_ms=self.init_start_ms)
 
-        log.event(C.SEED, config.seed, time_ms=clock.now_ms())
+        log.event(constants.SEED, config.seed, time_ms=clock.now_ms())
         # Weight initialisation draws from torch's global generator; everything else from ctx.
         torch.manual_seed(config.seed)
         assets = Assets(workload.assets(recipe, config.data_dir))
@@ -254,7 +254,7 @@ class _TimedLoop:
         for line in (parts.layout or {}).get("summary", []):
             self.progress.note(f"sharding: {line}")
         for tensor in workload.initialized_tensors(recipe, bare_model(parts.model)):
-            log.event(C.WEIGHTS_INITIALIZATION, metadata={"tensor": tensor}, time_ms=clock.now_ms())
+            log.event(constants.WEIGHTS_INITIALIZATION, metadata={"tensor": tensor}, time_ms=clock.now_ms())
         if recipe.compile or recipe.cuda_graphs:
             # Compilation (and graph capture) of the training step and the evaluation forward happen
             # here, on synthetic batches, before run_start as the rules allow.
@@ -264,8 +264,8 @@ class _TimedLoop:
             self._scorer.start()
             self._pending = PendingEvaluations(ctx, self._scorer)
         now = clock.now_ms()
-        log.event(C.GLOBAL_BATCH_SIZE, recipe.global_batch_size, time_ms=now)
-        log.event(C.GRADIENT_ACCUMULATION_STEPS, recipe.grad_accum_steps, time_ms=now)
+        log.event(constants.GLOBAL_BATCH_SIZE, recipe.global_batch_size, time_ms=now)
+        log.event(constants.GRADIENT_ACCUMULATION_STEPS, recipe.grad_accum_steps, time_ms=now)
         for key, value in workload.mlperf_hyperparameters(recipe, ctx).items():
             if isinstance(value, Logged):
                 log.event(key, value.value, metadata=value.metadata, time_ms=now)
@@ -278,7 +278,7 @@ class _TimedLoop:
         self._end_init()
         ctx.barrier()
         self.run_start_ms = clock.now_ms()
-        log.start(C.RUN_START, time_ms=self.run_start_ms)
+        log.start(constants.RUN_START, time_ms=self.run_start_ms)
         return self._train(parts)
 
     def _make_step(self, parts: ModelParts, steps_per_epoch: int | None) -> TrainStep:
@@ -288,7 +288,7 @@ class _TimedLoop:
     def _end_init(self) -> None:
         self.ctx.barrier()
         self.init_stop_ms = self.clock.now_ms()
-        self.log.end(C.INIT_STOP, time_ms=self.init_stop_ms)
+        self.log.end(constants.INIT_STOP, time_ms=self.init_stop_ms)
 
     def stop(self, status: str, reason: str | None) -> str | None:
         """Close the log with run_stop; an abort during initialisation still yields a valid log.
@@ -299,7 +299,7 @@ class _TimedLoop:
             if self.init_stop_ms is None:
                 self._end_init()
             self.run_start_ms = self.clock.now_ms()
-            self.log.start(C.RUN_START, time_ms=self.run_start_ms)
+            self.log.start(constants.RUN_START, time_ms=self.run_start_ms)
             reason = f"{reason} (during initialisation)"
         if status == "success":
             # The time is the slowest rank's. An aborted run skips this: a peer may be gone.
@@ -308,36 +308,36 @@ class _TimedLoop:
         if not self.train_samples_logged and self._data is not None:
             # Left to the harness (data produced during the run, or a workload whose RCP check reads it):
             # the samples trained, as NVIDIA's BERT logs them.
-            self.log.event(C.TRAIN_SAMPLES, self.samples, time_ms=self.run_stop_ms)
+            self.log.event(constants.TRAIN_SAMPLES, self.samples, time_ms=self.run_stop_ms)
             self.train_samples_logged = True
         metadata = {"status": status}
         if reason:
             metadata["reason"] = reason
-        self.log.end(C.RUN_STOP, metadata=metadata, time_ms=self.run_stop_ms)
+        self.log.end(constants.RUN_STOP, metadata=metadata, time_ms=self.run_stop_ms)
         return reason
 
     def resume(self, records: list[dict[str, Any]]) -> str | None:
         """Take up the state a log shows (another process wrote it: `close_for_rank0`); the status
         of its run_stop, or None when the run is still open."""
         times = {r["key"]: r["time_ms"] for r in records}  # the last of each key
-        self.init_start_ms = times.get(C.INIT_START)
-        self.init_stop_ms = times.get(C.INIT_STOP)
-        self.run_start_ms = times.get(C.RUN_START)
-        self.run_stop_ms = times.get(C.RUN_STOP)
+        self.init_start_ms = times.get(constants.INIT_START)
+        self.init_stop_ms = times.get(constants.INIT_STOP)
+        self.run_start_ms = times.get(constants.RUN_START)
+        self.run_stop_ms = times.get(constants.RUN_STOP)
         values = {r["key"]: r.get("value") for r in records}
-        self.train_samples, self.eval_samples = values.get(C.TRAIN_SAMPLES), values.get(C.EVAL_SAMPLES)
-        self.train_samples_logged = C.TRAIN_SAMPLES in values
-        self.epochs_done = sum(1 for r in records if r["key"] == C.EPOCH_STOP)
+        self.train_samples, self.eval_samples = values.get(constants.TRAIN_SAMPLES), values.get(constants.EVAL_SAMPLES)
+        self.train_samples_logged = constants.TRAIN_SAMPLES in values
+        self.epochs_done = sum(1 for r in records if r["key"] == constants.EPOCH_STOP)
         style = self.recipe.log_epoch_num
         for r in records:
-            if r["key"] != C.EVAL_ACCURACY:
+            if r["key"] != constants.EVAL_ACCURACY:
                 continue
             num = r["metadata"].get("epoch_num")
             epoch = (num - 1 if style == "1+epochs" else num) if style != "samples" and num is not None else 0.0
             elapsed = (r["time_ms"] - self.run_start_ms) / 1000.0 if self.run_start_ms is not None else 0.0
             self.evaluations.append(Evaluation(epoch=_tidy(epoch), value=r.get("value"), samples=0,
                                                time_s=elapsed, epoch_num=num))
-        stops = [r for r in records if r["key"] == C.RUN_STOP]
+        stops = [r for r in records if r["key"] == constants.RUN_STOP]
         return stops[-1]["metadata"].get("status", "aborted") if stops else None
 
     def shutdown(self) -> None:
@@ -405,9 +405,9 @@ class _TimedLoop:
         now = clock.now_ms()
         self.train_samples, self.eval_samples = data.train_samples, data.eval_samples
         if data.train_samples is not None:
-            log.event(C.TRAIN_SAMPLES, data.train_samples, time_ms=now)
+            log.event(constants.TRAIN_SAMPLES, data.train_samples, time_ms=now)
             self.train_samples_logged = True
-        log.event(C.EVAL_SAMPLES, data.eval_samples, time_ms=now)
+        log.event(constants.EVAL_SAMPLES, data.eval_samples, time_ms=now)
         if parts.epoch_hyperparameters is not None:
             for key, value in parts.epoch_hyperparameters(data.steps_per_epoch).items():
                 log.event(key, value, time_ms=now)
@@ -459,12 +459,12 @@ class _TimedLoop:
 
     def _open_block(self, first: float | int, count: int) -> None:
         self._block = first
-        self.log.start(C.BLOCK_START, metadata={"first_epoch_num": first, "epoch_count": count},
+        self.log.start(constants.BLOCK_START, metadata={"first_epoch_num": first, "epoch_count": count},
                        time_ms=self.clock.now_ms())
 
     def _close_block(self) -> None:
         if self._block is not None:
-            self.log.end(C.BLOCK_STOP, metadata={"first_epoch_num": self._block}, time_ms=self.clock.now_ms())
+            self.log.end(constants.BLOCK_STOP, metadata={"first_epoch_num": self._block}, time_ms=self.clock.now_ms())
             self._block = None
 
     def _log_event(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None) -> None:
@@ -480,7 +480,7 @@ class _TimedLoop:
         spe = data.steps_per_epoch
         t0 = clock.now_ms()
         if log_epochs:
-            log.start(C.EPOCH_START, metadata={"epoch_num": epoch}, time_ms=t0)
+            log.start(constants.EPOCH_START, metadata={"epoch_num": epoch}, time_ms=t0)
         progress.epoch_start(epoch)
         step.model.train()
         marks = cadence.marks(spe)
@@ -529,7 +529,7 @@ class _TimedLoop:
                 self.samples += samples * ctx.world_size
                 self.epochs_done = epoch - 1
                 if log_epochs:
-                    log.end(C.EPOCH_STOP, metadata={"epoch_num": epoch}, time_ms=clock.now_ms())
+                    log.end(constants.EPOCH_STOP, metadata={"epoch_num": epoch}, time_ms=clock.now_ms())
                 self.train_time_s += (clock.now_ms() - t0) / 1000.0 - eval_s
                 raise _TargetReached()
             if spent:
@@ -545,7 +545,7 @@ class _TimedLoop:
             raise RunAborted(f"non-finite training loss in epoch {epoch}" + (f" ({hint})" if hint else ""))
         t1 = clock.now_ms()
         if log_epochs:
-            log.end(C.EPOCH_STOP, metadata={"epoch_num": epoch}, time_ms=t1)
+            log.end(constants.EPOCH_STOP, metadata={"epoch_num": epoch}, time_ms=t1)
         seconds = (t1 - t0) / 1000.0 - eval_s
         self.epochs_done = epoch
         self.samples += samples
@@ -569,7 +569,7 @@ class _TimedLoop:
         True when the target is known met (always False when scored in the background)."""
         assert self._parts is not None and self._data is not None and self._forward is not None
         self._last_eval_at = self.nominal
-        self.log.start(C.EVAL_START, metadata={"epoch_num": point.epoch_num}, time_ms=self.clock.now_ms())
+        self.log.start(constants.EVAL_START, metadata={"epoch_num": point.epoch_num}, time_ms=self.clock.now_ms())
         with self.clock.untimed(self.workload.untimed_evaluation):
             return self._evaluate_now(point)
 
@@ -594,8 +594,8 @@ class _TimedLoop:
         recipe, metric = self.recipe, self.workload.metric
         value = metric.logged(value)
         now = clock.now_ms()
-        log.end(C.EVAL_STOP, metadata={"epoch_num": point.epoch_num}, time_ms=now)
-        log.event(C.EVAL_ACCURACY, value, metadata={"epoch_num": point.epoch_num}, time_ms=now)
+        log.end(constants.EVAL_STOP, metadata={"epoch_num": point.epoch_num}, time_ms=now)
+        log.event(constants.EVAL_ACCURACY, value, metadata={"epoch_num": point.epoch_num}, time_ms=now)
         elapsed = (now - self.run_start_ms) / 1000.0 if self.run_start_ms is not None else 0.0
         epoch = _tidy(point.epoch)
         self.evaluations.append(Evaluation(epoch=epoch, value=value, samples=point.samples, time_s=elapsed,

@@ -1,9 +1,9 @@
 """Score benchmark result folders the MLPerf way: per-run time-to-train and the olympic mean.
 
 Works on any folder of `result_*.txt` MLPerf logs (trainperf's own submission layout, or one
-published in the MLCommons `training_results_vX.Y` repositories): logs are read with the official
-`mlperf_logging` parser (noise lines and rank prefixes are skipped) and checked with the official
-compliance checker. A run counts as converged when its log passes the checker and its `run_stop`
+published in the MLCommons `training_results_vX.Y` repositories): logs are read by trainperf's own
+reader (results/logs.py: noise lines and rank prefixes are skipped) and checked with the official
+`mlperf_logging` compliance checker. A run counts as converged when its log passes the checker and its `run_stop`
 status is `success`. Score: drop the fastest and the slowest run (four each for unet3d) and average
 the rest; non-converged runs count as the slowest, and more of them than runs dropped makes the
 score invalid (MLPerf Training rules, "Benchmark Results").

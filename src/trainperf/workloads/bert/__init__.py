@@ -31,9 +31,9 @@ from trainperf.spec import (
     Workload,
     bare_model,
 )
-from trainperf.workloads.bert import batches as B
-from trainperf.workloads.bert import data as D
-from trainperf.workloads.bert import model as M
+from trainperf.workloads.bert import batches as bert_batches
+from trainperf.workloads.bert import data as bert_data
+from trainperf.workloads.bert import model as bert_model
 
 
 def eval_interval(global_batch_size: int) -> int:
@@ -58,7 +58,7 @@ class BertRecipe(Recipe):
     eps: float = 1e-6
     # The network, BERT-Large by default (`--set model.hidden=…` or `--set hidden=…`): a checkpoint
     # must have its sizes; vocab_size and max_positions are the checkpoint's where there is one.
-    model: M.BertConfig = M.BertConfig()
+    model: bert_model.BertConfig = bert_model.BertConfig()
     max_seq_length: int = 512  # synthetic batches' length (real ones: the shards')
     max_predictions: int = 76
     max_per_row: int = 3  # sequences per packed row (packing=true)
@@ -110,13 +110,15 @@ MINI = BertRecipe(name="mini", global_batch_size=64, max_epochs=0, target=0.305,
                   eval_every_samples=3200, log_epoch_num="samples", max_samples=40_000, max_grad_norm=1.0,
                   base_lr=2e-3, train_steps=625, warmup_steps=0, start_warmup_step=0, beta1=0.9, beta2=0.999,
                   weight_decay=0.01,
-                  model=M.BertConfig(hidden=128, layers=2, heads=4, intermediate=512, dropout=0.0, vocab_size=4096),
-                  max_seq_length=D.MINI.max_seq_length, max_predictions=D.MINI.max_predictions, eval_batch_size=250,
+                  model=bert_model.BertConfig(hidden=128, layers=2, heads=4, intermediate=512, dropout=0.0,
+                                              vocab_size=4096),
+                  max_seq_length=bert_data.MINI.max_seq_length, max_predictions=bert_data.MINI.max_predictions,
+                  eval_batch_size=250,
                   cache_shards=True, checkpoint="shipped")
 
 
 def checkpoint_manifest() -> dict[str, Any]:
-    path = D.PACKAGE / "phase1.json"
+    path = bert_data.PACKAGE / "phase1.json"
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -143,16 +145,16 @@ class BertWorkload(Workload[BertRecipe]):
         return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
 
     def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
-        return data_dir / D.EVAL, sum(shard.rows for shard in D.eval_shards(data_dir))
+        return data_dir / bert_data.EVAL, sum(shard.rows for shard in bert_data.eval_shards(data_dir))
 
     def data_problems(self, scale: str, data_dir: Path) -> list[str]:
-        return D.problems(scale, data_dir)
+        return bert_data.problems(scale, data_dir)
 
     def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
         if scale == "mini":
-            D.prepare_mini(data_dir, say)
+            bert_data.prepare_mini(data_dir, say)
         else:
-            D.prepare_full(data_dir, say)
+            bert_data.prepare_full(data_dir, say)
 
     def mlperf_hyperparameters(self, recipe: BertRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         return {
@@ -166,12 +168,12 @@ class BertWorkload(Workload[BertRecipe]):
     def assets(self, recipe: BertRecipe, data_dir: Path | None) -> dict[str, Path]:
         found = {}
         if recipe.checkpoint == "shipped":
-            found["phase-1 checkpoint"] = D.PACKAGE / "phase1.pt"
-            found["mini vocabulary"] = D.PACKAGE / "vocab.txt"
+            found["phase-1 checkpoint"] = bert_data.PACKAGE / "phase1.pt"
+            found["mini vocabulary"] = bert_data.PACKAGE / "vocab.txt"
         elif recipe.checkpoint not in ("", "none"):
             found["phase-1 checkpoint"] = Path(recipe.checkpoint).expanduser()
         elif recipe.checkpoint == "" and data_dir is not None:
-            found["phase-1 checkpoint"] = data_dir / D.FULL_CHECKPOINT
+            found["phase-1 checkpoint"] = data_dir / bert_data.FULL_CHECKPOINT
         if recipe.checkpoint != "shipped" and data_dir is not None and (data_dir / "vocab.txt").is_file():
             found["vocabulary"] = data_dir / "vocab.txt"
         return found
@@ -189,8 +191,8 @@ class BertWorkload(Workload[BertRecipe]):
             where = assets["phase-1 checkpoint"]
             if "mini vocabulary" in assets:
                 verify_mini_checkpoint(where, assets["mini vocabulary"])
-            state = M.normalize_state_dict(assets.state_dict("phase-1 checkpoint"))
-            found = M.config_from_state_dict(state, cfg.heads, cfg.dropout, str(where))
+            state = bert_model.normalize_state_dict(assets.state_dict("phase-1 checkpoint"))
+            found = bert_model.config_from_state_dict(state, cfg.heads, cfg.dropout, str(where))
             cfg = dataclasses.replace(cfg, vocab_size=found.vocab_size, max_positions=found.max_positions)
             for key in ("hidden", "layers", "intermediate"):
                 if getattr(found, key) != getattr(cfg, key):
@@ -198,26 +200,27 @@ class BertWorkload(Workload[BertRecipe]):
                                          f"{getattr(cfg, key)} (--set {key}=… or another checkpoint)")
         for name in ("vocabulary", "mini vocabulary"):
             if name in assets:
-                words = len(D.corpus.read_vocabulary(assets[name]))
+                words = len(bert_data.corpus.read_vocabulary(assets[name]))
                 if words != cfg.vocab_size:
                     raise TrainperfError(f"{assets[name]}: {words} words, the checkpoint's embeddings have "
                                          f"{cfg.vocab_size} rows (a vocabulary of another model)")
         torch.manual_seed(ctx.stream_seed("init"))
-        model = M.BertForPreTraining(cfg)
+        model = bert_model.BertForPreTraining(cfg)
         if state is not None:
-            M.load_checkpoint(model, state, str(assets["phase-1 checkpoint"]))
+            bert_model.load_checkpoint(model, state, str(assets["phase-1 checkpoint"]))
         model = model.to(ctx.device)
-        optimizer = LAMB(M.parameter_groups(model, recipe.weight_decay), lr=recipe.base_lr,
+        optimizer = LAMB(bert_model.parameter_groups(model, recipe.weight_decay), lr=recipe.base_lr,
                          betas=(recipe.beta1, recipe.beta2), eps=recipe.eps,
                          foreach=multi_tensor(recipe.fused_optimizer))
-        schedule = M.lr_factor(recipe.base_lr, recipe.warmup_steps, recipe.start_warmup_step, recipe.train_steps)
+        schedule = bert_model.lr_factor(recipe.base_lr, recipe.warmup_steps, recipe.start_warmup_step,
+                                        recipe.train_steps)
 
-        def loss_fn(model: nn.Module, batch: B.PretrainingBatch) -> torch.Tensor:
-            return M.pretraining_loss(model(batch.tensors), batch.tensors)
+        def loss_fn(model: nn.Module, batch: bert_batches.PretrainingBatch) -> torch.Tensor:
+            return bert_model.pretraining_loss(model(batch.tensors), batch.tensors)
 
-        def forward(model: nn.Module, batch: B.PretrainingBatch) -> torch.Tensor:
+        def forward(model: nn.Module, batch: bert_batches.PretrainingBatch) -> torch.Tensor:
             mlm, _nsp = model(batch.tensors)
-            return M.mlm_correct(mlm, batch.tensors["masked_lm_ids"])
+            return bert_model.mlm_correct(mlm, batch.tensors["masked_lm_ids"])
 
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=forward,
                           lr_schedule=lambda steps: schedule)
@@ -225,22 +228,25 @@ class BertWorkload(Workload[BertRecipe]):
     def _rows_per_process(self, recipe: BertRecipe, ctx: RuntimeContext) -> int:
         return recipe.global_batch_size // ctx.world_size
 
-    def _collate(self, recipe: BertRecipe, rows: dict[str, np.ndarray], device: torch.device) -> B.PretrainingBatch:
+    def _collate(self, recipe: BertRecipe, rows: dict[str, np.ndarray],
+                 device: torch.device) -> bert_batches.PretrainingBatch:
         if recipe.packing:
-            return B.packed(rows, device, recipe.max_per_row)
-        return B.plain(rows, device)
+            return bert_batches.packed(rows, device, recipe.max_per_row)
+        return bert_batches.plain(rows, device)
 
     def synthetic_batch(self, recipe: BertRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         vocab = bare_model(model).config.vocab_size
-        rows = B.random_rows(self._rows_per_process(recipe, ctx), recipe.max_seq_length, recipe.max_predictions,
+        rows = bert_batches.random_rows(self._rows_per_process(recipe, ctx), recipe.max_seq_length,
+                                        recipe.max_predictions,
                              vocab, np.random.default_rng(ctx.stream_seed("synthetic")))
         return self._collate(recipe, rows, ctx.device)
 
     def synthetic_eval_batch(self, recipe: BertRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         vocab = bare_model(model).config.vocab_size
-        rows = B.random_rows(min(recipe.eval_batch_size, 8), recipe.max_seq_length, recipe.max_predictions, vocab,
+        rows = bert_batches.random_rows(min(recipe.eval_batch_size, 8), recipe.max_seq_length,
+                                        recipe.max_predictions, vocab,
                              np.random.default_rng(ctx.stream_seed("synthetic eval")))
-        return B.plain(rows, ctx.device)
+        return bert_batches.plain(rows, ctx.device)
 
     def batch_samples(self, batch: Any) -> int:
         return batch.samples
@@ -249,17 +255,18 @@ class BertWorkload(Workload[BertRecipe]):
         return batch.split(parts)
 
     def load_data(self, recipe: BertRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        listed = D.training_shards(data_dir)
-        stream = D.ShardStream(listed, ctx.rank, ctx.world_size, self._rows_per_process(recipe, ctx),
+        listed = bert_data.training_shards(data_dir)
+        stream = bert_data.ShardStream(listed, ctx.rank, ctx.world_size, self._rows_per_process(recipe, ctx),
                                ctx.stream_seed("shards"))
         device = ctx.device
-        evaluation = D.read_eval(data_dir)
+        evaluation = bert_data.read_eval(data_dir)
         n_eval = len(evaluation["input_ids"])
         share = ctx.shard(n_eval)
-        eval_batches = [B.plain({k: v[s: min(s + recipe.eval_batch_size, share.stop)] for k, v in evaluation.items()},
+        eval_batches = [bert_batches.plain({k: v[s: min(s + recipe.eval_batch_size, share.stop)] for k,
+                                            v in evaluation.items()},
                         device) for s in range(share.start, share.stop, recipe.eval_batch_size)]
 
-        def train_batches(view: EpochView) -> Iterator[B.PretrainingBatch]:
+        def train_batches(view: EpochView) -> Iterator[bert_batches.PretrainingBatch]:
             for rows in stream.batches(view.epoch, cache=recipe.cache_shards):
                 yield self._collate(recipe, rows, device)
 
@@ -293,8 +300,8 @@ def verify_mini_checkpoint(checkpoint: Path, vocab: Path) -> None:
     """The shipped phase-1 checkpoint and vocabulary are the ones its manifest names (SHA-256)."""
     manifest = checkpoint_manifest()
     for path, key in ((checkpoint, "checkpoint_sha256"), (vocab, "vocab_sha256")):
-        if path.parent == D.PACKAGE and D.sha256(path) != manifest.get(key):
-            raise TrainperfError(f"{path}: SHA-256 differs from {D.PACKAGE / 'phase1.json'} (a damaged or "
+        if path.parent == bert_data.PACKAGE and bert_data.sha256(path) != manifest.get(key):
+            raise TrainperfError(f"{path}: SHA-256 differs from {bert_data.PACKAGE / 'phase1.json'} (a damaged or "
                                  "replaced file; `trainperf make-phase1` rebuilds both)")
 
 

@@ -23,7 +23,7 @@ import torch
 from trainperf.files import AtomicOutput, write_text_atomic
 from trainperf.spec import Assets, EpochView, RuntimeContext
 from trainperf.workloads.bert import corpus
-from trainperf.workloads.bert import data as D
+from trainperf.workloads.bert import data as bert_data
 
 VOCAB_SIZE = 4096
 PHASE1 = corpus.InstanceConfig(max_seq_length=64, max_predictions=10, dupe_factor=5)
@@ -38,15 +38,15 @@ def make_phase1(out: Path, steps: int, say: Callable[[str], None], seed: int = S
     owned = work is None
     work = Path(tempfile.mkdtemp(prefix="trainperf-phase1-")) if work is None else work
     try:
-        train, _held = D.split_documents()
+        train, _held = bert_data.split_documents()
         vocab = work / "vocab.txt"
         corpus.train_vocabulary(train, VOCAB_SIZE, vocab)
         words = len(corpus.read_vocabulary(vocab))
         say(f"vocabulary: {words} WordPiece tokens")
-        D.prepare_mini(work / "phase2", say, vocab=vocab)  # writes the text shards too
+        bert_data.prepare_mini(work / "phase2", say, vocab=vocab)  # writes the text shards too
         phase1 = work / "phase1"
-        shutil.copytree(work / "phase2" / D.TEXT, phase1 / D.TEXT)
-        D.text_to_shards(phase1, vocab, PHASE1, say, eval_sequences=D.MINI_EVAL_SEQUENCES)
+        shutil.copytree(work / "phase2" / bert_data.TEXT, phase1 / bert_data.TEXT)
+        bert_data.text_to_shards(phase1, vocab, PHASE1, say, eval_sequences=bert_data.MINI_EVAL_SEQUENCES)
 
         workload = BertWorkload()
         recipe = dataclasses.replace(MINI, checkpoint="none", model=dataclasses.replace(MINI.model, vocab_size=words),
@@ -89,7 +89,8 @@ def make_phase1(out: Path, steps: int, say: Callable[[str], None], seed: int = S
             torch.save({k: v.detach().clone() for k, v in parts.model.state_dict().items()}, tmp)
         with AtomicOutput(out / "vocab.txt") as tmp:
             shutil.copyfile(vocab, tmp)
-        manifest = {"checkpoint_sha256": D.sha256(out / "phase1.pt"), "vocab_sha256": D.sha256(out / "vocab.txt"),
+        manifest = {"checkpoint_sha256": bert_data.sha256(out / "phase1.pt"),
+                    "vocab_sha256": bert_data.sha256(out / "vocab.txt"),
                     "vocab_size": words, "steps": steps, "seed": seed, "global_batch_size": recipe.global_batch_size,
                     "base_lr": recipe.base_lr, "phase1_data": dataclasses.asdict(PHASE1),
                     "mlm_accuracy_phase2_eval": round(accuracy, 5),
@@ -106,7 +107,7 @@ def evaluate(workload: Any, recipe: Any, parts: Any, data_dir: Path, ctx: Runtim
     """MLM accuracy of a model on a prepared dataset's evaluation set (phase-2 shape)."""
     from trainperf.workloads.bert import _accuracy
 
-    phase2 = dataclasses.replace(recipe, max_seq_length=D.MINI.max_seq_length)
+    phase2 = dataclasses.replace(recipe, max_seq_length=bert_data.MINI.max_seq_length)
     data = workload.load_data(phase2, data_dir, ctx)
     parts.model.eval()
 

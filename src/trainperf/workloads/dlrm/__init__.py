@@ -32,8 +32,8 @@ from trainperf.spec import (
     Workload,
     bare_model,
 )
-from trainperf.workloads.dlrm import data as D
-from trainperf.workloads.dlrm import mini as G
+from trainperf.workloads.dlrm import data as dlrm_data
+from trainperf.workloads.dlrm import mini as dlrm_mini
 
 FULL_DAYS = 24
 # The mini dataset (generated once by `prepare`, so not a recipe field: a recipe cannot change it).
@@ -84,8 +84,8 @@ class DLRMRecipe(Recipe):
             raise TrainperfError(f"recipe: top_mlp must end with 1 (the click logit), got {self.top_mlp}")
         if min(self.warmup_steps, self.decay_start_step, self.decay_steps) < 0:
             raise TrainperfError("recipe: warmup_steps, decay_start_step and decay_steps must be >= 0")
-        if len(self.table_sizes) != D.N_SPARSE or min(self.table_sizes) < 1:
-            raise TrainperfError(f"recipe field table_sizes: {D.N_SPARSE} table sizes >= 1 expected, got "
+        if len(self.table_sizes) != dlrm_data.N_SPARSE or min(self.table_sizes) < 1:
+            raise TrainperfError(f"recipe field table_sizes: {dlrm_data.N_SPARSE} table sizes >= 1 expected, got "
                                  f"{len(self.table_sizes)}")
         if self.max_ind_range < 0:
             raise TrainperfError(f"recipe field max_ind_range must be >= 0 (0: no cap), got {self.max_ind_range}")
@@ -118,7 +118,7 @@ MINI = DLRMRecipe(name="mini", global_batch_size=512, max_epochs=2, target=0.79,
                   evals_per_epoch=20, log_epoch_num="1+epochs", base_lr=1.0, warmup_steps=50, decay_start_step=600,
                   decay_steps=600,
                   embedding_dim=16, bottom_mlp=(64, 16), top_mlp=(64, 32, 1), eval_batch_size=8192,
-                  table_sizes=G.MINI_CARDINALITIES)
+                  table_sizes=dlrm_mini.MINI_CARDINALITIES)
 
 
 def lr_factor(recipe: DLRMRecipe) -> Callable[[int], float]:
@@ -178,7 +178,7 @@ class DLRM(nn.Module):
             self.embeddings = nn.ModuleList(nn.EmbeddingBag(n, dim, mode="sum", sparse=sparse) for n in table_sizes)
             for table, n in zip(self.embeddings, table_sizes, strict=True):
                 nn.init.uniform_(table.weight, -(1.0 / n) ** 0.5, (1.0 / n) ** 0.5)
-        self.bottom = _mlp([D.N_DENSE, *bottom], last_relu=True)
+        self.bottom = _mlp([dlrm_data.N_DENSE, *bottom], last_relu=True)
         vectors = len(table_sizes) + 1
         self.top = _mlp([dim + vectors * (vectors - 1) // 2, *top], last_relu=False)
         rows, cols = torch.tril_indices(vectors, vectors, offset=-1)
@@ -227,8 +227,9 @@ def to_batch(rows: np.ndarray, device: torch.device,
     sparse ids go where the embedding tables are (`sparse_device`, default `device`)."""
     host = torch.from_numpy(np.array(rows, dtype=np.int32))  # a private copy: the memory map is read-only
     t = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
-    sparse = t[:, 1 + D.N_DENSE:] if sparse_device in (None, device) else host[:, 1 + D.N_DENSE:].to(sparse_device)
-    return torch.log1p(t[:, 1:1 + D.N_DENSE].float()), sparse.long(), t[:, 0].float()
+    first = 1 + dlrm_data.N_DENSE
+    sparse = t[:, first:] if sparse_device in (None, device) else host[:, first:].to(sparse_device)
+    return torch.log1p(t[:, 1:1 + dlrm_data.N_DENSE].float()), sparse.long(), t[:, 0].float()
 
 
 def _prefetched(batches: Iterator[Any], depth: int = 4) -> Iterator[Any]:
@@ -273,21 +274,22 @@ class DLRMWorkload(Workload[DLRMRecipe]):
         return MINI_DAYS if scale == "mini" else FULL_DAYS
 
     def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
-        manifest = D.preprocessed(data_dir) or {}
-        return data_dir / D.MANIFEST, int(manifest.get("test_samples", 0))
+        manifest = dlrm_data.preprocessed(data_dir) or {}
+        return data_dir / dlrm_data.MANIFEST, int(manifest.get("test_samples", 0))
 
     def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
-        return D.day_sources(data_dir, self._days(scale))
+        return dlrm_data.day_sources(data_dir, self._days(scale))
 
     def data_problems(self, scale: str, data_dir: Path) -> list[str]:
         again = "trainperf prepare dlrm" + (f" --scale full --data {data_dir}" if scale == "full" else "")
-        manifest = D.preprocessed(data_dir)
+        manifest = dlrm_data.preprocessed(data_dir)
         if manifest:
-            why = D.staleness(manifest, data_dir, self._days(scale))
+            why = dlrm_data.staleness(manifest, data_dir, self._days(scale))
             return [f"{why}; run {again}"] if why else []
         if scale == "mini":
             return [f"{data_dir}: mini dataset not generated yet (trainperf prepare dlrm)"]
-        missing = [D.day_file(data_dir, d) for d in range(FULL_DAYS) if not D.day_file(data_dir, d).is_file()]
+        missing = [dlrm_data.day_file(data_dir, d) for d in range(FULL_DAYS) if not dlrm_data.day_file(data_dir,
+                                                                                                       d).is_file()]
         if missing:
             return [f"{missing[0]}: missing (Criteo Terabyte needs day_0 … day_{FULL_DAYS - 1} in {data_dir}, "
                     "plain or gzip-compressed as day_N.gz)"]
@@ -295,18 +297,18 @@ class DLRMWorkload(Workload[DLRMRecipe]):
 
     def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
         days = self._days(scale)
-        manifest = D.preprocessed(data_dir)
+        manifest = dlrm_data.preprocessed(data_dir)
         if manifest:
-            why = D.staleness(manifest, data_dir, days)
+            why = dlrm_data.staleness(manifest, data_dir, days)
             if why is None:
                 say(f"{data_dir}: already preprocessed")
                 return
             say(f"{why}: preprocessing again")
-        if scale == "mini" and not all(D.day_file(data_dir, d).is_file() for d in range(days)):
-            stats = G.generate_days(data_dir, days, MINI_ROWS_PER_DAY)
+        if scale == "mini" and not all(dlrm_data.day_file(data_dir, d).is_file() for d in range(days)):
+            stats = dlrm_mini.generate_days(data_dir, days, MINI_ROWS_PER_DAY)
             say(f"wrote {days} day files of {MINI_ROWS_PER_DAY:,} rows to {data_dir} (Criteo raw TSV format); "
                 f"teacher AUC on the eval half {stats['teacher_auc']:.4f}")
-        D.preprocess(data_dir, days, say)
+        dlrm_data.preprocess(data_dir, days, say)
 
     def mlperf_hyperparameters(self, recipe: DLRMRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         return {
@@ -319,7 +321,7 @@ class DLRMWorkload(Workload[DLRMRecipe]):
     def assets(self, recipe: DLRMRecipe, data_dir: Path | None) -> dict[str, Path]:
         # The tables are sized by the preprocessed dataset; without one (synthetic benchmarks), by the
         # recipe's table_sizes.
-        return {"dataset manifest": data_dir / D.MANIFEST} if data_dir is not None else {}
+        return {"dataset manifest": data_dir / dlrm_data.MANIFEST} if data_dir is not None else {}
 
     def notes(self, recipe: DLRMRecipe, scale: str) -> list[str]:
         if recipe.max_ind_range:
@@ -329,7 +331,7 @@ class DLRMWorkload(Workload[DLRMRecipe]):
 
     def build(self, recipe: DLRMRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         if "dataset manifest" in assets:
-            table_sizes = D.manifest_table_sizes(assets.json("dataset manifest"), assets["dataset manifest"])
+            table_sizes = dlrm_data.manifest_table_sizes(assets.json("dataset manifest"), assets["dataset manifest"])
         else:
             table_sizes = list(recipe.table_sizes)
         # Sparse embedding gradients (only the rows a batch touched) on one process. Data parallelism
@@ -385,21 +387,21 @@ class DLRMWorkload(Workload[DLRMRecipe]):
         bare = bare_model(model)
         n = recipe.global_batch_size // ctx.world_size
         gen = torch.Generator(device=ctx.device).manual_seed(0)
-        dense = torch.rand((n, D.N_DENSE), device=ctx.device, generator=gen) * 5
+        dense = torch.rand((n, dlrm_data.N_DENSE), device=ctx.device, generator=gen) * 5
         tables = ctx.device if bare.engine == "torchrec" else bare.embeddings[0].weight.device
         sparse = torch.stack([torch.randint(0, rows, (n,), device=ctx.device, generator=gen)
                               for rows in bare.table_sizes], dim=1).to(tables)
         return dense, sparse, torch.randint(0, 2, (n,), device=ctx.device, generator=gen).float()
 
     def load_data(self, recipe: DLRMRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        if D.preprocessed(data_dir) is None:
+        if dlrm_data.preprocessed(data_dir) is None:
             raise TrainperfError(f"{data_dir}: no preprocessed Criteo data (trainperf prepare dlrm)")
-        train, test = D.open_split(data_dir, "train"), D.open_split(data_dir, "test")
+        train, test = dlrm_data.open_split(data_dir, "train"), dlrm_data.open_split(data_dir, "test")
         batch, device = recipe.global_batch_size, ctx.device
         steps = train.shape[0] // batch  # whole global batches only: static shapes
         if steps == 0:
-            raise TrainperfError(f"{D.output_file(data_dir, 'train')}: {train.shape[0]} samples, fewer than one "
-                                 f"global batch of {batch}")
+            raise TrainperfError(f"{dlrm_data.output_file(data_dir, 'train')}: {train.shape[0]} samples, fewer "
+                                 f"than one global batch of {batch}")
         mine = ctx.shard(batch)
         tables = torch.device("cpu") if recipe.embedding_device == "cpu" else device
         seed = ctx.stream_seed("batch order")

@@ -29,11 +29,11 @@ from trainperf.spec import (
     Workload,
     bare_model,
 )
-from trainperf.workloads.gnmt import data as D
-from trainperf.workloads.gnmt import model as M
-from trainperf.workloads.wmt import batching, bleu
-from trainperf.workloads.wmt import parts as P
-from trainperf.workloads.wmt.text import PAD
+from trainperf.workloads.common.wmt import batching, bleu
+from trainperf.workloads.common.wmt import parts as wmt_parts
+from trainperf.workloads.common.wmt.text import PAD
+from trainperf.workloads.gnmt import data as gnmt_data
+from trainperf.workloads.gnmt import model as gnmt_model
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class GNMTRecipe(Recipe):
     STEP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
     WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
     # global_batch_size is in sentences (the reference: 128 per process).
-    bpe_merges: int = D.FULL_MERGES  # names the data files read (train.tok.clean.bpe.<merges>.en, ...)
+    bpe_merges: int = gnmt_data.FULL_MERGES  # names the data files read (train.tok.clean.bpe.<merges>.en, ...)
     hidden: int = 1024
     dropout: float = 0.2
     label_smoothing: float = 0.1
@@ -83,7 +83,7 @@ FULL = GNMTRecipe(name="reference", global_batch_size=8 * 128, max_epochs=8, tar
 # 10 length buckets instead of 5 halve the padding of the short mini sentences (20.8 % -> 10.9 %).
 # Dropout 0.1 and Adam 5e-3 with a 4-epoch budget (the decay starts at 66.6 % of it) reached BLEU 0.47
 # at epoch 3 in probes; dropout 0.2 / 3e-3 over 8 epochs 0.35, no dropout 0.33, 8e-3 0.24.
-MINI = GNMTRecipe(name="mini", bpe_merges=D.MINI_MERGES, global_batch_size=128, max_epochs=4, target=0.35,
+MINI = GNMTRecipe(name="mini", bpe_merges=gnmt_data.MINI_MERGES, global_batch_size=128, max_epochs=4, target=0.35,
                   eval_every=1, eval_first=1, max_grad_norm=5.0, hidden=128, dropout=0.1, attention_scale=1.0,
                   forget_bias=1.0, base_lr=5e-3, warmup_steps=100, eval_batch_size=250, max_decode_length=80,
                   buckets=10)
@@ -130,25 +130,25 @@ class GNMTWorkload(Workload[GNMTRecipe]):
         return {"mini": MINI} if scale == "mini" else {"reference": FULL}
 
     def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
-        from trainperf.workloads.wmt.text import read_lines
+        from trainperf.workloads.common.wmt.text import read_lines
 
         return data_dir / "newstest2014.de", len(read_lines(data_dir / "newstest2014.de"))
 
     def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
-        return D.sources(scale, data_dir)
+        return gnmt_data.sources(scale, data_dir)
 
     def data_problems(self, scale: str, data_dir: Path) -> list[str]:
-        return D.problems(scale, data_dir)
+        return gnmt_data.problems(scale, data_dir)
 
     def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
-        D.prepare(scale, data_dir, say)
+        gnmt_data.prepare(scale, data_dir, say)
 
     def mlperf_hyperparameters(self, recipe: GNMTRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         return {
             "opt_base_learning_rate": recipe.base_lr, "opt_learning_rate_warmup_steps": recipe.warmup_steps,
             "opt_learning_rate_alt_warmup_func": False, "opt_learning_rate_alt_decay_func": False,
             "opt_learning_rate_decay_factor": recipe.decay_factor, "opt_learning_rate_decay_steps": recipe.decay_steps,
-            "max_sequence_length": D.MAX_LENGTH,
+            "max_sequence_length": gnmt_data.MAX_LENGTH,
         }
 
     def assets(self, recipe: GNMTRecipe, data_dir: Path | None) -> dict[str, Path]:
@@ -156,12 +156,12 @@ class GNMTWorkload(Workload[GNMTRecipe]):
         # (the reference's 32,000-merge vocabulary with its specials, padded to a multiple of 8).
         if data_dir is None:
             return {}
-        return {"vocabulary": D.sources("", data_dir, recipe.bpe_merges)["vocab"]}
+        return {"vocabulary": gnmt_data.sources("", data_dir, recipe.bpe_merges)["vocab"]}
 
     def build(self, recipe: GNMTRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
-        vocab = len(D.read_vocabulary(assets["vocabulary"])) if "vocabulary" in assets else 32_320
+        vocab = len(gnmt_data.read_vocabulary(assets["vocabulary"])) if "vocabulary" in assets else 32_320
         vocab = -(-vocab // 8) * 8  # padded to a multiple of 8, as the reference does for tensor cores
-        model = M.GNMT(vocab, recipe.hidden, recipe.dropout, recipe.init_scale, recipe.attention_scale or None,
+        model = gnmt_model.GNMT(vocab, recipe.hidden, recipe.dropout, recipe.init_scale, recipe.attention_scale or None,
                        recipe.forget_bias).to(ctx.device)
         impl = kernels(recipe.fused_optimizer)
         optimizer = torch.optim.Adam(model.parameters(), lr=recipe.base_lr, **impl)
@@ -174,7 +174,7 @@ class GNMTWorkload(Workload[GNMTRecipe]):
             return total / src.shape[0]  # the reference normalises by sentences
 
         def forward(model: nn.Module, src: torch.Tensor) -> list[list[int]]:
-            return M.translate(bare_model(model), src, recipe.beam, recipe.alpha, recipe.lp_constant,
+            return gnmt_model.translate(bare_model(model), src, recipe.beam, recipe.alpha, recipe.lp_constant,
                                recipe.coverage, recipe.max_decode_length)
 
         def epoch_hyperparameters(steps_per_epoch: int | None) -> dict[str, Any]:
@@ -191,15 +191,15 @@ class GNMTWorkload(Workload[GNMTRecipe]):
 
     def synthetic_batch(self, recipe: GNMTRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         # 30 tokens: a typical WMT16 sentence in BPE tokens.
-        return P.synthetic_training_batch(recipe.global_batch_size // ctx.world_size, 30,
+        return wmt_parts.synthetic_training_batch(recipe.global_batch_size // ctx.world_size, 30,
                                           bare_model(model).embed.num_embeddings, ctx.device, source_lengths=True)
 
     def synthetic_eval_batch(self, recipe: GNMTRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        return P.random_tokens(min(recipe.eval_batch_size, 8), 8, bare_model(model).embed.num_embeddings,
+        return wmt_parts.random_tokens(min(recipe.eval_batch_size, 8), 8, bare_model(model).embed.num_embeddings,
                                ctx.device, 2)
 
     def load_data(self, recipe: GNMTRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        data = D.load(recipe.bpe_merges, data_dir)
+        data = gnmt_data.load(recipe.bpe_merges, data_dir)
         src_len, tgt_len = data.train_src.lengths + 1, data.train_tgt.lengths + 1
         device, world, rank = ctx.device, ctx.world_size, ctx.rank
         seed = ctx.stream_seed("batches")
@@ -213,15 +213,16 @@ class GNMTWorkload(Workload[GNMTRecipe]):
 
         def train_batches(view: EpochView) -> Iterator[tuple[Any, ...]]:
             for rows in epoch_batches(view.epoch):
-                yield P.training_batch(data.train_src, data.train_tgt, batching.shard(rows, rank, world), device,
+                yield wmt_parts.training_batch(data.train_src, data.train_tgt, batching.shard(rows, rank, world),
+                                               device,
                                        source_lengths=True)
 
-        order = P.test_share(data.test_src.lengths, rank, world)
+        order = wmt_parts.test_share(data.test_src.lengths, rank, world)
         metric = bleu.metric(data.test_references, "gnmt")
-        detokenize = D.Detokenizer(data.vocab)
+        detokenize = gnmt_data.Detokenizer(data.vocab)
 
         def evaluate(forward: Callable[[Any], list[list[int]]]) -> EvalPartial:
-            found = P.translate_share(data.test_src, order, recipe.eval_batch_size, forward,
+            found = wmt_parts.translate_share(data.test_src, order, recipe.eval_batch_size, forward,
                                       lambda ids: [detokenize(x) for x in ids], device)
             return EvalPartial(metric=metric, objects={"translations": found})
 

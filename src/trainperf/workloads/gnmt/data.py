@@ -24,8 +24,8 @@ from pathlib import Path
 from trainperf import prepared
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput, write_text_atomic
-from trainperf.workloads.wmt import synthetic
-from trainperf.workloads.wmt import text as T
+from trainperf.workloads.common.wmt import synthetic
+from trainperf.workloads.common.wmt import text as wmt_text
 
 FULL_MERGES, MINI_MERGES = 32_000, 2_000
 MAX_LENGTH = 50  # training pairs longer than this (BOS and EOS included) are dropped, as the reference does
@@ -61,7 +61,7 @@ def problems(scale: str, root: Path) -> list[str]:
     found = source_problems(scale, root)
     if found:
         return found
-    record = T.read_json(root / PREPARED / "stamp.json")
+    record = wmt_text.read_json(root / PREPARED / "stamp.json")
     if record is None:
         return [f"{root / PREPARED}: not prepared yet ({again})"]
     why = prepared.stale(record.get("stamp"), sources(scale, root), FORMAT, {"max_length": MAX_LENGTH},
@@ -71,7 +71,7 @@ def problems(scale: str, root: Path) -> list[str]:
 
 def read_vocabulary(path: Path) -> list[str]:
     """The reference's vocabulary: the specials, then one token per line of the file."""
-    tokens = [line.strip() for line in T.read_lines(path)]
+    tokens = [line.strip() for line in wmt_text.read_lines(path)]
     tokens = [t for t in tokens if t]
     if not tokens:
         raise TrainperfError(f"{path}: empty vocabulary file (expected one BPE token per line)")
@@ -79,7 +79,7 @@ def read_vocabulary(path: Path) -> list[str]:
 
 
 def encode_tokenized(lines: list[str], index: dict[str, int]) -> list[list[int]]:
-    return [[index.get(tok, T.UNK) for tok in line.split()] for line in lines]
+    return [[index.get(tok, wmt_text.UNK) for tok in line.split()] for line in lines]
 
 
 # -- the mini: raw synthetic text through the reference's preparation -------------------------------
@@ -120,7 +120,7 @@ def generate_mini(root: Path, say: Callable[[str], None], seed: int = 20261124) 
         f"reference prepares WMT16 (Moses tokenization, {MINI_MERGES:,} joint BPE merges, {len(counts):,} tokens)")
 
 
-Prepared = T.PreparedCorpus[list[str]]
+Prepared = wmt_text.PreparedCorpus[list[str]]
 
 
 def prepare(scale: str, root: Path, say: Callable[[str], None]) -> None:
@@ -132,7 +132,7 @@ def prepare(scale: str, root: Path, say: Callable[[str], None]) -> None:
     if found:
         raise TrainperfError(found[0])
     params = {"max_length": MAX_LENGTH}
-    record = T.read_json(root / PREPARED / "stamp.json")
+    record = wmt_text.read_json(root / PREPARED / "stamp.json")
     if record is not None:
         why = prepared.stale(record.get("stamp"), files, FORMAT, params, root / PREPARED)
         if why is None:
@@ -141,20 +141,20 @@ def prepare(scale: str, root: Path, say: Callable[[str], None]) -> None:
         say(f"{why}: preparing again")
     vocab = read_vocabulary(files["vocab"])
     index = {tok: i for i, tok in enumerate(vocab)}
-    src_lines, tgt_lines = T.read_parallel(files["train.en"], files["train.de"])
+    src_lines, tgt_lines = wmt_text.read_parallel(files["train.en"], files["train.de"])
     say(f"read {len(src_lines):,} training pairs; encoding")
     src, tgt = encode_tokenized(src_lines, index), encode_tokenized(tgt_lines, index)
     keep = [i for i in range(len(src)) if src[i] and tgt[i] and len(src[i]) + 2 <= MAX_LENGTH
             and len(tgt[i]) + 2 <= MAX_LENGTH]
-    test_src = encode_tokenized(T.read_lines(files["test.en"]), index)
-    references = T.read_lines(files["test.de"])
+    test_src = encode_tokenized(wmt_text.read_lines(files["test.en"]), index)
+    references = wmt_text.read_lines(files["test.de"])
     if len(test_src) != len(references):
         raise TrainperfError(f"{files['test.en']} has {len(test_src):,} lines but {files['test.de']} has "
                              f"{len(references):,}")
     with AtomicOutput(root / PREPARED, directory=True) as tmp:
-        T.Encoded.from_lists([src[i] for i in keep]).save(tmp, "train.src")
-        T.Encoded.from_lists([tgt[i] for i in keep]).save(tmp, "train.tgt")
-        T.Encoded.from_lists(test_src).save(tmp, "test.src")
+        wmt_text.Encoded.from_lists([src[i] for i in keep]).save(tmp, "train.src")
+        wmt_text.Encoded.from_lists([tgt[i] for i in keep]).save(tmp, "train.tgt")
+        wmt_text.Encoded.from_lists(test_src).save(tmp, "test.src")
         (tmp / "stamp.json").write_text(json.dumps({"stamp": prepared.stamp(files, FORMAT, params),
                                                     "train_pairs": len(keep), "dropped": len(src) - len(keep)}))
     say(f"prepared {len(keep):,} training pairs ({len(src) - len(keep):,} dropped: an empty side or longer than "
@@ -162,7 +162,7 @@ def prepare(scale: str, root: Path, say: Callable[[str], None]) -> None:
 
 
 def train_pairs(root: Path) -> int:
-    record = T.read_json(root / PREPARED / "stamp.json")
+    record = wmt_text.read_json(root / PREPARED / "stamp.json")
     if not record or "train_pairs" not in record:
         raise TrainperfError(f"{root / PREPARED}: not prepared (trainperf prepare gnmt)")
     return int(record["train_pairs"])
@@ -171,10 +171,10 @@ def train_pairs(root: Path) -> int:
 def load(merges: int, root: Path) -> Prepared:
     files = sources("", root, merges)
     folder = root / PREPARED
-    record = T.read_json(folder / "stamp.json") or {}
-    return Prepared(read_vocabulary(files["vocab"]), T.Encoded.load(folder, "train.src"),
-                    T.Encoded.load(folder, "train.tgt"), T.Encoded.load(folder, "test.src"),
-                    T.read_lines(files["test.de"]), int(record.get("dropped", 0)))
+    record = wmt_text.read_json(folder / "stamp.json") or {}
+    return Prepared(read_vocabulary(files["vocab"]), wmt_text.Encoded.load(folder, "train.src"),
+                    wmt_text.Encoded.load(folder, "train.tgt"), wmt_text.Encoded.load(folder, "test.src"),
+                    wmt_text.read_lines(files["test.de"]), int(record.get("dropped", 0)))
 
 
 class Detokenizer:
@@ -187,6 +187,6 @@ class Detokenizer:
         self.moses = MosesDetokenizer(lang="de")
 
     def __call__(self, ids: list[int]) -> str:
-        text = " ".join(self.vocab[i] for i in ids if i > T.EOS or i == T.UNK)
+        text = " ".join(self.vocab[i] for i in ids if i > wmt_text.EOS or i == wmt_text.UNK)
         text = (text + " ").replace("@@ ", "").strip()
         return self.moses.detokenize(text.split())

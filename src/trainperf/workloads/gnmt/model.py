@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from trainperf.workloads.wmt.text import BOS, EOS, PAD
+from trainperf.workloads.common.wmt.text import BOS, EOS, PAD
 
 
 class NormalizedBahdanau(nn.Module):
@@ -166,11 +166,11 @@ def translate(model: GNMT, src: torch.Tensor, beam: int, alpha: float, lp_consta
               max_length: int, cached: bool = True) -> list[list[int]]:
     """Token ids of each source's translation: beam search with GNMT's length normalisation and
     coverage penalty (greedy when beam is 1), at most max_length tokens, EOS included."""
-    from trainperf.workloads.wmt import beam as B
+    from trainperf.workloads.common.wmt import beam as beam_search
 
     limit = torch.full((src.shape[0],), max_length, device=src.device)
     stepper = GNMTStepper(model, src, beam, cached)
     if beam == 1:
-        return B.greedy_search(stepper, src.shape[0], limit, BOS, EOS)
-    return B.beam_search(stepper, src.shape[0], beam, limit, BOS, EOS, alpha=alpha, lp_constant=lp_constant,
+        return beam_search.greedy_search(stepper, src.shape[0], limit, BOS, EOS)
+    return beam_search.beam_search(stepper, src.shape[0], beam, limit, BOS, EOS, alpha=alpha, lp_constant=lp_constant,
                          coverage=coverage, source_mask=src != PAD)

@@ -16,14 +16,14 @@ from torch import nn
 from trainperf.errors import TrainperfError
 from trainperf.optim import kernels
 from trainperf.spec import Assets, EvalPartial, Metric, ModelParts, RuntimeContext
-from trainperf.workloads.coco import data as C
-from trainperf.workloads.coco import loading as L
-from trainperf.workloads.coco import scoring
-from trainperf.workloads.coco.detector import Detector, DetectorRecipe
-from trainperf.workloads.maskrcnn import model as M
+from trainperf.workloads.common.coco import data as coco
+from trainperf.workloads.common.coco import loading as coco_loading
+from trainperf.workloads.common.coco import scoring
+from trainperf.workloads.common.coco.detector import Detector, DetectorRecipe
+from trainperf.workloads.maskrcnn import model as maskrcnn_model
 
 COCO_CLASSES, COCO_COUNTS = 81, (117_266, 5_000)  # background included; train images with a valid annotation
-DATA = L.DetectionData("maskrcnn", C.COCO2017, "COCO 2017", *COCO_COUNTS, COCO_CLASSES - 1, masks=True,
+DATA = coco_loading.DetectionData("maskrcnn", coco.COCO2017, "COCO 2017", *COCO_COUNTS, COCO_CLASSES - 1, masks=True,
                        mini_overlap=False)
 
 
@@ -98,8 +98,9 @@ FULL_RECIPES: dict[str, MaskRCNNRecipe] = {r.name: r for r in (
 )}
 
 MINI = MaskRCNNRecipe(name="mini", global_batch_size=16, max_epochs=12, target=(0.70, 0.58), eval_every=1,
-                      eval_first=2, model="mini", num_classes=len(C.MINI_CATEGORIES) + 1, min_image_size=C.MINI_SIZE,
-                      max_image_size=C.MINI_SIZE, input_format="rgb", base_lr=0.04, weight_decay=1e-4,
+                      eval_first=2, model="mini", num_classes=len(coco.MINI_CATEGORIES) + 1,
+                      min_image_size=coco.MINI_SIZE,
+                      max_image_size=coco.MINI_SIZE, input_format="rgb", base_lr=0.04, weight_decay=1e-4,
                       warmup_steps=100, warmup_factor=1e-3, decay_steps=(1000, 1250), candidates=300, rois=32,
                       num_workers=0, eval_batch_size=100, channels_last=False)
 
@@ -169,7 +170,7 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
         }
 
     def initialized_tensors(self, recipe: MaskRCNNRecipe, model: nn.Module) -> list[str]:
-        return M.reference_tensor_names(model)
+        return maskrcnn_model.reference_tensor_names(model)
 
     def divergence_hint(self, recipe: MaskRCNNRecipe, scale: str) -> str | None:
         if recipe.model == "maskrcnn" and not recipe.backbone_weights:
@@ -185,7 +186,7 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
 
     def build(self, recipe: MaskRCNNRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         if recipe.model == "mini":
-            model: nn.Module = M.mini_maskrcnn(recipe.num_classes, recipe.min_image_size, recipe.width,
+            model: nn.Module = maskrcnn_model.mini_maskrcnn(recipe.num_classes, recipe.min_image_size, recipe.width,
                                                recipe.fpn_channels, recipe.representation, recipe.candidates,
                                                recipe.rois, recipe.max_detections, recipe.mask_channels,
                                                recipe.mask_pool)
@@ -196,11 +197,12 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
 
                 weights = assets.state_dict("backbone weights", like=resnet50().state_dict(),
                                             what="torchvision's resnet50")
-            model = M.maskrcnn_resnet50_fpn(recipe.num_classes, recipe.min_image_size, recipe.max_image_size,
+            model = maskrcnn_model.maskrcnn_resnet50_fpn(recipe.num_classes, recipe.min_image_size,
+                                                         recipe.max_image_size,
                                             recipe.candidates, recipe.input_format == "bgr255", weights)
             model.roi_heads.fg_bg_sampler.batch_size_per_image = recipe.rois
             model.roi_heads.detections_per_img = recipe.max_detections
-        model = M.unpasted(model).to(ctx.device)
+        model = maskrcnn_model.unpasted(model).to(ctx.device)
         impl = kernels(recipe.fused_optimizer)
         optimizer = torch.optim.SGD(param_groups(model, recipe), lr=recipe.base_lr, momentum=recipe.momentum, **impl)
 
@@ -213,7 +215,7 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
 
     def synthetic_batch(self, recipe: MaskRCNNRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         size = recipe.min_image_size
-        images, targets, positions = L.synthetic_batch(recipe.global_batch_size // ctx.world_size, size,
+        images, targets, positions = coco_loading.synthetic_batch(recipe.global_batch_size // ctx.world_size, size,
                                                        (1, recipe.num_classes), ctx.device)
         for t in targets:
             x0, y0, x1, y1 = t["boxes"][0].round().int().tolist()
@@ -232,8 +234,8 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
 
         return [one(x) for x in images] if isinstance(images, list) else one(images)
 
-    def loaders(self, recipe: MaskRCNNRecipe, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext
-                ) -> L.Loaders:
+    def loaders(self, recipe: MaskRCNNRecipe, train: coco.CocoIndex, val: coco.CocoIndex, ctx: RuntimeContext
+                ) -> coco_loading.Loaders:
         """mini: resident in memory with masks rasterised once; full: DataLoader workers rasterise each
         image's masks and flip them with it (the reference's only augmentation); the model resizes."""
         device = ctx.device
@@ -244,15 +246,17 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
             return self._input(recipe, images.to(device, non_blocking=True))
 
         if recipe.model == "mini":
-            return L.resident(train, val, ctx, recipe.global_batch_size, recipe.hflip, recipe.eval_batch_size,
+            return coco_loading.resident(train, val, ctx, recipe.global_batch_size, recipe.hflip,
+                                         recipe.eval_batch_size,
                               to_input, label_base=1)
-        from trainperf.workloads.maskrcnn import transforms as T
+        from trainperf.workloads.maskrcnn import transforms as maskrcnn_transforms
 
-        return L.streamed(train, val, ctx, recipe.global_batch_size, recipe.num_workers,
-                          T.train_transform(recipe.hflip), T.eval_transform(), recipe.eval_batch_size, to_input,
+        return coco_loading.streamed(train, val, ctx, recipe.global_batch_size, recipe.num_workers,
+                          maskrcnn_transforms.train_transform(recipe.hflip), maskrcnn_transforms.eval_transform(),
+                          recipe.eval_batch_size, to_input,
                           label_base=1)
 
-    def evaluation(self, recipe: MaskRCNNRecipe, val: C.CocoIndex, ctx: RuntimeContext,
+    def evaluation(self, recipe: MaskRCNNRecipe, val: coco.CocoIndex, ctx: RuntimeContext,
                    batches: Callable[[], Iterator[tuple[Any, list[int]]]],
                    metric: Callable[[dict[str, Any]], Any]) -> Callable[..., EvalPartial]:
         """Detections as COCO rows, and each one's mask as the head's MxM probabilities (float16): the

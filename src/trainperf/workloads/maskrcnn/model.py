@@ -38,7 +38,7 @@ RGB_MEAN, RGB_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 class TrainedMaskRCNN(MaskRCNN):
     """torchvision's Mask R-CNN, whose training pass leaves out the per-image `if degenerate_boxes.any()`
     (a host-device synchronisation for every image of every step): trainperf's COCO reader drops
-    degenerate boxes before they get here (workloads/coco/data.py). Evaluation is torchvision's."""
+    degenerate boxes before they get here (workloads/common/coco/data.py). Evaluation is torchvision's."""
 
     def forward(self, images: Any, targets: list[dict[str, torch.Tensor]] | None = None) -> Any:
         if not self.training:

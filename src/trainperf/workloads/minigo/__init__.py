@@ -37,9 +37,8 @@ from trainperf.spec import (
     RuntimeContext,
     Workload,
 )
-from trainperf.workloads.minigo import go, mcts
-from trainperf.workloads.minigo import model as M
-from trainperf.workloads.minigo import selfplay as S
+from trainperf.workloads.minigo import go, mcts, selfplay
+from trainperf.workloads.minigo import model as minigo_model
 
 PACKAGE = Path(__file__).parent / "mini"
 MINI_TARGET = PACKAGE / "target.pt"
@@ -130,13 +129,13 @@ def lr_factor(recipe: MiniGoRecipe) -> Callable[[int], float]:
     return factor
 
 
-def play_config(recipe: MiniGoRecipe, evaluation: bool = False) -> S.PlayConfig:
+def play_config(recipe: MiniGoRecipe, evaluation: bool = False) -> selfplay.PlayConfig:
     search = mcts.SearchConfig(virtual_losses=recipe.virtual_losses, value_init_penalty=recipe.value_init_penalty,
                                dirichlet_alpha=recipe.dirichlet_alpha, noise_mix=recipe.noise_mix,
                                reasonable_moves=recipe.reasonable_moves)
     if evaluation:  # the reference's eval flags: no fast-play, no resignation
-        return S.PlayConfig(search, recipe.eval_readouts, softpick_moves=recipe.eval_softpick_moves)
-    return S.PlayConfig(search, recipe.readouts, recipe.fastplay_frequency, recipe.fastplay_readouts,
+        return selfplay.PlayConfig(search, recipe.eval_readouts, softpick_moves=recipe.eval_softpick_moves)
+    return selfplay.PlayConfig(search, recipe.readouts, recipe.fastplay_frequency, recipe.fastplay_readouts,
                         recipe.softpick_moves, recipe.resign_threshold, recipe.disable_resign_pct)
 
 
@@ -203,8 +202,8 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
             "opt_weight_decay": recipe.l2,
         }
 
-    def network(self, recipe: MiniGoRecipe) -> M.DualNet:
-        return M.DualNet(recipe.board_size, recipe.width, recipe.blocks, recipe.fc_width)
+    def network(self, recipe: MiniGoRecipe) -> minigo_model.DualNet:
+        return minigo_model.DualNet(recipe.board_size, recipe.width, recipe.blocks, recipe.fc_width)
 
     def build(self, recipe: MiniGoRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         model = self.network(recipe)
@@ -212,17 +211,18 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
             model.load_state_dict(assets.state_dict("bootstrap", like=model.state_dict(), what="this recipe's network"))
         model = model.to(ctx.device)
         impl = kernels(recipe.fused_optimizer)
-        optimizer = torch.optim.SGD(M.param_groups(model, recipe.l2), lr=recipe.lr_rates[0], momentum=recipe.momentum,
+        optimizer = torch.optim.SGD(minigo_model.param_groups(model, recipe.l2), lr=recipe.lr_rates[0],
+                                    momentum=recipe.momentum,
                                     **impl)
 
         def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
             planes, policy, outcome = batch
-            return M.loss(model, planes, policy, outcome, recipe.value_weight)
+            return minigo_model.loss(model, planes, policy, outcome, recipe.value_weight)
 
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=_forward,
                           lr_schedule=lambda steps_per_epoch: lr_factor(recipe))
 
-    def target_network(self, recipe: MiniGoRecipe, assets: Assets) -> M.DualNet:
+    def target_network(self, recipe: MiniGoRecipe, assets: Assets) -> minigo_model.DualNet:
         """The fixed opponent, loaded with weights_only=True and shape-checked; the shipped mini target
         must also match its manifest's SHA-256."""
         path = assets["target model"]
@@ -264,7 +264,7 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
                                  "network: the reference's target converted, or one made with make-minigo-target)")
         assets.check()
         target = self.target_network(recipe, assets).to(ctx.device) if "target model" in assets else None
-        window: deque[S.Examples] = deque(maxlen=recipe.window)
+        window: deque[selfplay.Examples] = deque(maxlen=recipe.window)
         per_rank_batch = recipe.global_batch_size // ctx.world_size
         games = recipe.games_per_generation // ctx.world_size
         device = ctx.device
@@ -272,14 +272,14 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
 
         def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
             rng = np.random.default_rng(ctx.stream_seed(f"self-play {view.epoch}", per_rank=True))
-            evaluator = M.NetworkEvaluator(view.model, device)
-            examples, stats = S.selfplay(game, evaluator, games, play_config(recipe), rng)
+            evaluator = minigo_model.NetworkEvaluator(view.model, device)
+            examples, stats = selfplay.selfplay(game, evaluator, games, play_config(recipe), rng)
             totals["games"] += stats.games
             totals["moves"] += stats.moves
             totals["network evaluations"] += evaluator.positions
             view.log("actual_selfplay_games_per_generation", games * ctx.world_size)
             window.append(examples)
-            pool = S.Examples.concat(list(window))
+            pool = selfplay.Examples.concat(list(window))
             chosen = rng.permutation(len(pool))[:max(1, round(recipe.train_filter * len(pool)))]
             # Every rank must take the same number of steps (gradients are all-reduced): rank 0's count.
             steps = ctx.broadcast_object(len(chosen) // per_rank_batch)
@@ -301,7 +301,8 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
 
             rng = np.random.default_rng(ctx.stream_seed("evaluation", per_rank=True))
             config = play_config(recipe, evaluation=True)
-            result = S.match(game, S.SearchPlayer(candidate, config), S.SearchPlayer(M.NetworkEvaluator(target, device),
+            result = selfplay.match(game, selfplay.SearchPlayer(candidate, config),
+                                    selfplay.SearchPlayer(minigo_model.NetworkEvaluator(target, device),
                              config), recipe.eval_games // ctx.world_size, rng)
             counts = torch.tensor([result.wins, result.games, result.wins_as_black, result.black_wins],
                                   dtype=torch.float64)
@@ -313,9 +314,10 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
     def make_target(self, out: Path, say: Callable[[str], None], generations: int | None = None,
                     seed: int | None = None) -> dict[str, Any]:
         """`trainperf make-minigo-target`: the mini's shipped target model (see target.py)."""
-        from trainperf.workloads.minigo import target as T
+        from trainperf.workloads.minigo import target as minigo_target
 
-        return T.make_target(self, out, generations or T.GENERATIONS, say, T.SEED if seed is None else seed)
+        return minigo_target.make_target(self, out, generations or minigo_target.GENERATIONS, say,
+                                         minigo_target.SEED if seed is None else seed)
 
 
 def win_rate(totals: dict[str, Any]) -> float:

@@ -22,9 +22,8 @@ import torch
 
 from trainperf.files import write_bytes_atomic, write_json_atomic
 from trainperf.spec import Assets, EpochView, RuntimeContext
-from trainperf.workloads.minigo import go
-from trainperf.workloads.minigo import model as M
-from trainperf.workloads.minigo import selfplay as S
+from trainperf.workloads.minigo import go, selfplay
+from trainperf.workloads.minigo import model as minigo_model
 
 SEED = 20261124
 GENERATIONS = 8
@@ -71,18 +70,18 @@ def make_target(workload: Any, out: Path, generations: int, say: Callable[[str],
     return manifest
 
 
-def measure_strength(recipe: Any, target: torch.nn.Module, config: S.PlayConfig, seed: int,
+def measure_strength(recipe: Any, target: torch.nn.Module, config: selfplay.PlayConfig, seed: int,
                      games: int = STRENGTH_GAMES) -> dict[str, float]:
     """The target's win rate against a random and a greedy-capture player, and a fresh network's
     against the target (colours alternating, the evaluation's search settings)."""
     game = go.load_game(recipe.board_size, recipe.komi)
     rng = np.random.default_rng(seed)
-    player = S.SearchPlayer(M.NetworkEvaluator(target, torch.device("cpu")), config)
+    player = selfplay.SearchPlayer(minigo_model.NetworkEvaluator(target, torch.device("cpu")), config)
     torch.manual_seed(seed + 1)
-    fresh = M.DualNet(recipe.board_size, recipe.width, recipe.blocks, recipe.fc_width).eval()
-    newcomer = S.SearchPlayer(M.NetworkEvaluator(fresh, torch.device("cpu")), config)
+    fresh = minigo_model.DualNet(recipe.board_size, recipe.width, recipe.blocks, recipe.fc_width).eval()
+    newcomer = selfplay.SearchPlayer(minigo_model.NetworkEvaluator(fresh, torch.device("cpu")), config)
     return {
-        "target_vs_random": S.match(game, player, S.RandomPlayer(), games, rng).win_rate,
-        "target_vs_greedy_capture": S.match(game, player, S.CapturePlayer(), games, rng).win_rate,
-        "fresh_network_vs_target": S.match(game, newcomer, player, games, rng).win_rate,
+        "target_vs_random": selfplay.match(game, player, selfplay.RandomPlayer(), games, rng).win_rate,
+        "target_vs_greedy_capture": selfplay.match(game, player, selfplay.CapturePlayer(), games, rng).win_rate,
+        "fresh_network_vs_target": selfplay.match(game, newcomer, player, games, rng).win_rate,
     }

@@ -27,7 +27,7 @@ from trainperf.spec import (
     Workload,
     bare_model,
 )
-from trainperf.workloads.ncf import data as D
+from trainperf.workloads.ncf import data as ncf_data
 
 TOP_K = 10
 # The mini dataset (generated once by `prepare`, so not a recipe field: a recipe cannot change it).
@@ -139,8 +139,8 @@ class NCFWorkload(Workload[NCFRecipe]):
 
     def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
         root = self._converted_dir(data_dir)  # one test item per user: empty only with no user at all
-        manifest = D.converted(root)
-        return (root / D.MANIFEST, int(manifest["users"])) if manifest else None
+        manifest = ncf_data.converted(root)
+        return (root / ncf_data.MANIFEST, int(manifest["users"])) if manifest else None
 
     def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
         return {"ratings.csv": self._converted_dir(data_dir) / "ratings.csv"}
@@ -148,9 +148,9 @@ class NCFWorkload(Workload[NCFRecipe]):
     def data_problems(self, scale: str, data_dir: Path) -> list[str]:
         root = self._converted_dir(data_dir)
         again = "trainperf prepare ncf" + (f" --scale full --data {data_dir}" if scale == "full" else "")
-        manifest = D.converted(root)
+        manifest = ncf_data.converted(root)
         if manifest:
-            why = D.staleness(manifest, root / "ratings.csv")
+            why = ncf_data.staleness(manifest, root / "ratings.csv")
             return [f"{why}; run {again}"] if why else []
         if scale == "mini":
             return [f"{data_dir}: mini dataset not generated yet (trainperf prepare ncf)"]
@@ -161,35 +161,35 @@ class NCFWorkload(Workload[NCFRecipe]):
 
     def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
         root = self._converted_dir(data_dir)
-        manifest = D.converted(root)
+        manifest = ncf_data.converted(root)
         if manifest:
-            why = D.staleness(manifest, root / "ratings.csv")
+            why = ncf_data.staleness(manifest, root / "ratings.csv")
             if why is None:
                 say(f"{root}: already converted")
                 return
             say(f"{why}: converting again")
         root.mkdir(parents=True, exist_ok=True)
         if scale == "mini" and not (root / "ratings.csv").is_file():
-            rows = D.generate_ratings(root / "ratings.csv", MINI_USERS, MINI_ITEMS)
+            rows = ncf_data.generate_ratings(root / "ratings.csv", MINI_USERS, MINI_ITEMS)
             say(f"wrote {rows:,} synthetic ratings to {root / 'ratings.csv'} (ml-20m format)")
-        D.convert(root / "ratings.csv", root, say)
+        ncf_data.convert(root / "ratings.csv", root, say)
 
     def mlperf_hyperparameters(self, recipe: NCFRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         return {
             "opt_name": "adam", "opt_base_learning_rate": recipe.base_lr, "opt_adam_beta_1": recipe.beta1,
             "opt_adam_beta_2": recipe.beta2, "opt_adam_epsilon": recipe.eps,
             "model_hp_mf_dim": recipe.factors, "model_hp_mlp_layer_sizes": list(recipe.mlp_layers),
-            "input_hp_num_neg": recipe.train_negatives, "eval_hp_num_neg": D.NUM_EVAL_NEGATIVES,
+            "input_hp_num_neg": recipe.train_negatives, "eval_hp_num_neg": ncf_data.NUM_EVAL_NEGATIVES,
         }
 
     def assets(self, recipe: NCFRecipe, data_dir: Path | None) -> dict[str, Path]:
         # The embeddings are sized by the converted dataset's user and item counts; without one
         # (synthetic benchmarks), by the recipe's.
-        return {"dataset manifest": self._converted_dir(data_dir) / D.MANIFEST} if data_dir is not None else {}
+        return {"dataset manifest": self._converted_dir(data_dir) / ncf_data.MANIFEST} if data_dir is not None else {}
 
     def build(self, recipe: NCFRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         if "dataset manifest" in assets:
-            users, items = D.manifest_sizes(assets.json("dataset manifest"), assets["dataset manifest"])
+            users, items = ncf_data.manifest_sizes(assets.json("dataset manifest"), assets["dataset manifest"])
         else:
             users, items = recipe.users, recipe.items
         model = NeuMF(users, items, recipe.factors, recipe.mlp_layers).to(ctx.device)
@@ -216,14 +216,14 @@ class NCFWorkload(Workload[NCFRecipe]):
     def synthetic_eval_batch(self, recipe: NCFRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         bare = bare_model(model)
         gen = torch.Generator(device=ctx.device).manual_seed(1)
-        shape = (recipe.eval_batch_users, 1 + D.NUM_EVAL_NEGATIVES)
+        shape = (recipe.eval_batch_users, 1 + ncf_data.NUM_EVAL_NEGATIVES)
         users = torch.randint(0, bare.gmf_user.num_embeddings, shape, device=ctx.device, generator=gen)
         return users, torch.randint(0, bare.gmf_item.num_embeddings, shape, device=ctx.device, generator=gen)
 
     def load_data(self, recipe: NCFRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
         root = self._converted_dir(data_dir)
-        manifest = D.converted(root)
-        train, test_users, test_pos, test_neg = D.load(root)
+        manifest = ncf_data.converted(root)
+        train, test_users, test_pos, test_neg = ncf_data.load(root)
         device = ctx.device
         pos_users = torch.tensor(train[:, 0]).to(device)
         pos_items = torch.tensor(train[:, 1]).to(device)

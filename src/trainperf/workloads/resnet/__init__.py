@@ -28,7 +28,7 @@ from trainperf.spec import (
     Workload,
     per_epoch_schedule,
 )
-from trainperf.workloads.resnet import data as D
+from trainperf.workloads.resnet import data as resnet_data
 from trainperf.workloads.resnet.model import MiniResNet, build_resnet50
 
 IMAGENET_TRAIN, IMAGENET_VAL, IMAGENET_CLASSES = 1_281_167, 50_000, 1000
@@ -69,7 +69,7 @@ class ResNetRecipe(Recipe):
     blocks: tuple[int, ...] = (1, 1, 1)
 
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("resnet50", "mini"), "optimizer": ("sgd", "lars"),
-                                                     "decode": D.DECODERS}
+                                                     "decode": resnet_data.DECODERS}
 
     def validate(self) -> None:
         super().validate()
@@ -160,10 +160,10 @@ class ResNetWorkload(Workload[ResNetRecipe]):
 
     def data_problems(self, scale: str, data_dir: Path) -> list[str]:
         if scale == "mini":
-            if D.mini_ready(data_dir, MINI_RECIPE.image_size):
+            if resnet_data.mini_ready(data_dir, MINI_RECIPE.image_size):
                 return []
             return [f"{data_dir}: mini dataset not generated yet (trainperf prepare resnet)"]
-        problems = D.layout_problems(data_dir)
+        problems = resnet_data.layout_problems(data_dir)
         if not problems:
             try:
                 self._indexes(data_dir)  # a list of bad images that no longer describes the folder
@@ -175,21 +175,21 @@ class ResNetWorkload(Workload[ResNetRecipe]):
         return data_dir / "val", len(self._indexes(data_dir)[1].paths)  # without the images --verify found bad
 
     @staticmethod
-    def _indexes(data_dir: Path) -> tuple[D.ImageIndex, D.ImageIndex, int]:
+    def _indexes(data_dir: Path) -> tuple[resnet_data.ImageIndex, resnet_data.ImageIndex, int]:
         """Train and val, without the images `prepare --verify` found bad; and how many it skipped."""
-        train = D.scan_split(data_dir, "train")
-        val = D.scan_split(data_dir, "val", train.classes)
-        bad = D.bad_images(data_dir, [train, val])
-        return D.without(train, bad), D.without(val, bad), len(bad)
+        train = resnet_data.scan_split(data_dir, "train")
+        val = resnet_data.scan_split(data_dir, "val", train.classes)
+        bad = resnet_data.bad_images(data_dir, [train, val])
+        return resnet_data.without(train, bad), resnet_data.without(val, bad), len(bad)
 
     def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
         if scale == "mini":
-            if D.mini_ready(data_dir, MINI_RECIPE.image_size):
+            if resnet_data.mini_ready(data_dir, MINI_RECIPE.image_size):
                 say(f"mini dataset already present in {data_dir}")
                 return
-            D.generate_mini(data_dir, image_size=MINI_RECIPE.image_size, say=say)
+            resnet_data.generate_mini(data_dir, image_size=MINI_RECIPE.image_size, say=say)
             return
-        problems = D.layout_problems(data_dir)
+        problems = resnet_data.layout_problems(data_dir)
         if problems:
             more = f" (+{len(problems) - 1} more problems)" if len(problems) > 1 else ""
             raise TrainperfError(problems[0] + more)
@@ -197,17 +197,17 @@ class ResNetWorkload(Workload[ResNetRecipe]):
         say(f"{data_dir}: {len(train.paths)} train images in {len(train.classes)} classes, "
             f"{len(val.paths)} val images")
         if skipped:
-            say(f"{skipped} images that do not decode are skipped ({data_dir / D.BAD_IMAGES})")
+            say(f"{skipped} images that do not decode are skipped ({data_dir / resnet_data.BAD_IMAGES})")
         if (len(train.paths), len(val.paths), len(train.classes)) != (IMAGENET_TRAIN, IMAGENET_VAL,
                                                                       IMAGENET_CLASSES):
             say(f"note: ILSVRC-2012 has {IMAGENET_TRAIN} train / {IMAGENET_VAL} val images in "
                 f"{IMAGENET_CLASSES} classes; results on this copy are not comparable to MLPerf's")
 
     def verify(self, scale: str, data_dir: Path, workers: int, progress: Callable[[int, int, int], None]) -> list[str]:
-        problems = D.layout_problems(data_dir)
+        problems = resnet_data.layout_problems(data_dir)
         if problems:
             raise TrainperfError(problems[0])
-        record = D.verify_images(data_dir, workers, progress)
+        record = resnet_data.verify_images(data_dir, workers, progress)
         # A name that is not UTF-8 is shown as a Python literal (printing it as it is fails on a UTF-8 terminal).
         return [f"{shown(str(data_dir / item['path']), limit=4096)}: {item['reason']}" for item in record["bad"]]
 
@@ -282,7 +282,7 @@ class ResNetWorkload(Workload[ResNetRecipe]):
         images = torch.randint(0, 256, (n, 3, recipe.image_size, recipe.image_size), device=ctx.device,
                                generator=gen, dtype=torch.uint8)
         labels = torch.randint(0, recipe.num_classes, (n,), device=ctx.device, generator=gen)
-        return D.normalize(images), labels
+        return resnet_data.normalize(images), labels
 
     def load_data(self, recipe: ResNetRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
         train_index, val_index, _skipped = self._indexes(data_dir)
@@ -295,11 +295,12 @@ class ResNetWorkload(Workload[ResNetRecipe]):
             return self._device_decoded_data(recipe, train_index, val_index, ctx)
         return self._streamed_data(recipe, train_index, val_index, ctx)
 
-    def _resident_data(self, recipe: ResNetRecipe, train_index: D.ImageIndex, val_index: D.ImageIndex,
+    def _resident_data(self, recipe: ResNetRecipe, train_index: resnet_data.ImageIndex,
+                       val_index: resnet_data.ImageIndex,
                        ctx: RuntimeContext) -> DataParts:
         device = ctx.device
-        train_x, train_y = D.load_resident(train_index, device)
-        val_x, val_y = D.load_resident(val_index, device)
+        train_x, train_y = resnet_data.load_resident(train_index, device)
+        val_x, val_y = resnet_data.load_resident(val_index, device)
         # Every process draws the same global order (same seed); each takes its share of every
         # global batch, so the global batches do not depend on the number of processes.
         order_gen = ctx.generator("order")
@@ -309,7 +310,7 @@ class ResNetWorkload(Workload[ResNetRecipe]):
         usable = n if n % batch >= ctx.world_size or n % batch == 0 else n - n % batch
         steps = -(-usable // batch)
         eval_shard = ctx.shard(val_x.shape[0])
-        mean = D.channel_means(device)
+        mean = resnet_data.channel_means(device)
         val_x, val_y = val_x[eval_shard.start:eval_shard.stop], val_y[eval_shard.start:eval_shard.stop]
 
         def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -318,14 +319,15 @@ class ResNetWorkload(Workload[ResNetRecipe]):
                 global_idx = order[start:start + batch]
                 mine = ctx.shard(global_idx.shape[0])
                 idx = global_idx[mine.start:mine.stop]
-                images = D.random_resized_crop(train_x[idx].float(), recipe.min_crop_area, recipe.hflip, aug_gen)
-                yield D.normalize(images, mean), train_y[idx]
+                images = resnet_data.random_resized_crop(train_x[idx].float(), recipe.min_crop_area, recipe.hflip,
+                                                         aug_gen)
+                yield resnet_data.normalize(images, mean), train_y[idx]
 
         def evaluate(forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
             correct = torch.zeros((), dtype=torch.long, device=device)
             for start in range(0, val_x.shape[0], recipe.eval_batch_size):
                 labels = val_y[start:start + recipe.eval_batch_size]
-                images = D.normalize(val_x[start:start + recipe.eval_batch_size], mean)
+                images = resnet_data.normalize(val_x[start:start + recipe.eval_batch_size], mean)
                 correct += (forward((images, labels)) == labels).sum()
             count = torch.tensor(val_x.shape[0], device=device)
             return EvalPartial(metric=_top1, sums={"correct": correct, "count": count})
@@ -333,14 +335,16 @@ class ResNetWorkload(Workload[ResNetRecipe]):
         return DataParts(train_batches=train_batches, steps_per_epoch=steps, train_samples=usable,
                          eval_samples=len(val_index.paths), evaluate=evaluate)
 
-    def _streamed_data(self, recipe: ResNetRecipe, train_index: D.ImageIndex, val_index: D.ImageIndex,
+    def _streamed_data(self, recipe: ResNetRecipe, train_index: resnet_data.ImageIndex,
+                       val_index: resnet_data.ImageIndex,
                        ctx: RuntimeContext) -> DataParts:
         device = ctx.device
         pin = device.type == "cuda"
         workers = recipe.num_workers
         extra = {"persistent_workers": True, "prefetch_factor": 4} if workers > 0 else {}
         per_process = recipe.global_batch_size // ctx.world_size
-        train_set = D.FolderDataset(train_index, D.train_transform(recipe.image_size, recipe.min_crop_area))
+        train_set = resnet_data.FolderDataset(train_index, resnet_data.train_transform(recipe.image_size,
+                                                                                       recipe.min_crop_area))
         # The same seed gives the same global order on any number of processes; the sampler deals
         # each global batch out across processes.
         sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
@@ -350,32 +354,34 @@ class ResNetWorkload(Workload[ResNetRecipe]):
             drop_last=len(sampler) >= per_process, **extra,
         )
         shard = ctx.shard(len(val_index.paths))
-        val_set = Subset(D.FolderDataset(val_index, D.eval_transform(recipe.image_size, recipe.eval_resize)),
+        val_set = Subset(resnet_data.FolderDataset(val_index, resnet_data.eval_transform(recipe.image_size,
+                                                                                         recipe.eval_resize)),
                          list(shard))
         val_loader = DataLoader(val_set, batch_size=recipe.eval_batch_size, shuffle=False, num_workers=workers,
                                 pin_memory=pin, **extra)
         train_feed = DevicePrefetcher(train_loader, device)
         val_feed = DevicePrefetcher(val_loader, device)
-        mean = D.channel_means(device)
+        mean = resnet_data.channel_means(device)
 
         def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
             sampler.set_epoch(view.epoch)
             for images, labels in train_feed:
-                yield D.normalize(images.to(device), mean), labels.to(device)
+                yield resnet_data.normalize(images.to(device), mean), labels.to(device)
 
         def evaluate(forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
             correct = torch.zeros((), dtype=torch.long, device=device)
             count = torch.zeros((), dtype=torch.long, device=device)
             for images, labels in val_feed:
                 labels = labels.to(device)
-                correct += (forward((D.normalize(images.to(device), mean), labels)) == labels).sum()
+                correct += (forward((resnet_data.normalize(images.to(device), mean), labels)) == labels).sum()
                 count += labels.shape[0]
             return EvalPartial(metric=_top1, sums={"correct": correct, "count": count})
 
         return DataParts(train_batches=train_batches, steps_per_epoch=len(train_loader),
                          train_samples=len(train_set), eval_samples=len(val_index.paths), evaluate=evaluate)
 
-    def _device_decoded_data(self, recipe: ResNetRecipe, train_index: D.ImageIndex, val_index: D.ImageIndex,
+    def _device_decoded_data(self, recipe: ResNetRecipe, train_index: resnet_data.ImageIndex,
+                             val_index: resnet_data.ImageIndex,
                              ctx: RuntimeContext) -> DataParts:
         """decode=device: workers read the files' bytes; the device decodes each batch and augments it
         (the crop boxes drawn on the host from the images' sizes: no value comes back from the device)."""
@@ -383,35 +389,37 @@ class ResNetWorkload(Workload[ResNetRecipe]):
         workers = recipe.num_workers
         extra = {"persistent_workers": True, "prefetch_factor": 4} if workers > 0 else {}
         per_process = recipe.global_batch_size // ctx.world_size
-        train_set = D.RawFolder(train_index)
+        train_set = resnet_data.RawFolder(train_index)
         sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
                                      seed=ctx.stream_seed("order") % 2**31, drop_last=True)
         pin = device.type == "cuda"
         train_loader = DataLoader(train_set, batch_size=per_process, sampler=sampler, num_workers=workers,
-                                  pin_memory=pin, drop_last=len(sampler) >= per_process, collate_fn=D.collate_raw,
+                                  pin_memory=pin, drop_last=len(sampler) >= per_process,
+                                  collate_fn=resnet_data.collate_raw,
                                   **extra)
-        val_set = Subset(D.RawFolder(val_index), list(ctx.shard(len(val_index.paths))))
+        val_set = Subset(resnet_data.RawFolder(val_index), list(ctx.shard(len(val_index.paths))))
         val_loader = DataLoader(val_set, batch_size=recipe.eval_batch_size, shuffle=False, num_workers=workers,
-                                pin_memory=pin, collate_fn=D.collate_raw, **extra)
-        mean = D.channel_means(device)
+                                pin_memory=pin, collate_fn=resnet_data.collate_raw, **extra)
+        mean = resnet_data.channel_means(device)
         seed = ctx.stream_seed("augment", per_rank=True)
 
         def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
             sampler.set_epoch(view.epoch)
             rng = np.random.default_rng([seed, view.epoch])
             for datas, labels, rows in one_line_errors(train_loader):
-                images = D.decode_batch(datas, [train_index.paths[i] for i in rows], device)
-                boxes = D.crop_boxes([tuple(im.shape[-2:]) for im in images], recipe.min_crop_area, rng)
+                images = resnet_data.decode_batch(datas, [train_index.paths[i] for i in rows], device)
+                boxes = resnet_data.crop_boxes([tuple(im.shape[-2:]) for im in images], recipe.min_crop_area, rng)
                 flips = (rng.random(len(images)) < 0.5).tolist() if recipe.hflip else [False] * len(images)
-                batch = D.crop_resize(images, boxes, recipe.image_size, flips)
-                yield D.normalize(batch, mean), labels.to(device, non_blocking=True)
+                batch = resnet_data.crop_resize(images, boxes, recipe.image_size, flips)
+                yield resnet_data.normalize(batch, mean), labels.to(device, non_blocking=True)
 
         def evaluate(forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
             correct = torch.zeros((), dtype=torch.long, device=device)
             count = torch.zeros((), dtype=torch.long, device=device)
             for datas, labels, rows in one_line_errors(val_loader):
-                images = D.decode_batch(datas, [val_index.paths[i] for i in rows], device)
-                batch = D.normalize(D.resize_center_crop(images, recipe.eval_resize, recipe.image_size), mean)
+                images = resnet_data.decode_batch(datas, [val_index.paths[i] for i in rows], device)
+                batch = resnet_data.normalize(resnet_data.resize_center_crop(images, recipe.eval_resize,
+                                                                             recipe.image_size), mean)
                 labels = labels.to(device, non_blocking=True)
                 correct += (forward((batch, labels)) == labels).sum()
                 count += labels.shape[0]

@@ -8,6 +8,7 @@ ops (the MLPerf winners keep datasets resident on the device).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -256,15 +257,22 @@ def collate_raw(samples: list[tuple[torch.Tensor, int, int]]) -> tuple[list[torc
     return [s[0] for s in samples], torch.tensor([s[1] for s in samples]), [s[2] for s in samples]
 
 
+@functools.cache
 def _jpeg_decoder() -> Callable[..., list[torch.Tensor]]:
     """TorchCodec's batched JPEG decoder where it is installed (nvjpeg on a GPU), else torchvision's
     (deprecated there from 0.29 in favour of TorchCodec's)."""
+    import warnings
+
     try:
         from torchcodec.decoders import decode_jpeg
 
         return lambda datas, device: decode_jpeg(datas, mode="RGB", device=device)
-    except ImportError:
-        import warnings
+    # TorchCodec raises RuntimeError (not ImportError) at import where FFmpeg's libraries are missing.
+    except (ImportError, RuntimeError, OSError) as exc:
+        if not isinstance(exc, ModuleNotFoundError):
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            warnings.warn(f"decode=device: TorchCodec cannot load ({reason}); torchvision's JPEG decoder is used "
+                          "instead (install FFmpeg's libraries for TorchCodec's)", stacklevel=2)
 
         from torchvision.io import ImageReadMode, decode_jpeg
 

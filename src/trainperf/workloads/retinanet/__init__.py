@@ -22,17 +22,17 @@ from trainperf.spec import (
     RuntimeContext,
     per_epoch_schedule,
 )
-from trainperf.workloads.coco import data as C
-from trainperf.workloads.coco import loading as L
-from trainperf.workloads.coco import scoring
-from trainperf.workloads.coco.detector import Detector, DetectorRecipe
-from trainperf.workloads.retinanet import model as M
+from trainperf.workloads.common.coco import data as coco
+from trainperf.workloads.common.coco import loading as coco_loading
+from trainperf.workloads.common.coco import scoring
+from trainperf.workloads.common.coco.detector import Detector, DetectorRecipe
+from trainperf.workloads.retinanet import model as retinanet_model
 
-LAYOUT = C.OPENIMAGES_MLPERF
+LAYOUT = coco.OPENIMAGES_MLPERF
 # OpenImages-MLPerf: 264 classes; train images with at least one box, and the validation subset.
 OPENIMAGES_CLASSES, OPENIMAGES_COUNTS = 264, (1_170_301, 24_781)
-DATA = L.DetectionData("retinanet", LAYOUT, "OpenImages-MLPerf", *OPENIMAGES_COUNTS, OPENIMAGES_CLASSES)
-MINI_SIZE = C.MINI_SIZE
+DATA = coco_loading.DetectionData("retinanet", LAYOUT, "OpenImages-MLPerf", *OPENIMAGES_COUNTS, OPENIMAGES_CLASSES)
+MINI_SIZE = coco.MINI_SIZE
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def _full(batch: int, max_epochs: int = 26) -> RetinaNetRecipe:
 # 1e-4, one warmup epoch from 1e-3): 4, 5 and ~15 epochs to converge at BS 256, 512 and 4096.
 FULL_RECIPES = {r.name: r for r in (_full(256), _full(512), _full(4096, 30))}
 MINI = RetinaNetRecipe(name="mini", global_batch_size=16, max_epochs=10, target=0.25, eval_every=1, eval_first=4,
-                       model="mini", num_classes=len(C.MINI_CATEGORIES), image_size=MINI_SIZE, base_lr=2e-3,
+                       model="mini", num_classes=len(coco.MINI_CATEGORIES), image_size=MINI_SIZE, base_lr=2e-3,
                        warmup_epochs=1.0, warmup_factor=1e-3, lr_schedule="cosine", num_workers=0,
                        eval_batch_size=250, max_detections=100, channels_last=True)
 
@@ -130,7 +130,7 @@ class RetinaNetWorkload(Detector[RetinaNetRecipe]):
         }
 
     def initialized_tensors(self, recipe: RetinaNetRecipe, model: nn.Module) -> list[str]:
-        return M.reference_tensor_names(model)
+        return retinanet_model.reference_tensor_names(model)
 
     def divergence_hint(self, recipe: RetinaNetRecipe, scale: str) -> str | None:
         if recipe.model == "retinanet" and not recipe.backbone_weights:
@@ -147,7 +147,7 @@ class RetinaNetWorkload(Detector[RetinaNetRecipe]):
 
     def build(self, recipe: RetinaNetRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         if recipe.model == "mini":
-            model: nn.Module = M.mini_retinanet(recipe.num_classes, recipe.image_size, recipe.width,
+            model: nn.Module = retinanet_model.mini_retinanet(recipe.num_classes, recipe.image_size, recipe.width,
                                                 recipe.fpn_channels, recipe.max_detections)
         else:
             weights = None
@@ -156,7 +156,7 @@ class RetinaNetWorkload(Detector[RetinaNetRecipe]):
 
                 weights = assets.state_dict("backbone weights", like=resnext50_32x4d().state_dict(),
                                             what="torchvision's resnext50_32x4d")
-            model = M.retinanet_resnext50(recipe.num_classes, recipe.image_size, weights)
+            model = retinanet_model.retinanet_resnext50(recipe.num_classes, recipe.image_size, weights)
             model.detections_per_img = recipe.max_detections
         model = model.to(ctx.device)
         impl = kernels(recipe.fused_optimizer)
@@ -171,13 +171,14 @@ class RetinaNetWorkload(Detector[RetinaNetRecipe]):
                           lr_schedule=per_epoch_schedule(self.name, lambda steps: lr_factor(recipe, steps)))
 
     def synthetic_batch(self, recipe: RetinaNetRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        images, targets, positions = L.synthetic_batch(recipe.global_batch_size // ctx.world_size, recipe.image_size,
+        images, targets, positions = coco_loading.synthetic_batch(recipe.global_batch_size // ctx.world_size,
+                                                                  recipe.image_size,
                                                        (0, recipe.num_classes), ctx.device)
         return images.float().div_(255), targets, positions
 
     # -- data -----------------------------------------------------------------------------------
-    def loaders(self, recipe: RetinaNetRecipe, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext
-                 ) -> L.Loaders:
+    def loaders(self, recipe: RetinaNetRecipe, train: coco.CocoIndex, val: coco.CocoIndex, ctx: RuntimeContext
+                 ) -> coco_loading.Loaders:
         """Images enter the model as float [0, 1] (it normalises and resizes them); labels count from 0
         (sigmoid classes). mini: resident in memory; full: DataLoader workers, flips only (the reference)."""
         device = ctx.device
@@ -188,15 +189,17 @@ class RetinaNetWorkload(Detector[RetinaNetRecipe]):
             return images.to(device, non_blocking=True).float().div_(255)
 
         if recipe.model == "mini":
-            return L.resident(train, val, ctx, recipe.global_batch_size, recipe.hflip, recipe.eval_batch_size,
+            return coco_loading.resident(train, val, ctx, recipe.global_batch_size, recipe.hflip,
+                                         recipe.eval_batch_size,
                               to_input, label_base=0)
-        from trainperf.workloads.retinanet import transforms as T
+        from trainperf.workloads.retinanet import transforms as retinanet_transforms
 
-        return L.streamed(train, val, ctx, recipe.global_batch_size, recipe.num_workers,
-                          T.train_transform(recipe.hflip), T.eval_transform(), recipe.eval_batch_size, to_input,
+        return coco_loading.streamed(train, val, ctx, recipe.global_batch_size, recipe.num_workers,
+                          retinanet_transforms.train_transform(recipe.hflip), retinanet_transforms.eval_transform(),
+                          recipe.eval_batch_size, to_input,
                           label_base=0)
 
-    def evaluation(self, recipe: RetinaNetRecipe, val: C.CocoIndex, ctx: RuntimeContext,
+    def evaluation(self, recipe: RetinaNetRecipe, val: coco.CocoIndex, ctx: RuntimeContext,
                    batches: Callable[[], Iterator[tuple[Any, list[int]]]],
                    metric: Callable[[dict[str, Any]], float]) -> Callable[..., EvalPartial]:
         """The model's post-processed detections (in input pixels: original sizes), as COCO rows."""

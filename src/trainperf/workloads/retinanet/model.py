@@ -55,7 +55,7 @@ class BatchedRetinaNet(RetinaNet):
             return super().forward(images, targets)
         # torchvision's training pass without its per-image `if degenerate_boxes.any()`: a host-device
         # synchronisation for every image of every step. trainperf's readers drop degenerate boxes
-        # before they get here (workloads/coco/data.py), and resizing keeps boxes non-degenerate.
+        # before they get here (workloads/common/coco/data.py), and resizing keeps boxes non-degenerate.
         images, targets = self.transform(images, targets)
         features = list(self.backbone(images.tensors).values())
         head_outputs = self.head(features)

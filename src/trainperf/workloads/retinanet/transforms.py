@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torchvision.transforms import v2
 
-from trainperf.workloads.coco.transforms import with_boxes
+from trainperf.workloads.common.coco.transforms import with_boxes
 
 Sample = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 

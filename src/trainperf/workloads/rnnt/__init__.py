@@ -32,8 +32,8 @@ from trainperf.spec import (
     bare_model,
     per_epoch_schedule,
 )
-from trainperf.workloads.rnnt import data as D
-from trainperf.workloads.rnnt import model as M
+from trainperf.workloads.rnnt import data as rnnt_data
+from trainperf.workloads.rnnt import model as rnnt_model
 from trainperf.workloads.rnnt.features import FeatureConfig, Featurizer, max_frames, speed_perturb
 from trainperf.workloads.rnnt.loss import transducer_loss
 
@@ -56,9 +56,9 @@ class RNNTRecipe(Recipe):
     # The network (`--set model.enc_hidden=…` or `--set enc_hidden=…`); model.pieces is also which
     # sentencepiece model the data uses (librispeech<pieces>.model), and model.init_scale the RCPs'
     # model_weights_initialization_scale.
-    model: M.RNNTConfig = M.RNNTConfig(init_scale=0.5)
+    model: rnnt_model.RNNTConfig = rnnt_model.RNNTConfig(init_scale=0.5)
     # data
-    train_subsets: str = ",".join(D.FULL_TRAIN)
+    train_subsets: str = ",".join(rnnt_data.FULL_TRAIN)
     max_duration: float = 16.7  # seconds; longer training utterances are dropped
     buckets: int = 6
     in_memory: bool = False  # keep decoded training audio in memory after its first read
@@ -88,6 +88,8 @@ class RNNTRecipe(Recipe):
             raise TrainperfError(f"recipe field model.features={self.model.features}: the featurizer gives "
                                  f"{features.mels * features.stack} ({features.mels} log-mel bands, "
                                  f"{features.stack} frames stacked)")
+        if self.loss_impl == "torchaudio":
+            torchaudio_rnnt_loss()  # says at --set, not at the first step, when it cannot be had
         if not self.train_subsets.strip(","):
             raise TrainperfError("recipe field train_subsets: name at least one LibriSpeech subset")
         if self.joint_chunks < 1:
@@ -102,7 +104,7 @@ def _rcp(name: str, init_scale: float = 0.5, **fields: Any) -> RNNTRecipe:
     """A full recipe: the reference's schedule, target and network, with `fields` (recipe field names)
     set and the LSTMs' weights initialised at `init_scale`."""
     return RNNTRecipe(name=name, max_epochs=100, target=0.058, eval_every=1, eval_first=1, max_grad_norm=1.0,
-                      fused_optimizer=True, model=M.RNNTConfig(init_scale=init_scale), **fields)
+                      fused_optimizer=True, model=rnnt_model.RNNTConfig(init_scale=init_scale), **fields)
 
 
 # The reference's train.sh (GBS 1024 on 8 GPUs x 16 x accumulation 8), then the RCP points of
@@ -133,22 +135,33 @@ FULL_RECIPES: dict[str, RNNTRecipe] = {
 MINI = RNNTRecipe(name="mini", global_batch_size=8, max_epochs=10, target=0.25, eval_every=1, eval_first=1,
                   max_grad_norm=1.0, base_lr=6e-3, warmup_epochs=1, hold_epochs=4, decay=0.8, ema=0.99,
                   fused_optimizer=True,
-                  model=M.RNNTConfig(init_scale=0.5, pieces=64, enc_hidden=128, pre_layers=1, post_layers=1,
+                  model=rnnt_model.RNNTConfig(init_scale=0.5, pieces=64, enc_hidden=128, pre_layers=1, post_layers=1,
                                      pred_hidden=64, pred_layers=1, joint_hidden=128, enc_dropout=0.0,
                                      pred_dropout=0.0, joint_dropout=0.0),
                   train_subsets="train-clean-100", in_memory=True, loader_threads=2, eval_batch_size=128,
                   synthetic_seconds=1.2, synthetic_pieces=3)
 
 
+def torchaudio_rnnt_loss() -> Callable[..., torch.Tensor]:
+    """torchaudio's rnnt_loss, or one line saying why it cannot be had: torchaudio builds pair with one
+    torch release each, and none may exist for the torch installed (none for trainperf's pinned one)."""
+    try:
+        from torchaudio.functional import rnnt_loss
+    # A torchaudio built for another torch fails at import with OSError or RuntimeError (undefined symbols).
+    except (ImportError, OSError, RuntimeError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise TrainperfError(
+            f"loss_impl=torchaudio: needs the torchaudio build of torch {torch.__version__.split('+')[0]}, and none "
+            f"can be imported here ({reason}); torchaudio publishes no build for every torch release: use "
+            "loss_impl=wavefront (trainperf's own transducer loss, the default)") from None
+    return rnnt_loss
+
+
 def transducer_losses(impl: str, blank: int) -> Callable[..., torch.Tensor]:
     """loss(logits, tokens, frames, labels) -> each utterance's loss, by the recipe's loss_impl."""
     if impl == "wavefront":
         return lambda logits, tokens, frames, labels: transducer_loss(logits, tokens, frames, labels, blank, "none")
-    try:
-        from torchaudio.functional import rnnt_loss
-    except ImportError as exc:
-        raise TrainperfError(f"loss_impl=torchaudio: torchaudio cannot be imported ({exc}); install the build that "
-                             "matches your torch, or use loss_impl=wavefront") from None
+    rnnt_loss = torchaudio_rnnt_loss()
 
     def torchaudio_loss(logits: torch.Tensor, tokens: torch.Tensor, frames: torch.Tensor,
                         labels: torch.Tensor) -> torch.Tensor:
@@ -178,17 +191,17 @@ class RNNTWorkload(Workload[RNNTRecipe]):
 
     def data_problems(self, scale: str, data_dir: Path) -> list[str]:
         recipe = self.recipe(scale)
-        if scale == "mini" and not (data_dir / D.EVAL_SUBSET).is_dir():
+        if scale == "mini" and not (data_dir / rnnt_data.EVAL_SUBSET).is_dir():
             return [f"{data_dir}: mini dataset not generated yet (trainperf prepare rnnt)"]
-        return D.problems(data_dir, recipe.subsets, recipe.model.pieces)
+        return rnnt_data.problems(data_dir, recipe.subsets, recipe.model.pieces)
 
     def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
-        path = D.manifest_path(data_dir, D.EVAL_SUBSET)
-        return path, len(D.read_manifest(path))
+        path = rnnt_data.manifest_path(data_dir, rnnt_data.EVAL_SUBSET)
+        return path, len(rnnt_data.read_manifest(path))
 
     def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
         recipe = self.recipe(scale)
-        return D.sources(data_dir, [*recipe.subsets, D.EVAL_SUBSET])
+        return rnnt_data.sources(data_dir, [*recipe.subsets, rnnt_data.EVAL_SUBSET])
 
     def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
         recipe = self.recipe(scale)
@@ -196,7 +209,7 @@ class RNNTWorkload(Workload[RNNTRecipe]):
             from trainperf.workloads.rnnt import synthetic
 
             synthetic.generate(data_dir, say)
-        D.prepare(data_dir, recipe.subsets, recipe.model.pieces, say)
+        rnnt_data.prepare(data_dir, recipe.subsets, recipe.model.pieces, say)
 
     def mlperf_hyperparameters(self, recipe: RNNTRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         feats = FeatureConfig()
@@ -219,14 +232,14 @@ class RNNTWorkload(Workload[RNNTRecipe]):
         }
 
     def initialized_tensors(self, recipe: RNNTRecipe, model: nn.Module) -> list[str]:
-        return list(M.INITIALIZED)
+        return list(rnnt_model.INITIALIZED)
 
     def assets(self, recipe: RNNTRecipe, data_dir: Path | None) -> dict[str, Path]:
         # The model's output size is the sentencepiece model's; a synthetic benchmark without data uses
         # recipe.model.pieces.
-        return {} if data_dir is None else {"sentencepiece model": D.spm_path(data_dir, recipe.model.pieces)}
+        return {} if data_dir is None else {"sentencepiece model": rnnt_data.spm_path(data_dir, recipe.model.pieces)}
 
-    def _config(self, recipe: RNNTRecipe, pieces: int) -> M.RNNTConfig:
+    def _config(self, recipe: RNNTRecipe, pieces: int) -> rnnt_model.RNNTConfig:
         # The output layer follows the sentencepiece model actually found (its size may differ from asked).
         return dataclasses.replace(recipe.model, pieces=pieces)
 
@@ -235,7 +248,7 @@ class RNNTWorkload(Workload[RNNTRecipe]):
         if "sentencepiece model" in assets:
             pieces = load_tokenizer(assets["sentencepiece model"]).get_piece_size()
         torch.manual_seed(ctx.stream_seed("init"))
-        model = M.RNNT(self._config(recipe, pieces)).to(ctx.device)
+        model = rnnt_model.RNNT(self._config(recipe, pieces)).to(ctx.device)
         optimizer = LAMB(model.parameters(), lr=recipe.base_lr, betas=(recipe.beta1, recipe.beta2), eps=recipe.eps,
                          weight_decay=recipe.weight_decay, foreach=multi_tensor(recipe.fused_optimizer))
         averaged = ema(model, recipe.ema)
@@ -248,10 +261,10 @@ class RNNTWorkload(Workload[RNNTRecipe]):
 
         def forward(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> list[list[int]]:
             net = model.module if isinstance(model, EMA) else bare_model(model)
-            return M.greedy_decode(net, batch[0], batch[1], recipe.max_symbols)
+            return rnnt_model.greedy_decode(net, batch[0], batch[1], recipe.max_symbols)
 
         def schedule(steps_per_epoch: int) -> Callable[[int], float]:
-            return M.lr_factor(recipe.base_lr, steps_per_epoch, recipe.warmup_epochs, recipe.hold_epochs,
+            return rnnt_model.lr_factor(recipe.base_lr, steps_per_epoch, recipe.warmup_epochs, recipe.hold_epochs,
                                recipe.decay, recipe.min_lr)
 
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=forward,
@@ -280,11 +293,11 @@ class RNNTWorkload(Workload[RNNTRecipe]):
         return feats[:4, :40], frames[:4].clamp_max(40)
 
     def load_data(self, recipe: RNNTRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        tokenizer = load_tokenizer(D.spm_path(data_dir, recipe.model.pieces))
+        tokenizer = load_tokenizer(rnnt_data.spm_path(data_dir, recipe.model.pieces))
         cfg = FeatureConfig()
-        train, _dropped = D.load_split(data_dir, recipe.subsets, tokenizer, recipe.max_duration, cfg.trim_db,
+        train, _dropped = rnnt_data.load_split(data_dir, recipe.subsets, tokenizer, recipe.max_duration, cfg.trim_db,
                                        recipe.in_memory)
-        dev, _ = D.load_split(data_dir, [D.EVAL_SUBSET], tokenizer, 0.0, cfg.trim_db, True)
+        dev, _ = rnnt_data.load_split(data_dir, [rnnt_data.EVAL_SUBSET], tokenizer, 0.0, cfg.trim_db, True)
         featurize = Featurizer(cfg, ctx.device)
         device, rank, world = ctx.device, ctx.rank, ctx.world_size
         self._per_rank(recipe, ctx)  # the global batch splits evenly
@@ -300,9 +313,9 @@ class RNNTWorkload(Workload[RNNTRecipe]):
             # them) run on the host in the prefetch thread, overlapped with the training step.
             rng = np.random.default_rng([seed, epoch])
             speeds = np.random.default_rng([seed, epoch, rank, 1])
-            for rows in D.bucketed_batches(train.durations, recipe.global_batch_size, recipe.buckets, rng):
-                mine = D.shard(rows, rank, world)
-                waves = D.read_many(train, mine, pool)
+            for rows in rnnt_data.bucketed_batches(train.durations, recipe.global_batch_size, recipe.buckets, rng):
+                mine = rnnt_data.shard(rows, rank, world)
+                waves = rnnt_data.read_many(train, mine, pool)
                 rates = speeds.uniform(cfg.speed_min, cfg.speed_max, len(mine))
                 moved = [speed_perturb(torch.from_numpy(w), float(r)) for w, r in zip(waves, rates, strict=True)]
                 padded, lengths = _pad_waves(moved, torch.device("cpu"))
@@ -311,7 +324,7 @@ class RNNTWorkload(Workload[RNNTRecipe]):
         def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, ...]]:
             gen = torch.Generator(device=device)
             gen.manual_seed(int(np.random.default_rng([seed, view.epoch, rank, 2]).integers(2**62)))
-            for padded, lengths, rows in D.prefetch(host_batches(view.epoch)):
+            for padded, lengths, rows in rnnt_data.prefetch(host_batches(view.epoch)):
                 feats, frames = featurize(padded.to(device, non_blocking=True), lengths.to(device), True, gen)
                 tokens, labels = _pad_tokens([train.tokens[i] for i in rows], device)
                 yield feats, frames, tokens, labels

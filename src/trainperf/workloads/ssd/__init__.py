@@ -21,17 +21,17 @@ from trainperf.spec import (
     RuntimeContext,
     per_epoch_schedule,
 )
-from trainperf.workloads.coco import data as C
-from trainperf.workloads.coco import loading as L
-from trainperf.workloads.coco import scoring
-from trainperf.workloads.coco.detector import Detector, DetectorRecipe
-from trainperf.workloads.ssd import model as M
+from trainperf.workloads.common.coco import data as coco
+from trainperf.workloads.common.coco import loading as coco_loading
+from trainperf.workloads.common.coco import scoring
+from trainperf.workloads.common.coco.detector import Detector, DetectorRecipe
+from trainperf.workloads.ssd import model as ssd_model
 
-LAYOUT = C.COCO2017
+LAYOUT = coco.COCO2017
 COCO_TRAIN_IMAGES = 117_266  # train2017 images with at least one non-crowd box (the reference's count)
-DATA = L.DetectionData("ssd", LAYOUT, "COCO 2017", COCO_TRAIN_IMAGES, 5000, 80)
-MINI_SIZE, MINI_COUNTS = C.MINI_SIZE, C.MINI_COUNTS
-MINI_BOXES = M.DefaultBoxSpec(fig_size=MINI_SIZE, feat_sizes=(8, 4, 2, 1), steps=(8, 16, 32, 64),
+DATA = coco_loading.DetectionData("ssd", LAYOUT, "COCO 2017", COCO_TRAIN_IMAGES, 5000, 80)
+MINI_SIZE, MINI_COUNTS = coco.MINI_SIZE, coco.MINI_COUNTS
+MINI_BOXES = ssd_model.DefaultBoxSpec(fig_size=MINI_SIZE, feat_sizes=(8, 4, 2, 1), steps=(8, 16, 32, 64),
                               scales=(9, 16, 26, 40, 60), aspect_ratios=((2,), (2,), (2,), (2,)))
 # ImageNet normalisation (the trunk is an ImageNet network), on 0-255 pixels.
 MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
@@ -86,7 +86,7 @@ FULL_RECIPES = {r.name: r for r in (
     SSDRecipe(name="reference-32", global_batch_size=32, max_epochs=70, target=0.23, eval_every=5, eval_first=5),
 )}
 MINI = SSDRecipe(name="mini", global_batch_size=32, max_epochs=12, target=0.33, eval_every=1, eval_first=4,
-                 model="mini", num_classes=1 + len(C.MINI_CATEGORIES), image_size=MINI_SIZE, optimizer="adamw",
+                 model="mini", num_classes=1 + len(coco.MINI_CATEGORIES), image_size=MINI_SIZE, optimizer="adamw",
                  base_lr=3e-3, weight_decay=1e-4, warmup_epochs=1.0, lr_schedule="cosine", crop_trials=1,
                  color_jitter=False, num_workers=0, eval_batch_size=250, max_detections=100)
 
@@ -108,11 +108,12 @@ def lr_factor(recipe: SSDRecipe, steps_per_epoch: int) -> Callable[[int], float]
     return factor
 
 
-def _coder(recipe: SSDRecipe, device: torch.device) -> M.BoxCoder:
+def _coder(recipe: SSDRecipe, device: torch.device) -> ssd_model.BoxCoder:
     """The default boxes of the recipe's model, as a box coder."""
     if recipe.model == "mini":
-        return M.BoxCoder(MINI_BOXES, device)
-    return M.BoxCoder(M.DefaultBoxSpec(**{**M.SSD300_BOXES.__dict__, "fig_size": recipe.image_size}), device)
+        return ssd_model.BoxCoder(MINI_BOXES, device)
+    return ssd_model.BoxCoder(ssd_model.DefaultBoxSpec(**{**ssd_model.SSD300_BOXES.__dict__,
+                                                          "fig_size": recipe.image_size}), device)
 
 
 def _normalize(images: torch.Tensor) -> torch.Tensor:
@@ -169,7 +170,7 @@ class SSDWorkload(Detector[SSDRecipe]):
 
     def build(self, recipe: SSDRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         if recipe.model == "mini":
-            model: nn.Module = M.mini_ssd(recipe.num_classes, MINI_BOXES, recipe.width)
+            model: nn.Module = ssd_model.mini_ssd(recipe.num_classes, MINI_BOXES, recipe.width)
         else:
             weights = None
             if "backbone weights" in assets:
@@ -177,7 +178,7 @@ class SSDWorkload(Detector[SSDRecipe]):
 
                 weights = assets.state_dict("backbone weights", like=resnet34().state_dict(),
                                             what="torchvision's resnet34")
-            model = M.ssd300(recipe.num_classes, weights)
+            model = ssd_model.ssd300(recipe.num_classes, weights)
         model = model.to(ctx.device)
         coder = _coder(recipe, ctx.device)
         lr = recipe.base_lr * recipe.global_batch_size / 32
@@ -196,18 +197,19 @@ class SSDWorkload(Detector[SSDRecipe]):
             images, targets = batch[0], batch[1]
             loc, conf = model(images)
             matched, labels = coder.match_batch([t["boxes"] / size for t in targets], [t["labels"] for t in targets])
-            return M.ssd_loss(loc, conf, coder.encode(matched), labels)
+            return ssd_model.ssd_loss(loc, conf, coder.encode(matched), labels)
 
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=_forward,
                           lr_schedule=per_epoch_schedule(self.name, lambda steps: lr_factor(recipe, steps)))
 
     def synthetic_batch(self, recipe: SSDRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        images, targets, positions = L.synthetic_batch(recipe.global_batch_size // ctx.world_size, recipe.image_size,
+        images, targets, positions = coco_loading.synthetic_batch(recipe.global_batch_size // ctx.world_size,
+                                                                  recipe.image_size,
                                                        (1, recipe.num_classes), ctx.device)
         return _normalize(images), targets, positions
 
     # -- data -----------------------------------------------------------------------------------
-    def evaluation(self, recipe: SSDRecipe, val: C.CocoIndex, ctx: RuntimeContext,
+    def evaluation(self, recipe: SSDRecipe, val: coco.CocoIndex, ctx: RuntimeContext,
                    batches: Callable[[], Iterator[tuple[torch.Tensor, list[int]]]],
                    metric: Callable[[dict[str, Any]], float]) -> Callable[..., EvalPartial]:
         """Detections decoded from the default boxes, as COCO rows in original pixels."""
@@ -218,7 +220,7 @@ class SSDWorkload(Detector[SSDRecipe]):
             rows: list[np.ndarray] = []  # one array per image
             for images, positions in batches():
                 loc, conf = forward((images, None, positions))
-                found = M.postprocess(coder, loc, conf, recipe.score_threshold, recipe.nms_iou,
+                found = ssd_model.postprocess(coder, loc, conf, recipe.score_threshold, recipe.nms_iou,
                                       max_detections=recipe.max_detections)
                 for (boxes, scores, labels), i in zip(found, positions, strict=True):
                     # A model with more classes than the data has categories (the reference's 81 on a
@@ -233,7 +235,8 @@ class SSDWorkload(Detector[SSDRecipe]):
 
         return evaluate
 
-    def loaders(self, recipe: SSDRecipe, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext) -> L.Loaders:
+    def loaders(self, recipe: SSDRecipe, train: coco.CocoIndex, val: coco.CocoIndex,
+                ctx: RuntimeContext) -> coco_loading.Loaders:
         """mini: resident in memory, flips only; full: DataLoader workers, the reference augmentation."""
         device = ctx.device
 
@@ -241,13 +244,15 @@ class SSDWorkload(Detector[SSDRecipe]):
             return _normalize(images.to(device, non_blocking=True))
 
         if recipe.model == "mini":
-            return L.resident(train, val, ctx, recipe.global_batch_size, recipe.hflip, recipe.eval_batch_size,
+            return coco_loading.resident(train, val, ctx, recipe.global_batch_size, recipe.hflip,
+                                         recipe.eval_batch_size,
                               to_input)
-        from trainperf.workloads.ssd import transforms as T
+        from trainperf.workloads.ssd import transforms as ssd_transforms
 
-        return L.streamed(train, val, ctx, recipe.global_batch_size, recipe.num_workers,
-                          T.train_transform(recipe.image_size, recipe.crop_trials, recipe.hflip, recipe.color_jitter),
-                          T.eval_transform(recipe.image_size), recipe.eval_batch_size, to_input)
+        return coco_loading.streamed(train, val, ctx, recipe.global_batch_size, recipe.num_workers,
+                          ssd_transforms.train_transform(recipe.image_size, recipe.crop_trials, recipe.hflip,
+                                                         recipe.color_jitter),
+                          ssd_transforms.eval_transform(recipe.image_size), recipe.eval_batch_size, to_input)
 
 
 # What trainperf's registry finds in this package (registry.py reads this line; nothing is imported).

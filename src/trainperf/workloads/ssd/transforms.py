@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torchvision.transforms import v2
 
-from trainperf.workloads.coco.transforms import with_boxes as _with_boxes
+from trainperf.workloads.common.coco.transforms import with_boxes as _with_boxes
 
 
 def train_transform(size: int, crop_trials: int, hflip: bool, color_jitter: bool

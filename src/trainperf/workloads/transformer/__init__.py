@@ -29,11 +29,11 @@ from trainperf.spec import (
     Workload,
     bare_model,
 )
-from trainperf.workloads.transformer import data as D
-from trainperf.workloads.transformer import model as M
-from trainperf.workloads.wmt import batching, bleu
-from trainperf.workloads.wmt import parts as P
-from trainperf.workloads.wmt.text import PAD
+from trainperf.workloads.common.wmt import batching, bleu
+from trainperf.workloads.common.wmt import parts as wmt_parts
+from trainperf.workloads.common.wmt.text import PAD
+from trainperf.workloads.transformer import data as transformer_data
+from trainperf.workloads.transformer import model as transformer_model
 
 
 @dataclass(frozen=True)
@@ -72,9 +72,9 @@ class TransformerRecipe(Recipe):
             raise TrainperfError("recipe: need 0 <= dropout < 1 and 0 <= label_smoothing < 1")
         if self.base_lr <= 0 or self.warmup_steps < 1:
             raise TrainperfError("recipe: need base_lr > 0 and warmup_steps >= 1")
-        if self.global_batch_size < D.MAX_LENGTH:
+        if self.global_batch_size < transformer_data.MAX_LENGTH:
             raise TrainperfError(f"recipe field global_batch_size is in tokens: {self.global_batch_size} cannot hold "
-                                 f"one sentence of the longest kept ({D.MAX_LENGTH} tokens)")
+                                 f"one sentence of the longest kept ({transformer_data.MAX_LENGTH} tokens)")
 
 
 # The reference: 4,096 tokens per GPU (transformer_main's batch), here for 8 GPUs; 10 epochs budget
@@ -116,38 +116,39 @@ class TransformerWorkload(Workload[TransformerRecipe]):
         return {"mini": MINI} if scale == "mini" else {"reference": FULL}
 
     def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
-        from trainperf.workloads.wmt.text import read_lines
+        from trainperf.workloads.common.wmt.text import read_lines
 
         return data_dir / "newstest2014.de", len(read_lines(data_dir / "newstest2014.de"))
 
     def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
-        return D.sources(data_dir)
+        return transformer_data.sources(data_dir)
 
     def data_problems(self, scale: str, data_dir: Path) -> list[str]:
-        return D.problems(scale, data_dir)
+        return transformer_data.problems(scale, data_dir)
 
     def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
-        D.prepare(scale, data_dir, say)
+        transformer_data.prepare(scale, data_dir, say)
 
     def mlperf_hyperparameters(self, recipe: TransformerRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         return {
             "opt_name": "adam", "opt_base_learning_rate": recipe.base_lr,
             "opt_learning_rate_warmup_steps": recipe.warmup_steps, "opt_adam_beta_1": recipe.beta1,
             "opt_adam_beta_2": recipe.beta2, "opt_adam_epsilon": recipe.eps,
-            "max_sequence_length": Logged(D.MAX_LENGTH, {"method": "discard"}),
+            "max_sequence_length": Logged(transformer_data.MAX_LENGTH, {"method": "discard"}),
         }
 
     def assets(self, recipe: TransformerRecipe, data_dir: Path | None) -> dict[str, Path]:
         # The model is sized by the prepared vocabulary; a synthetic benchmark without data uses the
         # reference model's vocabulary size.
-        return {} if data_dir is None else {"vocabulary": data_dir / D.PREPARED / "spm.model"}
+        return {} if data_dir is None else {"vocabulary": data_dir / transformer_data.PREPARED / "spm.model"}
 
     def build(self, recipe: TransformerRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
-        from trainperf.workloads.wmt.text import Vocabulary
+        from trainperf.workloads.common.wmt.text import Vocabulary
 
-        vocab = len(Vocabulary(assets["vocabulary"])) if "vocabulary" in assets else D.REFERENCE_MODEL_VOCAB
-        positions = D.MAX_LENGTH + recipe.extra_length + 1  # the longest source's translation, BOS first
-        model = M.Transformer(vocab, recipe.dim, recipe.heads, recipe.ffn, recipe.encoder_layers,
+        vocab = (len(Vocabulary(assets["vocabulary"])) if "vocabulary" in assets
+                 else transformer_data.REFERENCE_MODEL_VOCAB)
+        positions = transformer_data.MAX_LENGTH + recipe.extra_length + 1  # the longest source's translation, BOS first
+        model = transformer_model.Transformer(vocab, recipe.dim, recipe.heads, recipe.ffn, recipe.encoder_layers,
                               recipe.decoder_layers, recipe.dropout, max_positions=positions).to(ctx.device)
         impl = kernels(recipe.fused_optimizer)
         optimizer = torch.optim.Adam(model.parameters(), lr=recipe.base_lr, betas=(recipe.beta1, recipe.beta2),
@@ -160,7 +161,7 @@ class TransformerWorkload(Workload[TransformerRecipe]):
                                    label_smoothing=recipe.label_smoothing, reduction="sum")
 
         def forward(model: nn.Module, src: torch.Tensor) -> list[list[int]]:
-            return M.translate(bare_model(model), src, recipe.beam, recipe.alpha, recipe.extra_length)
+            return transformer_model.translate(bare_model(model), src, recipe.beam, recipe.alpha, recipe.extra_length)
 
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=forward,
                           lr_schedule=lambda steps: lr_factor(recipe),
@@ -169,18 +170,18 @@ class TransformerWorkload(Workload[TransformerRecipe]):
     def synthetic_batch(self, recipe: TransformerRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         length = 32  # a typical WMT sentence in subwords
         rows = max(1, recipe.global_batch_size // ctx.world_size // length)
-        return P.synthetic_training_batch(rows, length, bare_model(model).embed.num_embeddings, ctx.device)
+        return wmt_parts.synthetic_training_batch(rows, length, bare_model(model).embed.num_embeddings, ctx.device)
 
     def synthetic_eval_batch(self, recipe: TransformerRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        return P.random_tokens(min(recipe.eval_batch_size, 8), 8, bare_model(model).embed.num_embeddings,
+        return wmt_parts.random_tokens(min(recipe.eval_batch_size, 8), 8, bare_model(model).embed.num_embeddings,
                                ctx.device, 2)
 
     def batch_samples(self, batch: Any) -> int:
         return int(batch[0].shape[0])
 
     def load_data(self, recipe: TransformerRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        data = D.load(data_dir)
-        src_len, tgt_len = D.lengths_for_budget(data)
+        data = transformer_data.load(data_dir)
+        src_len, tgt_len = transformer_data.lengths_for_budget(data)
         device = ctx.device
         world, rank = ctx.world_size, ctx.rank
         seed = ctx.stream_seed("batches")
@@ -195,15 +196,16 @@ class TransformerWorkload(Workload[TransformerRecipe]):
 
         def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
             for rows in epoch_batches(view.epoch):
-                yield P.training_batch(data.train_src, data.train_tgt, batching.shard(rows, rank, world), device)
+                yield wmt_parts.training_batch(data.train_src, data.train_tgt, batching.shard(rows, rank, world),
+                                               device)
 
-        order = P.test_share(data.test_src.lengths, rank, world)
+        order = wmt_parts.test_share(data.test_src.lengths, rank, world)
         metric = bleu.metric(data.test_references, self.scorer)
 
         def evaluate(forward: Callable[[Any], list[list[int]]]) -> EvalPartial:
             # Sources are cut to the model's positions (newstest2014 has none this long).
-            found = P.translate_share(data.test_src, order, recipe.eval_batch_size, forward, data.vocab.decode,
-                                      device, max_source=D.MAX_LENGTH)
+            found = wmt_parts.translate_share(data.test_src, order, recipe.eval_batch_size, forward, data.vocab.decode,
+                                      device, max_source=transformer_data.MAX_LENGTH)
             return EvalPartial(metric=metric, objects={"translations": found})
 
         return DataParts(train_batches=train_batches, steps_per_epoch=steps, train_samples=per_epoch,

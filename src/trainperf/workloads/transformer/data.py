@@ -26,8 +26,8 @@ import numpy as np
 from trainperf import prepared
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput, write_text_atomic
-from trainperf.workloads.wmt import synthetic
-from trainperf.workloads.wmt import text as T
+from trainperf.workloads.common.wmt import synthetic
+from trainperf.workloads.common.wmt import text as wmt_text
 
 PREPARED = "prepared"
 TEST = ("newstest2014.en", "newstest2014.de")
@@ -88,7 +88,7 @@ def problems(scale: str, root: Path) -> list[str]:
     found = source_problems(root)
     if found:
         return found
-    record = T.read_json(root / PREPARED / "stamp.json")
+    record = wmt_text.read_json(root / PREPARED / "stamp.json")
     if record is None:
         return [f"{root / PREPARED}: not prepared yet ({again})"]
     why = prepared.stale(record.get("stamp"), sources(root), FORMAT, _params(scale), root / PREPARED)
@@ -112,7 +112,7 @@ def generate_mini(root: Path, say: Callable[[str], None], seed: int = 20261123) 
     say(f"wrote {len(pairs):,} synthetic training pairs and {len(test)} test pairs to {root} (WMT text layout)")
 
 
-Prepared = T.PreparedCorpus[T.Vocabulary]
+Prepared = wmt_text.PreparedCorpus[wmt_text.Vocabulary]
 
 
 def prepare(scale: str, root: Path, say: Callable[[str], None]) -> None:
@@ -122,7 +122,7 @@ def prepare(scale: str, root: Path, say: Callable[[str], None]) -> None:
     found = source_problems(root)
     if found:
         raise TrainperfError(found[0])
-    record = T.read_json(root / PREPARED / "stamp.json")
+    record = wmt_text.read_json(root / PREPARED / "stamp.json")
     if record is not None:
         why = prepared.stale(record.get("stamp"), sources(root), FORMAT, _params(scale), root / PREPARED)
         if why is None:
@@ -133,28 +133,28 @@ def prepare(scale: str, root: Path, say: Callable[[str], None]) -> None:
     english: list[str] = []
     german: list[str] = []
     for en_file, de_file in corpus_pairs(root):
-        en, de = T.read_parallel(en_file, de_file)
+        en, de = wmt_text.read_parallel(en_file, de_file)
         english += en
         german += de
         say(f"read {len(en):,} pairs from {en_file.parent}/{en_file.stem}.{{en,de}}")
-    test_en, test_de = T.read_parallel(root / TEST[0], root / TEST[1])
+    test_en, test_de = wmt_text.read_parallel(root / TEST[0], root / TEST[1])
     with AtomicOutput(root / PREPARED, directory=True) as tmp:
         say(f"building the shared subword vocabulary ({params['vocab_size']:,} pieces, sentencepiece unigram)")
-        T.train_vocabulary((line for pair in zip(english, german, strict=True) for line in pair),
+        wmt_text.train_vocabulary((line for pair in zip(english, german, strict=True) for line in pair),
                            params["vocab_size"], tmp / "spm.model")
-        vocab = T.Vocabulary(tmp / "spm.model")
+        vocab = wmt_text.Vocabulary(tmp / "spm.model")
 
         def progress(side: str) -> Callable[[int, int], None]:
             return lambda done, total: say(f"encoding {side}: {done:,}/{total:,} sentences")
 
-        src = T.encode_lines(vocab, english, progress("English"))
-        tgt = T.encode_lines(vocab, german, progress("German"))
+        src = wmt_text.encode_lines(vocab, english, progress("English"))
+        tgt = wmt_text.encode_lines(vocab, german, progress("German"))
         keep = [i for i, (s, t) in enumerate(zip(src, tgt, strict=True))
                 if s and t and len(s) + 1 <= params["max_length"] and len(t) + 1 <= params["max_length"]]
         dropped = len(src) - len(keep)
-        T.Encoded.from_lists([src[i] for i in keep]).save(tmp, "train.src")
-        T.Encoded.from_lists([tgt[i] for i in keep]).save(tmp, "train.tgt")
-        T.Encoded.from_lists(vocab.encode(test_en)).save(tmp, "test.src")
+        wmt_text.Encoded.from_lists([src[i] for i in keep]).save(tmp, "train.src")
+        wmt_text.Encoded.from_lists([tgt[i] for i in keep]).save(tmp, "train.tgt")
+        wmt_text.Encoded.from_lists(vocab.encode(test_en)).save(tmp, "test.src")
         stamp = prepared.stamp(sources(root), FORMAT, params)
         (tmp / "stamp.json").write_text(json.dumps({"stamp": stamp, "train_pairs": len(keep), "dropped": dropped,
                                                     "test_pairs": len(test_en)}))
@@ -164,18 +164,18 @@ def prepare(scale: str, root: Path, say: Callable[[str], None]) -> None:
 
 def load(root: Path) -> Prepared:
     folder = root / PREPARED
-    record = T.read_json(folder / "stamp.json") or {}
-    references = T.read_lines(root / TEST[1])
-    test_src = T.Encoded.load(folder, "test.src")
+    record = wmt_text.read_json(folder / "stamp.json") or {}
+    references = wmt_text.read_lines(root / TEST[1])
+    test_src = wmt_text.Encoded.load(folder, "test.src")
     if len(test_src) != len(references):
         raise TrainperfError(f"{root / TEST[1]}: {len(references):,} lines, but {len(test_src):,} test sources were "
                              "prepared; run prepare again")
-    return Prepared(T.Vocabulary(folder / "spm.model"), T.Encoded.load(folder, "train.src"),
-                    T.Encoded.load(folder, "train.tgt"), test_src, references, int(record.get("dropped", 0)))
+    return Prepared(wmt_text.Vocabulary(folder / "spm.model"), wmt_text.Encoded.load(folder, "train.src"),
+                    wmt_text.Encoded.load(folder, "train.tgt"), test_src, references, int(record.get("dropped", 0)))
 
 
 def vocab_size(root: Path) -> int:
-    return len(T.Vocabulary(root / PREPARED / "spm.model"))
+    return len(wmt_text.Vocabulary(root / PREPARED / "spm.model"))
 
 
 def lengths_for_budget(data: Prepared) -> tuple[np.ndarray, np.ndarray]:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainperf.workloads.wmt.text import BOS, EOS, PAD
+from trainperf.workloads.common.wmt.text import BOS, EOS, PAD
 
 
 def sinusoids(length: int, dim: int) -> torch.Tensor:
@@ -169,11 +169,11 @@ def translate(model: Transformer, src: torch.Tensor, beam: int, alpha: float, ex
               cached: bool = True) -> list[list[int]]:
     """Token ids of each source sentence's translation: beam search (greedy when beam is 1), at most
     source length + extra_length tokens (the reference's max_decode_length)."""
-    from trainperf.workloads.wmt import beam as B
+    from trainperf.workloads.common.wmt import beam as beam_search
 
     lengths = (src != PAD).sum(1)
     limit = (lengths + extra_length).clamp(max=model.max_positions - 1)
     stepper = TransformerStepper(model, src, beam, cached)
     if beam == 1:
-        return B.greedy_search(stepper, src.shape[0], limit, BOS, EOS)
-    return B.beam_search(stepper, src.shape[0], beam, limit, BOS, EOS, alpha=alpha)
+        return beam_search.greedy_search(stepper, src.shape[0], limit, BOS, EOS)
+    return beam_search.beam_search(stepper, src.shape[0], beam, limit, BOS, EOS, alpha=alpha)

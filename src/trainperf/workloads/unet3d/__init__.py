@@ -27,8 +27,8 @@ from trainperf.spec import (
     Workload,
     per_epoch_schedule,
 )
-from trainperf.workloads.unet3d import data as D
-from trainperf.workloads.unet3d import model as M
+from trainperf.workloads.unet3d import data as unet3d_data
+from trainperf.workloads.unet3d import model as unet3d_model
 from trainperf.workloads.unet3d.inference import gaussian_importance, sliding_window
 
 
@@ -38,7 +38,7 @@ class UNet3DRecipe(Recipe):
     WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_epochs",)
     # global_batch_size in patches; an epoch is one patch per training case (the last global batch
     # filled with random cases: the rules count it padded).
-    channels: tuple[int, ...] = M.REFERENCE_CHANNELS
+    channels: tuple[int, ...] = unet3d_model.REFERENCE_CHANNELS
     patch: int = 128
     oversampling: float = 0.4
     # SGD with Nesterov momentum; the LR rises linearly from init_lr to base_lr over warmup_epochs
@@ -73,7 +73,7 @@ class UNet3DRecipe(Recipe):
     @property
     def evaluation_cases(self) -> tuple[str, ...]:
         if self.eval_cases == "reference":
-            return D.EVAL_CASES
+            return unet3d_data.EVAL_CASES
         return tuple(f"{int(c):05d}" for c in self.eval_cases.split(",") if c.strip())
 
 
@@ -120,8 +120,8 @@ class UNet3DWorkload(Workload[UNet3DRecipe]):
         if scale == "mini" and not (data_dir / "trainperf_unet3d_mini.json").is_file():
             return [f"{data_dir}: mini dataset not generated yet (trainperf prepare unet3d)"]
         try:
-            cases = D.list_cases(data_dir)
-            D.split(cases, self.recipe(scale).evaluation_cases)
+            cases = unet3d_data.list_cases(data_dir)
+            unet3d_data.split(cases, self.recipe(scale).evaluation_cases)
         except TrainperfError as exc:
             return [str(exc)]
         return []
@@ -149,14 +149,14 @@ class UNet3DWorkload(Workload[UNet3DRecipe]):
 
     def build(self, recipe: UNet3DRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         torch.manual_seed(ctx.stream_seed("init"))
-        model = M.UNet3D(recipe.channels).to(ctx.device)
+        model = unet3d_model.UNet3D(recipe.channels).to(ctx.device)
         impl = kernels(recipe.fused_optimizer)
         optimizer = torch.optim.SGD(model.parameters(), lr=recipe.base_lr, momentum=recipe.momentum, nesterov=True,
                                     weight_decay=recipe.weight_decay, **impl)
 
         def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
             images, labels = batch
-            return M.dice_ce_loss(model(images), labels)
+            return unet3d_model.dice_ce_loss(model(images), labels)
 
         def forward(model: nn.Module, windows: torch.Tensor) -> torch.Tensor:
             return model(windows)
@@ -172,27 +172,27 @@ class UNet3DWorkload(Workload[UNet3DRecipe]):
         b = max(1, recipe.global_batch_size // ctx.world_size)
         size = (b, 1, recipe.patch, recipe.patch, recipe.patch)
         images = torch.randn(size, generator=gen, device=ctx.device)
-        labels = torch.randint(0, D.CLASSES, size, generator=gen, device=ctx.device).to(torch.uint8)
+        labels = torch.randint(0, unet3d_data.CLASSES, size, generator=gen, device=ctx.device).to(torch.uint8)
         return images, labels
 
     def synthetic_eval_batch(self, recipe: UNet3DRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         return self.synthetic_batch(recipe, ctx, model)[0][:1]
 
     def load_data(self, recipe: UNet3DRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        cases = D.list_cases(data_dir)
-        train_ids, eval_ids = D.split(cases, recipe.evaluation_cases)
+        cases = unet3d_data.list_cases(data_dir)
+        train_ids, eval_ids = unet3d_data.split(cases, recipe.evaluation_cases)
         if not train_ids:
             raise TrainperfError(f"{data_dir}: no training cases besides the {len(eval_ids)} evaluation cases")
         # The whole dataset in memory (the reference's loader reads every file each epoch; NVIDIA's
         # submissions cache it), each training case's foreground boxes found once.
         train = []
         for case in train_ids:
-            image, label = D.load_case(case, *cases[case])
+            image, label = unet3d_data.load_case(case, *cases[case])
             if min(image.shape[1:]) < recipe.patch:
                 raise TrainperfError(f"case {case}: shape {image.shape[1:]} is smaller than the {recipe.patch}^3 patch")
-            train.append(D.Case(image, label, D.foreground_boxes(label)))
+            train.append(unet3d_data.Case(image, label, unet3d_data.foreground_boxes(label)))
         mine = [eval_ids[i] for i in ctx.shard(len(eval_ids))]
-        evaluation = [(c, *D.load_case(c, *cases[c])) for c in mine]
+        evaluation = [(c, *unet3d_data.load_case(c, *cases[c])) for c in mine]
         device, rank, world = ctx.device, ctx.rank, ctx.world_size
         gbs = recipe.global_batch_size
         per_rank = gbs // world
@@ -210,19 +210,19 @@ class UNet3DWorkload(Workload[UNet3DRecipe]):
             gen.manual_seed(int(rng.integers(2**62)))
             for step in range(steps):
                 rows = order[step * gbs + rank * per_rank: step * gbs + (rank + 1) * per_rank]
-                patches = [D.sample_patch(train[i], recipe.patch, recipe.oversampling, rng) for i in rows]
+                patches = [unet3d_data.sample_patch(train[i], recipe.patch, recipe.oversampling, rng) for i in rows]
                 images = torch.from_numpy(np.stack([p[0] for p in patches])).to(device, non_blocking=True)
                 labels = torch.from_numpy(np.stack([p[1] for p in patches])).to(device, non_blocking=True)
-                yield D.augment(images, labels, gen)
+                yield unet3d_data.augment(images, labels, gen)
 
         def evaluate(forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
             total = torch.zeros(3, dtype=torch.float64, device=device)
             for _case, image, label in evaluation:
                 scores, bounds = sliding_window(torch.from_numpy(image).to(device), forward, recipe.patch,
-                                                D.CLASSES, recipe.overlap, batch=recipe.eval_windows,
+                                                unet3d_data.CLASSES, recipe.overlap, batch=recipe.eval_windows,
                                                 importance=importance)
                 kept = label[0, bounds[0][0]: bounds[0][1], bounds[1][0]: bounds[1][1], bounds[2][0]: bounds[2][1]]
-                dice = M.case_dice(scores.argmax(0), torch.from_numpy(kept).to(device))
+                dice = unet3d_model.case_dice(scores.argmax(0), torch.from_numpy(kept).to(device))
                 total += torch.cat([dice.double(), torch.ones(1, dtype=torch.float64, device=device)])
             return EvalPartial(metric=_mean_dice, sums={"dice": total})
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput
-from trainperf.workloads.unet3d import data as D
+from trainperf.workloads.unet3d import data as unet3d_data
 
 RAW_CASES = 210  # case_00000 ... case_00209 are labelled; the rest of KiTS19 is its unlabelled test set
 
@@ -27,7 +27,7 @@ def _save(path: Path, array: np.ndarray) -> None:
 
 
 def preprocess_one(case_dir: Path, out: Path) -> str:
-    image, label = D.preprocess_case(case_dir)
+    image, label = unet3d_data.preprocess_case(case_dir)
     case = case_dir.name
     _save(out / f"{case}_y.npy", label)
     _save(out / f"{case}_x.npy", image)
@@ -47,14 +47,14 @@ def prepare_full(root: Path, say: Callable[[str], None], workers: int | None = N
             for n, future in enumerate(as_completed(futures), 1):
                 future.result()  # a bad case raises TrainperfError naming it
                 say(f"preprocessed {futures[future].name} ({n}/{len(todo)})")
-    cases = D.list_cases(root)
+    cases = unet3d_data.list_cases(root)
     if not cases:
         raise TrainperfError(f"{root}: neither raw KiTS19 cases (case_XXXXX/imaging.nii.gz) nor preprocessed ones "
                              "(case_XXXXX_x.npy)")
-    D.split(cases, D.EVAL_CASES)
-    sums = D.checksums()
+    unet3d_data.split(cases, unet3d_data.EVAL_CASES)
+    sums = unet3d_data.checksums()
     files = [p for pair in cases.values() for p in pair]
-    same = sum(1 for p in files if sums.get(p.name) == D.md5(p))
+    same = sum(1 for p in files if sums.get(p.name) == unet3d_data.md5(p))
     say(f"{root}: {len(cases)} cases; {same} of {len(files)} files match the reference's MD5 checksums"
         + ("" if same == len(files) else " (files preprocessed with another torch build differ in rounding: "
            "the split and shapes are what matter)"))

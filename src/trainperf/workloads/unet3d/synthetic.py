@@ -20,14 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from trainperf.files import AtomicOutput, write_json_atomic
-from trainperf.workloads.unet3d import data as D
+from trainperf.workloads.unet3d import data as unet3d_data
 
 HU = {"air": -1000.0, "fat": -90.0, "soft": 40.0, "liver": 110.0, "spleen": 120.0, "cortex": 230.0,
       "medulla": 130.0, "tumour": -40.0, "bone": 700.0, "aorta": 230.0}
 
 
 def _norm(hu: np.ndarray) -> np.ndarray:
-    return ((np.clip(hu, *D.CLIP) - D.MEAN) / D.STD).astype(np.float32)
+    return ((np.clip(hu, *unet3d_data.CLIP) - unet3d_data.MEAN) / unet3d_data.STD).astype(np.float32)
 
 
 def _ellipsoid(grid: tuple[np.ndarray, ...], centre: np.ndarray, radii: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from trainperf.workloads.coco import masks as K
+from trainperf.workloads.common.coco import masks as coco_masks
 
 BACKENDS = ("pycocotools", "faster-coco-eval")
 
@@ -83,7 +83,7 @@ def box_and_mask_ap(totals: dict[str, Any], annotation_file: str, image_ids: lis
             image = _ground_truth(annotation_file, backend).imgs[int(rows[0, 0])]
             boxes = rows[:, 1:5].copy()
             boxes[:, 2:] += boxes[:, :2]
-            part = K.encode(K.paste(part, boxes, image["height"], image["width"]))
+            part = coco_masks.encode(coco_masks.paste(part, boxes, image["height"], image["width"]))
         segm.extend({"image_id": int(r[0]), "category_id": int(r[6]), "score": float(r[5]), "segmentation": rle}
                     for r, rle in zip(rows, part, strict=True))
     if not segm:

@@ -31,7 +31,7 @@ from torch.utils.data import Dataset
 
 from trainperf.errors import TrainperfError, shown
 from trainperf.files import AtomicOutput
-from trainperf.workloads.coco.masks import check_segmentation, rasterize
+from trainperf.workloads.common.coco.masks import check_segmentation, rasterize
 
 MINI_FORMAT_VERSION = 1
 MANIFEST = "trainperf_coco.json"

@@ -14,9 +14,9 @@ from typing import Any, ClassVar, TypeVar
 
 from trainperf.errors import TrainperfError
 from trainperf.spec import DataParts, EvalPartial, Metric, Recipe, RuntimeContext, Workload
-from trainperf.workloads.coco import data as C
-from trainperf.workloads.coco import loading as L
-from trainperf.workloads.coco import scoring
+from trainperf.workloads.common.coco import data as coco
+from trainperf.workloads.common.coco import loading as coco_loading
+from trainperf.workloads.common.coco import scoring
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ D = TypeVar("D", bound=DetectorRecipe)
 class Detector(Workload[D]):
     """A detector on a COCO-format dataset, scored by COCO box AP in a worker process when asynchronous."""
 
-    data: ClassVar[L.DetectionData]
+    data: ClassVar[coco_loading.DetectionData]
     background: ClassVar[int]  # 1: the model's class 0 is the background (labels from 1); 0: none
     metric = Metric("box_ap", higher_is_better=True)
     mlperf_runs = 5
@@ -57,7 +57,7 @@ class Detector(Workload[D]):
         return self.data.problems(scale, data_dir)
 
     def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
-        from trainperf.workloads.coco.data import read_instances
+        from trainperf.workloads.common.coco.data import read_instances
 
         # The evaluation split alone (train's annotations are ten times larger), without its masks.
         val = read_instances(data_dir, self.data.layout.splits[1], layout=self.data.layout)
@@ -89,11 +89,12 @@ class Detector(Workload[D]):
                          evaluate=self.evaluation(recipe, val, ctx, loaders.val_batches, metric))
 
     @abstractmethod
-    def loaders(self, recipe: D, train: C.CocoIndex, val: C.CocoIndex, ctx: RuntimeContext) -> L.Loaders:
+    def loaders(self, recipe: D, train: coco.CocoIndex, val: coco.CocoIndex,
+                ctx: RuntimeContext) -> coco_loading.Loaders:
         """The batches, images converted to the model's input (labels from `background`)."""
 
     @abstractmethod
-    def evaluation(self, recipe: D, val: C.CocoIndex, ctx: RuntimeContext,
+    def evaluation(self, recipe: D, val: coco.CocoIndex, ctx: RuntimeContext,
                    batches: Callable[[], Iterator[tuple[Any, list[int]]]],
                    metric: Callable[[dict[str, Any]], float]) -> Callable[..., EvalPartial]:
         """evaluate(forward): inference on this process's share of val, detections as COCO rows."""

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainperf.workloads.wmt.text import BOS, EOS, PAD, Encoded, pad_batch
+from trainperf.workloads.common.wmt.text import BOS, EOS, PAD, Encoded, pad_batch
 
 
 def training_batch(src: Encoded, tgt: Encoded, rows: np.ndarray, device: torch.device,

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from trainperf.errors import TrainperfError
-from trainperf.workloads.coco.data import (
+from trainperf.workloads.common.coco.data import (
     MINI_COUNTS,
     MINI_SIZE,
     CocoDetection,
@@ -24,7 +24,7 @@ from trainperf.workloads.coco.data import (
     mini_ready,
     read_instances,
 )
-from trainperf.workloads.coco.masks import rasterize
+from trainperf.workloads.common.coco.masks import rasterize
 
 
 @dataclass(frozen=True)
