@@ -20,20 +20,25 @@ What the contract can express, and which MLPerf workload needs it:
 
 The contract lives in one package, a file per idea; everything is importable from `trainperf.spec`:
 quality.py (Metric), cadence.py (Cadence), recipe.py (Recipe), context.py (RuntimeContext),
-batches.py (splitting and counting batches), assets.py (Assets), parts.py (ModelParts, DataParts,
-EvalPartial, EpochView, Logged), workload.py (Workload), results.py (Evaluation, RunResult).
+fields.py (a recipe field's interval), batches.py (splitting and counting batches), assets.py (Assets),
+parts.py (ModelParts, DataParts, EvalPartial, EpochView, Logged), workload.py (Workload),
+results.py (Evaluation, RunResult).
 """
 
 from trainperf.spec.assets import Assets
 from trainperf.spec.batches import count_samples, per_epoch_schedule, split_batch
 from trainperf.spec.cadence import Cadence
 from trainperf.spec.context import RuntimeContext, bare_model, uncompiled
+from trainperf.spec.fields import Count, Counts, Fraction, Positive, Share
 from trainperf.spec.parts import DataParts, EpochView, EvalPartial, Logged, ModelParts
 from trainperf.spec.quality import EPOCH_NUM_STYLES, SCALES, Metric, Quality, Target
 from trainperf.spec.recipe import R, Recipe
 from trainperf.spec.results import Evaluation, RunResult
 from trainperf.spec.workload import Workload
 
-__all__ = ["EPOCH_NUM_STYLES", "SCALES", "Assets", "Cadence", "DataParts", "EpochView", "EvalPartial", "Evaluation",
-           "Logged", "Metric", "ModelParts", "Quality", "R", "Recipe", "RunResult", "RuntimeContext", "Target",
-           "Workload", "bare_model", "count_samples", "per_epoch_schedule", "split_batch", "uncompiled"]
+__all__ = [
+    "EPOCH_NUM_STYLES", "SCALES", "Assets", "Cadence", "Count", "Counts", "DataParts", "EpochView",
+    "EvalPartial", "Evaluation", "Fraction", "Logged", "Metric", "ModelParts", "Positive", "Quality", "R",
+    "Recipe", "RunResult", "RuntimeContext", "Share", "Target", "Workload", "bare_model", "count_samples",
+    "per_epoch_schedule", "split_batch", "uncompiled",
+]

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from trainperf.errors import TrainperfError
+from trainperf.spec import fields
+from trainperf.spec.fields import Count, Counts
 
 
 @dataclass(frozen=True)
@@ -23,10 +25,10 @@ class Cadence:
     Budget: `max_epochs` and/or `max_samples` (0 = none); the point where it is spent is evaluated.
     """
 
-    every: int = 1
-    first: int = 1
-    epochs: tuple[int, ...] = ()
-    per_epoch: int = 1
+    every: Count = 1
+    first: Count = 1
+    epochs: Counts = ()
+    per_epoch: Count = 1
     every_samples: int = 0
     first_samples: int = 0
     max_epochs: int = 0
@@ -36,15 +38,9 @@ class Cadence:
     reference_epoch_samples: int = 0
 
     def __post_init__(self) -> None:
-        if self.every < 1 or self.first < 1 or self.per_epoch < 1:
-            raise TrainperfError(f"eval cadence: eval_every, eval_first and evals_per_epoch must be >= 1, got "
-                                 f"{self.every}, {self.first} and {self.per_epoch}")
-        if any(e < 1 for e in self.epochs) or list(self.epochs) != sorted(set(self.epochs)):
-            raise TrainperfError(f"eval cadence: eval_epochs must be increasing epoch numbers >= 1, got "
-                                 f"{list(self.epochs)}")
-        if min(self.every_samples, self.first_samples, self.max_epochs, self.max_samples,
-               self.reference_epoch_samples) < 0:
-            raise TrainperfError("eval cadence: sample counts and budgets must be >= 0")
+        fields.check(self, "eval cadence: ")
+        if list(self.epochs) != sorted(set(self.epochs)):
+            raise TrainperfError(f"eval cadence: eval_epochs must be increasing epoch numbers, got {list(self.epochs)}")
         if self.max_epochs == 0 and self.max_samples == 0:
             raise TrainperfError("budget: max_epochs or max_samples must be > 0")
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import typing
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from trainperf.errors import TrainperfError
+from trainperf.spec import fields
 from trainperf.spec.cadence import Cadence
+from trainperf.spec.fields import Count, Counts
 from trainperf.spec.quality import EPOCH_NUM_STYLES
 
 
@@ -25,17 +26,17 @@ class Recipe:
     """
 
     name: str
-    global_batch_size: int
+    global_batch_size: Count
     max_epochs: int  # budget in epochs (0: none; then max_samples must be set)
     target: float
-    eval_every: int
-    eval_first: int
-    grad_accum_steps: int = 1
+    eval_every: Count
+    eval_first: Count
+    grad_accum_steps: Count = 1
     # Evaluations inside each epoch, evenly spaced by steps (DLRM: 20, i.e. every 0.05 epoch); the
     # last of them is the end-of-epoch evaluation that eval_every/eval_first schedule.
-    evals_per_epoch: int = 1
+    evals_per_epoch: Count = 1
     # Evaluate after these epochs instead of every eval_every from eval_first (SSD v0.7: 40,50,55,…).
-    eval_epochs: tuple[int, ...] = ()
+    eval_epochs: Counts = ()
     # Evaluate every N training samples instead (BERT); the log's epoch_num is then samples.
     eval_every_samples: int = 0
     eval_first_samples: int = 0  # the first such evaluation (0: at eval_every_samples)
@@ -64,31 +65,6 @@ class Recipe:
     BATCH_UNIT: ClassVar[str] = "samples"
     # Values a field may take, for fields restricted to a set (checked by `validate`).
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {}
-    # The interval each numeric field must lie in, by field name, for every recipe (and its nested
-    # configs, e.g. the model's) that has such a field; a subclass adds its own (merged along the MRO).
-    # A number named nowhere must be finite and >= 0. Checked by `validate`, so `--set` refuses
-    # label_smoothing=2 or stem_width=0 in one line instead of a traceback from deep inside the model.
-    RANGES: ClassVar[dict[str, str]] = {
-        **dict.fromkeys(("base_lr", "init_lr", "eps", "lars_eta", "poly_power",
-                         "alpha", "init_scale", "max_duration", "synthetic_seconds"), "(0, inf)"),
-        **dict.fromkeys(("label_smoothing", "momentum", "dropout", "enc_dropout", "pred_dropout", "joint_dropout",
-                         "ema", "beta1", "beta2", "overlap", "score_threshold", "noise_mix"), "[0, 1)"),
-        **dict.fromkeys(("min_crop_area", "nms_iou", "remain_fraction", "decay", "decay_factor"), "(0, 1]"),
-        **dict.fromkeys((
-            "width", "widths", "blocks", "stem_width", "fc_width", "hidden", "layers", "heads", "intermediate",
-            "dim", "ffn", "encoder_layers", "decoder_layers", "enc_hidden", "pre_layers", "post_layers",
-            "pred_hidden", "pred_layers", "joint_hidden", "joint_chunks", "embedding_dim", "factors", "mlp_layers",
-            "bottom_mlp", "top_mlp", "table_sizes", "fpn_channels", "mask_channels", "channels", "representation",
-            "num_classes", "image_size", "min_image_size", "max_image_size", "eval_resize", "eval_batch_size",
-            "eval_batch_users", "beam", "buckets", "board_size", "readouts", "patch", "max_seq_length",
-            "max_predictions", "max_per_row", "vocab_size", "max_positions", "pieces", "synthetic_pieces",
-            "max_symbols", "rois",
-            "candidates", "mask_pool", "max_detections", "max_decode_length", "users", "items", "eval_windows",
-            "games_per_generation", "eval_games", "eval_readouts", "virtual_losses",
-            "crop_trials", "train_steps"), "[1, inf)"),
-        "start_warmup_step": "(-inf, 0]",  # BERT's RCPs start the warmup before step 0
-        "resign_threshold": "[-1, 0]",
-    }
     # What moves with the global batch (`for_batch`): the learning rates (a number or a tuple of them),
     # and the schedule points counted in optimizer steps (warmup, decay boundaries), which are rescaled
     # to cover the same number of samples. Schedules written in epochs need nothing.
@@ -109,18 +85,12 @@ class Recipe:
                        max_samples=self.max_samples, reference_epoch_samples=self.cadence_epoch_samples)
 
     def validate(self) -> None:
-        """Raise TrainperfError naming the field when a value makes no sense."""
-        for key in ("global_batch_size", "eval_every", "eval_first", "grad_accum_steps", "evals_per_epoch"):
-            if getattr(self, key) < 1:
-                raise TrainperfError(f"recipe field {key} must be >= 1, got {getattr(self, key)}")
-        for key in ("max_epochs", "max_samples", "eval_every_samples", "eval_first_samples",
-                    "cadence_epoch_samples"):
-            if getattr(self, key) < 0:
-                raise TrainperfError(f"recipe field {key} must be >= 0, got {getattr(self, key)}")
+        """Raise TrainperfError naming the field when a value makes no sense: each numeric field against
+        the interval declared with it (spec.fields), then the rules across fields. A subclass extends
+        it with its own rules across fields only."""
+        fields.check(self, "recipe field ")
         if self.max_epochs == 0 and self.max_samples == 0:
             raise TrainperfError("recipe fields max_epochs and max_samples: at least one budget must be > 0")
-        if self.max_grad_norm < 0:
-            raise TrainperfError(f"recipe field max_grad_norm must be >= 0 (0: no clipping), got {self.max_grad_norm}")
         if self.ruleset:
             from trainperf import rulesets
 
@@ -141,15 +111,11 @@ class Recipe:
                     f"recipe field {key}={getattr(self, key)!r} is not one of: "
                     + ", ".join(str(a) for a in allowed)
                 )
-        _check_ranges(self, "", self.ranges())
         self.cadence  # noqa: B018 - builds (and so checks) the cadence
 
-    @classmethod
-    def ranges(cls) -> dict[str, str]:
-        merged: dict[str, str] = {}
-        for klass in reversed(cls.__mro__):
-            merged.update(vars(klass).get("RANGES", {}))
-        return merged
+    def intervals(self) -> dict[str, str]:
+        """"name" or "config.name" -> the interval each numeric field must lie in, as written."""
+        return fields.intervals(self)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -232,34 +198,6 @@ def _settable(cls: type) -> dict[str, tuple[Any, ...]]:
         else:
             found[f.name] = (f.name, annotation)
     return found
-
-
-_INTERVAL = re.compile(r"([\[(])(-?inf|-?[\d.]+), (-?inf|-?[\d.]+)([\])])")
-
-
-def _within(value: float, interval: str) -> bool:
-    match = _INTERVAL.fullmatch(interval)
-    if match is None:
-        raise ValueError(f"bad interval {interval!r}")  # a programming error in RANGES
-    left, lo, hi, right = match.groups()
-    low, high = float(lo), float(hi)
-    return ((value >= low) if left == "[" else (value > low)) and ((value <= high) if right == "]" else (value < high))
-
-
-def _check_ranges(obj: Any, prefix: str, ranges: dict[str, str]) -> None:
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            _check_ranges(value, f"{prefix}{f.name}.", {**ranges, **getattr(value, "RANGES", {})})
-            continue
-        numbers = value if isinstance(value, tuple) else (value,)
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
-            continue
-        interval = ranges.get(f.name, "[0, inf)")
-        bad = next((v for v in numbers if not math.isfinite(v) or not _within(v, interval)), None)
-        if bad is not None:
-            shown = _short(value) if isinstance(value, tuple) else _short(bad)
-            raise TrainperfError(f"recipe field {prefix}{f.name}={shown}: expected a finite value in {interval}")
 
 
 def _short(value: Any) -> str:

@@ -11,8 +11,9 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
+import annotated_types as at
 import numpy as np
 import torch
 from torch import nn
@@ -31,6 +32,7 @@ from trainperf.spec import (
     Workload,
     bare_model,
 )
+from trainperf.spec.fields import Count, Fraction, Positive
 from trainperf.workloads.bert import batches as bert_batches
 from trainperf.workloads.bert import data as bert_data
 from trainperf.workloads.bert import model as bert_model
@@ -48,21 +50,21 @@ class BertRecipe(Recipe):
     STEP_FIELDS: ClassVar[tuple[str, ...]] = ("train_steps", "warmup_steps", "start_warmup_step")
     WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
     # LAMB and the reference schedule (opt_learning_rate_training_steps = train_steps).
-    base_lr: float = 4e-4
-    train_steps: int = 8103
+    base_lr: Positive = 4e-4
+    train_steps: Count = 8103
     warmup_steps: int = 0
-    start_warmup_step: int = 0
-    beta1: float = 0.9
-    beta2: float = 0.999
+    start_warmup_step: Annotated[int, at.Le(0)] = 0
+    beta1: Fraction = 0.9
+    beta2: Fraction = 0.999
     weight_decay: float = 0.01
-    eps: float = 1e-6
+    eps: Positive = 1e-6
     # The network, BERT-Large by default (`--set model.hidden=…` or `--set hidden=…`): a checkpoint
     # must have its sizes; vocab_size and max_positions are the checkpoint's where there is one.
     model: bert_model.BertConfig = bert_model.BertConfig()
-    max_seq_length: int = 512  # synthetic batches' length (real ones: the shards')
-    max_predictions: int = 76
-    max_per_row: int = 3  # sequences per packed row (packing=true)
-    eval_batch_size: int = 64
+    max_seq_length: Count = 512  # synthetic batches' length (real ones: the shards')
+    max_predictions: Count = 76
+    max_per_row: Count = 3  # sequences per packed row (packing=true)
+    eval_batch_size: Count = 64
     cache_shards: bool = False  # keep every training shard in memory after its first read
     # The phase-1 state dict: "" = DIR/phase1/model.ckpt-28252.pt, "shipped" = the mini checkpoint in the
     # package (its vocabulary and SHA-256 checked), "none" = random initialisation, else a path.

@@ -18,28 +18,27 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainperf.errors import TrainperfError
+from trainperf.spec.fields import Count, Fraction
 
 IGNORE = -100  # label of a padding slot (cross_entropy's ignore_index)
 
 
 @dataclass(frozen=True)
 class BertConfig:
-    vocab_size: int = 30522
-    hidden: int = 1024
-    layers: int = 24
-    heads: int = 16
-    intermediate: int = 4096
-    max_positions: int = 512
+    vocab_size: Count = 30522
+    hidden: Count = 1024
+    layers: Count = 24
+    heads: Count = 16
+    intermediate: Count = 4096
+    max_positions: Count = 512
     type_vocab: int = 2
-    dropout: float = 0.1
+    dropout: Fraction = 0.1
     init_std: float = 0.02
     layer_norm_eps: float = 1e-12
 
     def validate(self) -> None:
         if self.hidden % self.heads:
             raise TrainperfError(f"BERT: hidden {self.hidden} must be divisible by heads {self.heads}")
-        if min(self.vocab_size, self.hidden, self.layers, self.heads, self.intermediate, self.max_positions) < 1:
-            raise TrainperfError("BERT: every size must be >= 1")
 
     def flops_per_token(self, seq_len: int, predictions: int) -> float:
         """Training FLOPs per token (forward + backward = 3x forward): the encoder's matmuls and

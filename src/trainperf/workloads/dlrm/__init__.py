@@ -32,6 +32,7 @@ from trainperf.spec import (
     Workload,
     bare_model,
 )
+from trainperf.spec.fields import Count, Counts, Positive
 from trainperf.workloads.dlrm import data as dlrm_data
 from trainperf.workloads.dlrm import mini as dlrm_mini
 
@@ -50,20 +51,20 @@ class DLRMRecipe(Recipe):
     LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
     STEP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps", "decay_start_step", "decay_steps")
     WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
-    base_lr: float = 1.0
+    base_lr: Positive = 1.0
     warmup_steps: int = 0
     decay_start_step: int = 0
     decay_steps: int = 0
-    poly_power: float = 2.0  # fixed by the closed rules
-    embedding_dim: int = 128
-    bottom_mlp: tuple[int, ...] = (512, 256, 128)  # after the 13 dense inputs; the last = embedding_dim
-    top_mlp: tuple[int, ...] = (1024, 1024, 512, 256, 1)
-    eval_batch_size: int = 16384
+    poly_power: Positive = 2.0  # fixed by the closed rules
+    embedding_dim: Count = 128
+    bottom_mlp: Counts = (512, 256, 128)  # after the 13 dense inputs; the last = embedding_dim
+    top_mlp: Counts = (1024, 1024, 512, 256, 1)
+    eval_batch_size: Count = 16384
     # Where the embedding tables live: "device" (with the MLPs) or "cpu" (host memory, the MLPs and
     # the interaction on the device). The reference tables (~96 GB in fp32) fit no single 80 GB GPU.
     embedding_device: str = "device"
     # The tables of a run without a prepared dataset (synthetic benchmarks); a dataset's own sizes win.
-    table_sizes: tuple[int, ...] = CRITEO_1TB_TABLE_SIZES
+    table_sizes: Counts = CRITEO_1TB_TABLE_SIZES
     # At most this many rows per table, ids taken modulo it (the reference's --max-ind-range, which its
     # preprocessing already applies at 40,000,000); 0: no cap. Fits the 96 GB of reference tables on a
     # smaller machine, at the price of hashed ids (no longer the reference model).
@@ -82,13 +83,9 @@ class DLRMRecipe(Recipe):
                                  f"got {self.bottom_mlp}")
         if self.top_mlp[-1:] != (1,):
             raise TrainperfError(f"recipe: top_mlp must end with 1 (the click logit), got {self.top_mlp}")
-        if min(self.warmup_steps, self.decay_start_step, self.decay_steps) < 0:
-            raise TrainperfError("recipe: warmup_steps, decay_start_step and decay_steps must be >= 0")
-        if len(self.table_sizes) != dlrm_data.N_SPARSE or min(self.table_sizes) < 1:
-            raise TrainperfError(f"recipe field table_sizes: {dlrm_data.N_SPARSE} table sizes >= 1 expected, got "
+        if len(self.table_sizes) != dlrm_data.N_SPARSE:
+            raise TrainperfError(f"recipe field table_sizes: {dlrm_data.N_SPARSE} table sizes expected, got "
                                  f"{len(self.table_sizes)}")
-        if self.max_ind_range < 0:
-            raise TrainperfError(f"recipe field max_ind_range must be >= 0 (0: no cap), got {self.max_ind_range}")
         if self.embeddings == "torchrec" and self.embedding_device == "cpu":
             raise TrainperfError("recipe fields embeddings=torchrec and embedding_device=cpu: TorchRec places the "
                                  "tables itself (in host memory behind a device cache where a GPU cannot hold them)")

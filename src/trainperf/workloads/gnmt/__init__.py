@@ -29,6 +29,7 @@ from trainperf.spec import (
     Workload,
     bare_model,
 )
+from trainperf.spec.fields import Count, Fraction, Positive, Share
 from trainperf.workloads.common.wmt import batching, bleu
 from trainperf.workloads.common.wmt import parts as wmt_parts
 from trainperf.workloads.common.wmt.text import PAD
@@ -43,27 +44,27 @@ class GNMTRecipe(Recipe):
     WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
     # global_batch_size is in sentences (the reference: 128 per process).
     bpe_merges: int = gnmt_data.FULL_MERGES  # names the data files read (train.tok.clean.bpe.<merges>.en, ...)
-    hidden: int = 1024
-    dropout: float = 0.2
-    label_smoothing: float = 0.1
-    init_scale: float = 0.1  # every parameter uniform in [-init_scale, init_scale]
+    hidden: Count = 1024
+    dropout: Fraction = 0.2
+    label_smoothing: Fraction = 0.1
+    init_scale: Positive = 0.1  # every parameter uniform in [-init_scale, init_scale]
     # The attention's normalisation scalar starts at attention_scale (0: the reference's 1/sqrt(hidden)).
     attention_scale: float = 0.0
     forget_bias: float = 0.0  # the LSTMs' forget-gate bias at start (the reference: uniform like the rest)
     # Adam; exponential warmup from 1 % over warmup_steps, held until remain_fraction of all the run's
     # iterations, then decay_steps multiplications by decay_factor at equal intervals (the reference).
-    base_lr: float = 2e-3
+    base_lr: Positive = 2e-3
     warmup_steps: int = 200
-    remain_fraction: float = 0.666
+    remain_fraction: Share = 0.666
     decay_steps: int = 4
-    decay_factor: float = 0.5
-    buckets: int = 5  # length buckets of the batching sampler
-    beam: int = 5
-    alpha: float = 0.6  # length normalisation ((lp_constant + length) / (lp_constant + 1)) ** alpha
+    decay_factor: Share = 0.5
+    buckets: Count = 5  # length buckets of the batching sampler
+    beam: Count = 5
+    alpha: Positive = 0.6  # length normalisation ((lp_constant + length) / (lp_constant + 1)) ** alpha
     lp_constant: float = 5.0
     coverage: float = 0.1  # coverage penalty weight
-    max_decode_length: int = 150
-    eval_batch_size: int = 128
+    max_decode_length: Count = 150
+    eval_batch_size: Count = 128
 
     def validate(self) -> None:
         super().validate()

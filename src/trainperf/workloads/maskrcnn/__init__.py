@@ -16,6 +16,7 @@ from torch import nn
 from trainperf.errors import TrainperfError
 from trainperf.optim import kernels
 from trainperf.spec import Assets, EvalPartial, Metric, ModelParts, RuntimeContext
+from trainperf.spec.fields import Count, Fraction, Positive, Share
 from trainperf.workloads.common.coco import data as coco
 from trainperf.workloads.common.coco import loading as coco_loading
 from trainperf.workloads.common.coco import scoring
@@ -34,32 +35,32 @@ class MaskRCNNRecipe(DetectorRecipe):
     WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
     target: tuple[float, ...]  # box AP and mask AP, both to be reached
     model: str = "maskrcnn"  # maskrcnn (the reference's R50-FPN) | mini
-    num_classes: int = COCO_CLASSES  # background included
-    min_image_size: int = 800
-    max_image_size: int = 1333
+    num_classes: Count = COCO_CLASSES  # background included
+    min_image_size: Count = 800
+    max_image_size: Count = 1333
     # The reference feeds BGR 0..255 minus the Caffe2 means (its MSRA R-50 weights); torchvision's
     # ImageNet resnet50 weights expect rgb: RGB 0..1 normalised by their mean and std.
     input_format: str = "bgr255"
     # SGD with momentum; biases at bias_lr_factor x the LR and no weight decay (the reference's
     # BIAS_LR_FACTOR 2, WEIGHT_DECAY_BIAS 0). Linear warmup from warmup_factor over warmup_steps
     # (optimizer steps), then x decay_factor at each of decay_steps.
-    base_lr: float = 0.02
-    momentum: float = 0.9
+    base_lr: Positive = 0.02
+    momentum: Fraction = 0.9
     weight_decay: float = 1e-4
     bias_lr_factor: float = 2.0
     warmup_steps: int = 500
     warmup_factor: float = 1.0 / 3
     decay_steps: tuple[int, ...] = (60_000, 80_000)
-    decay_factor: float = 0.1
-    candidates: int = 1000  # RPN post-NMS proposals per image in training (logged x images per process)
-    max_detections: int = 100
-    eval_batch_size: int = 8
-    width: int = 16  # mini body width
-    fpn_channels: int = 32  # mini FPN width
-    representation: int = 128  # mini box head FC width
-    mask_channels: int = 32  # mini mask head width (one convolution)
-    mask_pool: int = 7  # mini mask RoI size (its masks are twice that)
-    rois: int = 512  # RoIs sampled per image for the box and mask heads
+    decay_factor: Share = 0.1
+    candidates: Count = 1000  # RPN post-NMS proposals per image in training (logged x images per process)
+    max_detections: Count = 100
+    eval_batch_size: Count = 8
+    width: Count = 16  # mini body width
+    fpn_channels: Count = 32  # mini FPN width
+    representation: Count = 128  # mini box head FC width
+    mask_channels: Count = 32  # mini mask head width (one convolution)
+    mask_pool: Count = 7  # mini mask RoI size (its masks are twice that)
+    rois: Count = 512  # RoIs sampled per image for the box and mask heads
 
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("maskrcnn", "mini"),
                                                      "input_format": ("bgr255", "rgb"),

@@ -18,8 +18,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
+import annotated_types as at
 import numpy as np
 import torch
 from torch import nn
@@ -37,6 +38,7 @@ from trainperf.spec import (
     RuntimeContext,
     Workload,
 )
+from trainperf.spec.fields import Count, Fraction
 from trainperf.workloads.minigo import go, mcts, selfplay
 from trainperf.workloads.minigo import model as minigo_model
 
@@ -49,31 +51,31 @@ MINI_MANIFEST = PACKAGE / "target.json"
 class MiniGoRecipe(Recipe):
     LR_FIELDS: ClassVar[tuple[str, ...]] = ("lr_rates",)
     STEP_FIELDS: ClassVar[tuple[str, ...]] = ("lr_boundaries",)
-    board_size: int = 19
+    board_size: Count = 19
     komi: float = 7.5
-    width: int = 64  # residual trunk channels (conv_width)
-    blocks: int = 6  # trunk_layers
-    fc_width: int = 64
+    width: Count = 64  # residual trunk channels (conv_width)
+    blocks: Count = 6  # trunk_layers
+    fc_width: Count = 64
     value_weight: float = 0.5  # value_cost_weight
     l2: float = 1e-4
-    momentum: float = 0.9
+    momentum: Fraction = 0.9
     lr_rates: tuple[float, ...] = (0.016, 0.16, 0.016, 0.0016)
     lr_boundaries: tuple[int, ...] = (128, 10_000, 20_000)  # optimizer steps
-    games_per_generation: int = 8192  # min_games_per_iteration
+    games_per_generation: Count = 8192  # min_games_per_iteration
     window: int = 5  # generations whose games are trained on
     train_filter: float = 0.3  # share of the window's positions trained on per generation
-    readouts: int = 800
+    readouts: Count = 800
     fastplay_frequency: float = 0.75
     fastplay_readouts: int = 80
-    virtual_losses: int = 4
+    virtual_losses: Count = 4
     dirichlet_alpha: float = 0.03
-    noise_mix: float = 0.3
+    noise_mix: Fraction = 0.3
     value_init_penalty: float = 0.2
     softpick_moves: int = 30
-    resign_threshold: float = -0.9
+    resign_threshold: Annotated[float, at.Interval(ge=-1, le=0)] = -0.9
     disable_resign_pct: float = 0.1
-    eval_games: int = 100
-    eval_readouts: int = 100
+    eval_games: Count = 100
+    eval_readouts: Count = 100
     eval_softpick_moves: int = 4
     # Search only sensible moves (no own-eye filling; the pass only after a pass or when nothing else is
     # left): the mini's few readouts need it; the reference searches every legal move.

@@ -27,6 +27,7 @@ from trainperf.spec import (
     Workload,
     bare_model,
 )
+from trainperf.spec.fields import Count, Counts, Fraction, Positive
 from trainperf.workloads.ncf import data as ncf_data
 
 TOP_K = 10
@@ -37,18 +38,18 @@ MINI_USERS, MINI_ITEMS = 3000, 1000
 @dataclass(frozen=True)
 class NCFRecipe(Recipe):
     LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
-    factors: int = 64  # GMF embedding size
-    mlp_layers: tuple[int, ...] = (256, 256, 128, 64)  # first = concatenated user+item MLP embeddings
-    base_lr: float = 5e-4
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
+    factors: Count = 64  # GMF embedding size
+    mlp_layers: Counts = (256, 256, 128, 64)  # first = concatenated user+item MLP embeddings
+    base_lr: Positive = 5e-4
+    beta1: Fraction = 0.9
+    beta2: Fraction = 0.999
+    eps: Positive = 1e-8
     train_negatives: int = 4
-    eval_batch_users: int = 256
+    eval_batch_users: Count = 256
     # The embeddings of a run without a converted dataset (synthetic benchmarks): ml-20m's users and
     # items; a dataset's own counts win.
-    users: int = 138_493
-    items: int = 26_744
+    users: Count = 138_493
+    items: Count = 26_744
 
     def validate(self) -> None:
         super().validate()

@@ -28,6 +28,7 @@ from trainperf.spec import (
     Workload,
     per_epoch_schedule,
 )
+from trainperf.spec.fields import Count, Counts, Fraction, Positive, Share
 from trainperf.workloads.resnet import data as resnet_data
 from trainperf.workloads.resnet.model import MiniResNet, build_resnet50
 
@@ -39,22 +40,22 @@ class ResNetRecipe(Recipe):
     LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
     WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_epochs",)
     model: str = "resnet50"
-    num_classes: int = 1000
+    num_classes: Count = 1000
     optimizer: str = "lars"
-    base_lr: float = 10.5
+    base_lr: Positive = 10.5
     end_lr: float = 1e-4
     warmup_epochs: float = 2.0
     # LR horizon: linear warmup, then polynomial decay until this epoch (decay = train - warmup).
     train_epochs: float = 39.0
-    poly_power: float = 2.0
-    momentum: float = 0.9
+    poly_power: Positive = 2.0
+    momentum: Fraction = 0.9
     weight_decay: float = 5e-5
-    label_smoothing: float = 0.1
-    lars_eta: float = 0.001
+    label_smoothing: Fraction = 0.1
+    lars_eta: Positive = 0.001
     lars_epsilon: float = 0.0
-    image_size: int = 224
-    eval_resize: int = 256
-    min_crop_area: float = 0.05
+    image_size: Count = 224
+    eval_resize: Count = 256
+    min_crop_area: Share = 0.05
     hflip: bool = True
     in_memory: bool = False
     num_workers: int = 8
@@ -62,21 +63,19 @@ class ResNetRecipe(Recipe):
     # image; "device": the workers only read the files, and the training device decodes each batch in one
     # call (nvjpeg on a GPU, through TorchCodec where installed) and crops, resizes and flips it there.
     decode: str = "workers"
-    eval_batch_size: int = 256
+    eval_batch_size: Count = 256
     # mini model shape (model=mini)
-    stem_width: int = 32
-    widths: tuple[int, ...] = (16, 32, 64)
-    blocks: tuple[int, ...] = (1, 1, 1)
+    stem_width: Count = 32
+    widths: Counts = (16, 32, 64)
+    blocks: Counts = (1, 1, 1)
 
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("resnet50", "mini"), "optimizer": ("sgd", "lars"),
                                                      "decode": resnet_data.DECODERS}
 
     def validate(self) -> None:
         super().validate()
-        if self.base_lr <= 0 or self.train_epochs <= self.warmup_epochs or self.warmup_epochs < 0:
-            raise TrainperfError("recipe: need base_lr > 0 and train_epochs > warmup_epochs >= 0")
-        if not 0 < self.min_crop_area <= 1:
-            raise TrainperfError(f"recipe field min_crop_area must be in (0, 1], got {self.min_crop_area}")
+        if self.train_epochs <= self.warmup_epochs:
+            raise TrainperfError("recipe fields train_epochs and warmup_epochs: need train_epochs > warmup_epochs")
         if self.model == "mini" and len(self.widths) != len(self.blocks):
             raise TrainperfError("recipe fields widths and blocks must have the same length")
 

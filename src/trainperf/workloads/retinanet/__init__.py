@@ -22,6 +22,7 @@ from trainperf.spec import (
     RuntimeContext,
     per_epoch_schedule,
 )
+from trainperf.spec.fields import Count, Positive
 from trainperf.workloads.common.coco import data as coco
 from trainperf.workloads.common.coco import loading as coco_loading
 from trainperf.workloads.common.coco import scoring
@@ -40,18 +41,18 @@ class RetinaNetRecipe(DetectorRecipe):
     LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
     WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_epochs",)
     model: str = "retinanet"  # retinanet (ResNeXt50-32x4d FPN, the reference) | mini
-    num_classes: int = OPENIMAGES_CLASSES  # sigmoid classes: no background class
-    image_size: int = 800  # every image is resized to this square inside the model
+    num_classes: Count = OPENIMAGES_CLASSES  # sigmoid classes: no background class
+    image_size: Count = 800  # every image is resized to this square inside the model
     # Adam (the closed rules' only optimizer); the learning rate is absolute, not scaled by the batch.
-    base_lr: float = 1e-4
+    base_lr: Positive = 1e-4
     weight_decay: float = 0.0
     warmup_epochs: float = 1.0
     warmup_factor: float = 1e-3  # the LR ramps linearly from base_lr * warmup_factor over warmup_epochs
     lr_schedule: str = "constant"  # constant after warmup (the reference) | cosine (to 0 at max_epochs)
-    eval_batch_size: int = 32
-    max_detections: int = 300
-    width: int = 32  # mini body width
-    fpn_channels: int = 64  # mini FPN and head width
+    eval_batch_size: Count = 32
+    max_detections: Count = 300
+    width: Count = 32  # mini body width
+    fpn_channels: Count = 64  # mini FPN and head width
 
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("retinanet", "mini"),
                                                      "lr_schedule": ("constant", "cosine"),

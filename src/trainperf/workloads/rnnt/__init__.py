@@ -32,6 +32,7 @@ from trainperf.spec import (
     bare_model,
     per_epoch_schedule,
 )
+from trainperf.spec.fields import Count, Fraction, Positive, Share
 from trainperf.workloads.rnnt import data as rnnt_data
 from trainperf.workloads.rnnt import model as rnnt_model
 from trainperf.workloads.rnnt.features import FeatureConfig, Featurizer, max_frames, speed_perturb
@@ -43,46 +44,44 @@ class RNNTRecipe(Recipe):
     LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
     WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_epochs",)
     # global_batch_size in utterances; LAMB with the reference's policy (model.lr_factor).
-    base_lr: float = 4e-3
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-9
+    base_lr: Positive = 4e-3
+    beta1: Fraction = 0.9
+    beta2: Fraction = 0.999
+    eps: Positive = 1e-9
     weight_decay: float = 1e-3
     warmup_epochs: int = 6
     hold_epochs: int = 40
-    decay: float = 0.935  # per epoch after warmup + hold (logged as opt_lamb_learning_rate_decay_poly_power)
+    decay: Share = 0.935  # per epoch after warmup + hold (logged as opt_lamb_learning_rate_decay_poly_power)
     min_lr: float = 1e-5
-    ema: float = 0.999  # the evaluation model's weights: an exponential moving average
+    ema: Fraction = 0.999  # the evaluation model's weights: an exponential moving average
     # The network (`--set model.enc_hidden=…` or `--set enc_hidden=…`); model.pieces is also which
     # sentencepiece model the data uses (librispeech<pieces>.model), and model.init_scale the RCPs'
     # model_weights_initialization_scale.
     model: rnnt_model.RNNTConfig = rnnt_model.RNNTConfig(init_scale=0.5)
     # data
     train_subsets: str = ",".join(rnnt_data.FULL_TRAIN)
-    max_duration: float = 16.7  # seconds; longer training utterances are dropped
-    buckets: int = 6
+    max_duration: Positive = 16.7  # seconds; longer training utterances are dropped
+    buckets: Count = 6
     in_memory: bool = False  # keep decoded training audio in memory after its first read
-    loader_threads: int = 8  # FLAC decoding threads (libsndfile releases the GIL)
-    eval_batch_size: int = 64
-    max_symbols: int = 300  # greedy decoding's cap per utterance
+    loader_threads: Count = 8  # FLAC decoding threads (libsndfile releases the GIL)
+    eval_batch_size: Count = 64
+    max_symbols: Count = 300  # greedy decoding's cap per utterance
     # The shape of `bench --synthetic` batches: a mean LibriSpeech training utterance (12.3 s, ~70 of
     # the 1,023 pieces); the mini's are 1.2 s and 3 pieces.
-    synthetic_seconds: float = 12.3
-    synthetic_pieces: int = 70
+    synthetic_seconds: Positive = 12.3
+    synthetic_pieces: Count = 70
     # The transducer loss: "wavefront" (trainperf's, in PyTorch: T + U steps of small kernels), or
     # "torchaudio" (torchaudio.functional.rnnt_loss: one CUDA kernel per pass, where torchaudio is
     # installed; it has no build for every torch).
     loss_impl: str = "wavefront"
     # The joint network and the loss over this many slices of the batch, recomputed in the backward
     # pass: the B x T x U x V logits (GBs at full size) exist one slice at a time, for a larger batch.
-    joint_chunks: int = 1
+    joint_chunks: Count = 1
 
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"loss_impl": ("wavefront", "torchaudio")}
 
     def validate(self) -> None:
         super().validate()
-        if self.loader_threads < 1:
-            raise TrainperfError(f"recipe field loader_threads must be >= 1, got {self.loader_threads}")
         features = FeatureConfig()
         if self.model.features != features.mels * features.stack:
             raise TrainperfError(f"recipe field model.features={self.model.features}: the featurizer gives "
@@ -92,8 +91,6 @@ class RNNTRecipe(Recipe):
             torchaudio_rnnt_loss()  # says at --set, not at the first step, when it cannot be had
         if not self.train_subsets.strip(","):
             raise TrainperfError("recipe field train_subsets: name at least one LibriSpeech subset")
-        if self.joint_chunks < 1:
-            raise TrainperfError(f"recipe field joint_chunks must be >= 1, got {self.joint_chunks}")
 
     @property
     def subsets(self) -> list[str]:

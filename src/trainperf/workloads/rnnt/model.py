@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from trainperf.spec.fields import Count, Fraction, Positive
+
 # The tensors the closed rules require a weights_initialization event for, by module name.
 INITIALIZED = ("pre_rnn", "post_rnn", "pred_embed", "dec_rnn", "joint_pred", "joint_enc", "joint_net")
 
@@ -26,19 +28,19 @@ INITIALIZED = ("pre_rnn", "post_rnn", "pred_embed", "dec_rnn", "joint_pred", "jo
 @dataclass(frozen=True)
 class RNNTConfig:
     features: int = 240
-    pieces: int = 1023  # sentencepiece pieces; classes = pieces + 1 (blank last)
-    enc_hidden: int = 1024
-    pre_layers: int = 2
-    post_layers: int = 3
+    pieces: Count = 1023  # sentencepiece pieces; classes = pieces + 1 (blank last)
+    enc_hidden: Count = 1024
+    pre_layers: Count = 2
+    post_layers: Count = 3
     stack_time: int = 2
-    pred_hidden: int = 512
-    pred_layers: int = 2
-    joint_hidden: int = 512
-    enc_dropout: float = 0.1
-    pred_dropout: float = 0.3
-    joint_dropout: float = 0.3
+    pred_hidden: Count = 512
+    pred_layers: Count = 2
+    joint_hidden: Count = 512
+    enc_dropout: Fraction = 0.1
+    pred_dropout: Fraction = 0.3
+    joint_dropout: Fraction = 0.3
     forget_bias: float = 1.0
-    init_scale: float = 0.45
+    init_scale: Positive = 0.45
 
     @property
     def classes(self) -> int:

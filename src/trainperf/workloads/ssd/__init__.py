@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
+import annotated_types as at
 import numpy as np
 import torch
 from torch import nn
 
-from trainperf.errors import TrainperfError
 from trainperf.optim import kernels
 from trainperf.spec import (
     Assets,
@@ -21,6 +21,7 @@ from trainperf.spec import (
     RuntimeContext,
     per_epoch_schedule,
 )
+from trainperf.spec.fields import Count, Fraction, Positive, Share
 from trainperf.workloads.common.coco import data as coco
 from trainperf.workloads.common.coco import loading as coco_loading
 from trainperf.workloads.common.coco import scoring
@@ -42,33 +43,26 @@ class SSDRecipe(DetectorRecipe):
     LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
     WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_epochs",)
     model: str = "ssd300"  # ssd300 | mini
-    num_classes: int = 81  # with the background
+    num_classes: Annotated[int, at.Ge(2)] = 81  # with the background
     optimizer: str = "sgd"  # sgd (the reference) | adamw
     # The learning rate per 32 images: the run's is base_lr * global_batch_size / 32 (the reference).
-    base_lr: float = 2.5e-3
-    momentum: float = 0.9
+    base_lr: Positive = 2.5e-3
+    momentum: Fraction = 0.9
     weight_decay: float = 5e-4
     warmup_epochs: float = 0.0
     warmup_factor: int = 0  # the MLPerf ramp: lr_b = r0 - (wb - b) r0 / (wb 2^factor)
     lr_schedule: str = "multistep"  # multistep (x decay_factor at decay_epochs) | cosine (to 0 at max_epochs)
     decay_epochs: tuple[int, ...] = (40, 50)
-    decay_factor: float = 0.1
-    crop_trials: int = 1  # SSD random crop retries (MLPerf `max_samples`: 1 or 50)
+    decay_factor: Share = 0.1
+    crop_trials: Count = 1  # SSD random crop retries (MLPerf `max_samples`: 1 or 50)
     color_jitter: bool = True
-    score_threshold: float = 0.05
-    nms_iou: float = 0.5
-    width: int = 32  # mini model width
+    score_threshold: Fraction = 0.05
+    nms_iou: Share = 0.5
+    width: Count = 32  # mini model width
 
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("ssd300", "mini"), "optimizer": ("sgd", "adamw"),
                                                      "lr_schedule": ("multistep", "cosine"), "crop_trials": (1, 50),
                                                      "coco_backend": scoring.BACKENDS}
-
-    def validate(self) -> None:
-        super().validate()
-        if self.base_lr <= 0 or self.warmup_epochs < 0 or not 0 < self.nms_iou <= 1:
-            raise TrainperfError("recipe: need base_lr > 0, warmup_epochs >= 0, 0 < nms_iou <= 1")
-        if self.num_classes < 2:
-            raise TrainperfError(f"recipe field num_classes must be >= 2 (with the background), got {self.num_classes}")
 
 
 def _full(batch: int, base_lr: float, decay: tuple[int, int], warmup_epochs: float, weight_decay: float,

@@ -29,6 +29,7 @@ from trainperf.spec import (
     Workload,
     bare_model,
 )
+from trainperf.spec.fields import Count, Fraction, Positive
 from trainperf.workloads.common.wmt import batching, bleu
 from trainperf.workloads.common.wmt import parts as wmt_parts
 from trainperf.workloads.common.wmt.text import PAD
@@ -43,24 +44,24 @@ class TransformerRecipe(Recipe):
     WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
     # global_batch_size is in TOKENS: a global batch holds sentences x longest side <= this many.
     BATCH_UNIT: ClassVar[str] = "tokens"
-    dim: int = 1024
-    heads: int = 16
-    ffn: int = 4096
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    dropout: float = 0.1
-    label_smoothing: float = 0.1
+    dim: Count = 1024
+    heads: Count = 16
+    ffn: Count = 4096
+    encoder_layers: Count = 6
+    decoder_layers: Count = 6
+    dropout: Fraction = 0.1
+    label_smoothing: Fraction = 0.1
     # Adam with a linear warmup to base_lr over warmup_steps, then base_lr * sqrt(warmup_steps / step).
     # The reference's 2.0 * d^-0.5 * min(step / 16000, 1) / sqrt(max(step, 16000)) is base_lr 4.94e-4.
-    base_lr: float = 2.0 * 1024 ** -0.5 * 16000 ** -0.5
+    base_lr: Positive = 2.0 * 1024 ** -0.5 * 16000 ** -0.5
     warmup_steps: int = 16000
-    beta1: float = 0.9
-    beta2: float = 0.997
-    eps: float = 1e-9
-    beam: int = 4
-    alpha: float = 0.6  # length penalty ((5 + length) / 6) ** alpha
+    beta1: Fraction = 0.9
+    beta2: Fraction = 0.997
+    eps: Positive = 1e-9
+    beam: Count = 4
+    alpha: Positive = 0.6  # length penalty ((5 + length) / 6) ** alpha
     extra_length: int = 50  # a translation may be this many tokens longer than its source
-    eval_batch_size: int = 128  # test sentences decoded together (each with `beam` hypotheses)
+    eval_batch_size: Count = 128  # test sentences decoded together (each with `beam` hypotheses)
 
     def validate(self) -> None:
         super().validate()

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
+import annotated_types as at
 import numpy as np
 import torch
 from torch import nn
@@ -27,6 +28,7 @@ from trainperf.spec import (
     Workload,
     per_epoch_schedule,
 )
+from trainperf.spec.fields import Count, Counts, Fraction, Positive, Share
 from trainperf.workloads.unet3d import data as unet3d_data
 from trainperf.workloads.unet3d import model as unet3d_model
 from trainperf.workloads.unet3d.inference import gaussian_importance, sliding_window
@@ -38,37 +40,33 @@ class UNet3DRecipe(Recipe):
     WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_epochs",)
     # global_batch_size in patches; an epoch is one patch per training case (the last global batch
     # filled with random cases: the rules count it padded).
-    channels: tuple[int, ...] = unet3d_model.REFERENCE_CHANNELS
-    patch: int = 128
-    oversampling: float = 0.4
+    channels: Counts = unet3d_model.REFERENCE_CHANNELS
+    patch: Count = 128
+    oversampling: Annotated[float, at.Interval(ge=0, le=1)] = 0.4
     # SGD with Nesterov momentum; the LR rises linearly from init_lr to base_lr over warmup_epochs
     # (per epoch, as the reference), then is multiplied by decay_factor at each decay boundary.
-    base_lr: float = 0.8
-    init_lr: float = 1e-4
-    momentum: float = 0.9
+    base_lr: Positive = 0.8
+    init_lr: Positive = 1e-4
+    momentum: Fraction = 0.9
     weight_decay: float = 0.0
     warmup_epochs: int = 200
     decay_epochs: tuple[int, ...] = ()
-    decay_factor: float = 1.0
-    overlap: float = 0.5
-    eval_windows: int = 4  # windows per forward pass of the sliding-window inference
+    decay_factor: Share = 1.0
+    overlap: Fraction = 0.5
+    eval_windows: Count = 4  # windows per forward pass of the sliding-window inference
     eval_cases: str = "reference"  # the reference's 42, or a comma-separated list of case ids
 
     def validate(self) -> None:
         super().validate()
-        if not self.channels or min(self.channels) < 1 or self.patch < 2 ** len(self.channels):
-            raise TrainperfError("recipe: channels must be >= 1 and patch divisible by 2 ** len(channels)")
+        if not self.channels:
+            raise TrainperfError("recipe field channels: at least one level expected")
         if self.patch % 2 ** len(self.channels):
             raise TrainperfError(f"recipe field patch={self.patch}: must be divisible by 2 ** {len(self.channels)}")
-        if not 0 <= self.oversampling <= 1 or not 0 <= self.overlap < 1 or self.eval_windows < 1:
-            raise TrainperfError("recipe: need 0 <= oversampling <= 1, 0 <= overlap < 1, eval_windows >= 1")
         if self.eval_cases != "reference":
             ids = [c.strip() for c in self.eval_cases.split(",") if c.strip()]
             if not ids or not all(c.isdigit() for c in ids):
                 raise TrainperfError(f"recipe field eval_cases={self.eval_cases!r}: expected 'reference' or a "
                                      "comma-separated list of case numbers (at least one)")
-        if self.base_lr <= 0 or self.init_lr < 0 or self.warmup_epochs < 0 or not 0 < self.decay_factor <= 1:
-            raise TrainperfError("recipe: need base_lr > 0, init_lr >= 0, warmup_epochs >= 0, 0 < decay_factor <= 1")
 
     @property
     def evaluation_cases(self) -> tuple[str, ...]:

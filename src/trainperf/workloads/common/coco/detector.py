@@ -14,6 +14,7 @@ from typing import Any, ClassVar, TypeVar
 
 from trainperf.errors import TrainperfError
 from trainperf.spec import DataParts, EvalPartial, Metric, Recipe, RuntimeContext, Workload
+from trainperf.spec.fields import Count
 from trainperf.workloads.common.coco import data as coco
 from trainperf.workloads.common.coco import loading as coco_loading
 from trainperf.workloads.common.coco import scoring
@@ -21,13 +22,13 @@ from trainperf.workloads.common.coco import scoring
 
 @dataclass(frozen=True)
 class DetectorRecipe(Recipe):
-    num_classes: int = 81
-    image_size: int = 300
+    num_classes: Count = 81
+    image_size: Count = 300
     hflip: bool = True
     backbone_weights: str = ""  # a torchvision ImageNet state dict of the backbone (the references start from one)
     num_workers: int = 8
-    eval_batch_size: int = 64
-    max_detections: int = 200
+    eval_batch_size: Count = 64
+    max_detections: Count = 200
     # COCO AP by pycocotools (the reference), or faster-coco-eval (the same AP to 1e-4 on our tests, ~9x
     # faster here; `pip install trainperf[coco-fast]`).
     coco_backend: str = "pycocotools"
