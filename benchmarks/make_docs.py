@@ -51,7 +51,7 @@ def workload_table() -> str:
         found = calibration.main(name)
         ttt = (f"{found.median_s:.1f} s (median; {found.reached}/{found.seeds} seeds)" if found else "not calibrated")
         span = f"{found.baseline} → {found.best}" if found and found.baseline else "-"
-        lines.append(f"| [{title(name)}](docs/workloads/{name}.md) `{name}` | `{w.benchmark}` ({w.ruleset}) "
+        lines.append(f"| [{title(name)}](docs/workloads/{name}.md) `{name}` | `{w.benchmark}` ({w.mlperf.ruleset}) "
                      f"| {w.metric.name} | {w.metric.describe_target(w.recipe('full').target)} "
                      f"| {w.metric.describe_target(w.recipe('mini').target)} | {span} | {ttt} |")
     return "\n".join(lines) + "\n"
@@ -71,12 +71,12 @@ def workload_summary(name: str) -> str:
     full, mini = w.recipes("full"), w.recipe("mini")
     direction = "higher is better" if w.metric.higher_is_better else "lower is better"
     rows = [
-        ("what", w.summary), ("MLPerf key", f"`{w.benchmark}`"), ("compliance ruleset", w.ruleset),
+        ("what", w.summary), ("MLPerf key", f"`{w.benchmark}`"), ("compliance ruleset", w.mlperf.ruleset),
         ("metric", f"{w.metric.name} ({direction})"),
         ("targets", f"full {w.metric.describe_target(next(iter(full.values())).target)}; mini "
                     f"{w.metric.describe_target(mini.target)}"),
         ("full recipes (`--recipe`)", ", ".join(f"`{r}`" for r in full)),
-        ("runs MLPerf scores", f"{w.mlperf_runs}, the olympic mean dropping {w.olympic_drop} at each end"),
+        ("runs MLPerf scores", f"{w.mlperf.runs}, the olympic mean dropping {w.mlperf.olympic_drop} at each end"),
         ("speedup switches", ", ".join(sorted(w.speedups)) or "-"),
     ]
     for c in sorted((c for c in calibration.load() if c.workload == name), key=lambda c: (c.nproc, c.sets)):

@@ -41,21 +41,22 @@ def test_what_the_workload_declares(name):
     w = registry.get(name)
     assert w.name == name, "a workload's name is its package's"
     assert re.fullmatch(r"[a-z0-9_]+", w.benchmark) and w.summary.strip()
-    rules = CHECKER / f"training_{w.ruleset}"
-    assert rules.is_dir(), f"{name}: the official checker has no ruleset {w.ruleset}"
-    if w.own_rules is None:
-        assert (rules / f"closed_{w.benchmark}.yaml").is_file(), f"{name}: {w.ruleset} has no rules for {w.benchmark}"
+    rules = CHECKER / f"training_{w.mlperf.ruleset}"
+    assert rules.is_dir(), f"{name}: the official checker has no ruleset {w.mlperf.ruleset}"
+    if w.mlperf.own_rules is None:
+        closed = rules / f"closed_{w.benchmark}.yaml"
+        assert closed.is_file(), f"{name}: {w.mlperf.ruleset} has no rules for {w.benchmark}"
     else:
-        assert w.own_rules.is_file()
-    assert w.mlperf_runs > 2 * w.olympic_drop >= 2
+        assert w.mlperf.own_rules.is_file()
+    assert w.mlperf.runs > 2 * w.mlperf.olympic_drop >= 2
     assert w.speedups <= {s.name for s in SWITCHES} | {"fp8"}
     assert w.host_scoring in ("thread", "process")
-    assert w.open_recipes <= set(w.recipes("full"))
+    assert w.mlperf.open_recipes <= set(w.recipes("full"))
     for scale in ("mini", "full"):
         for recipe in w.recipes(scale).values():
             w.check_recipe(recipe)
             recipe.cadence  # noqa: B018 - a recipe's cadence and budget are valid
-    for count in (w.full_epoch_samples, w.full_eval_samples, w.full_eval_forwards):
+    for count in (w.mlperf.full_epoch_samples, w.mlperf.full_eval_samples, w.mlperf.full_eval_forwards):
         assert count is None or count > 0
 
 
@@ -67,7 +68,7 @@ def _quality(w: Workload, target: float | tuple[float, ...]) -> float | dict[str
 
 
 def _first_eval_epoch_num(w: Workload, recipe) -> float:
-    cadence = recipe.cadence.resolve(w.full_epoch_samples)
+    cadence = recipe.cadence.resolve(w.mlperf.full_epoch_samples)
     if recipe.log_epoch_num == "samples":
         return next(cadence.sample_evals())
     first = cadence.epochs[0] if cadence.epochs else cadence.first
@@ -83,16 +84,16 @@ def test_every_full_recipe_passes_the_closed_rules(tmp_path, name, recipe_name):
         parts = w.build(recipe, ctx, {})
     hyper = w.mlperf_hyperparameters(recipe, ctx)
     if parts.epoch_hyperparameters is not None:
-        steps = w.full_epoch_samples // recipe.global_batch_size if w.full_epoch_samples else None
+        steps = w.mlperf.full_epoch_samples // recipe.global_batch_size if w.mlperf.full_epoch_samples else None
         hyper.update(parts.epoch_hyperparameters(steps))
     hyper.update(w.logged_during_run(recipe))
     log = tmp_path / "closed.txt"
     write_minimal_closed_log(log, w.benchmark, recipe.global_batch_size, hyper, _quality(w, recipe.target),
-                             _first_eval_epoch_num(w, recipe), train_samples=w.full_epoch_samples or 1000,
-                             eval_samples=w.full_eval_samples or 100,
+                             _first_eval_epoch_num(w, recipe), train_samples=w.mlperf.full_epoch_samples or 1000,
+                             eval_samples=w.mlperf.full_eval_samples or 100,
                              initialized=w.initialized_tensors(recipe, bare_model(parts.model)))
-    verdict = check(log, recipe.ruleset or w.ruleset)
-    if recipe_name in w.open_recipes:
+    verdict = check(log, recipe.ruleset or w.mlperf.ruleset)
+    if recipe_name in w.mlperf.open_recipes:
         assert not verdict.valid, f"{name} {recipe_name} is declared open but passes the closed rules"
     else:
         assert verdict.valid and verdict.division == "closed", verdict.output

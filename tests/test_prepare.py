@@ -133,7 +133,7 @@ def test_data_dot_is_the_current_folder_by_its_absolute_path(tmp_path, monkeypat
     assert f"{tmp_path / 'imagenet'}: ready for trainperf run resnet" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", [n for n in registry.names() if registry.get(n).full_eval_samples is not None])
+@pytest.mark.parametrize("name", [n for n in registry.names() if registry.get(n).mlperf.full_eval_samples is not None])
 def test_every_fixed_evaluation_set_is_counted_for_the_empty_set_check(name):
     """jobs.eval_set_problems refuses an empty evaluation set for `prepare` and `run` alike: every workload
     whose evaluation is a fixed set says where it is and how to count it (3D U-Net's 42 cases are checked
@@ -141,7 +141,8 @@ def test_every_fixed_evaluation_set_is_counted_for_the_empty_set_check(name):
     workload = registry.get(name)
     if name == "unet3d":
         pytest.skip("the reference's 42 cases are required by data_problems; eval_cases is checked by the recipe")
-    from trainperf.spec import Workload
+    from trainperf.spec import DataSource
 
-    assert type(workload).eval_set is not Workload.eval_set, \
-        f"{name}: declares full_eval_samples but does not override Workload.eval_set"
+    for scale in ("mini", "full"):
+        assert type(workload.scale(scale).data).eval_set is not DataSource.eval_set, \
+            f"{name}: declares full_eval_samples but its {scale} data source does not say where its evaluation set is"

@@ -124,7 +124,7 @@ def eval_set_problems(workload: Workload, folder: Path) -> list[str]:
     found = workload.eval_set("full", folder)
     if found is None or found[1] > 0:
         return []
-    expected = f" (MLPerf's holds {workload.full_eval_samples:,})" if workload.full_eval_samples else ""
+    expected = f" (MLPerf's holds {workload.mlperf.full_eval_samples:,})" if workload.mlperf.full_eval_samples else ""
     return [f"{found[0]}: the evaluation set is empty{expected}; a run would train and then score nothing"]
 
 
@@ -349,7 +349,7 @@ def run_series(request: RunRequest, workload: Workload, recipe: Recipe, folder: 
     interrupted (the finished runs are kept), 1 otherwise."""
     from trainperf.results import submission
 
-    count = request.runs if request.runs else workload.mlperf_runs
+    count = request.runs if request.runs else workload.mlperf.runs
     device = devices.resolve(request.device)
     world = request.nproc if device.type == "cuda" else 1
     system = request.system or submission.default_system_name(device, world)

@@ -131,7 +131,7 @@ def run_suite(names: Sequence[str], scale: str, runs: int, out_dir: Path, seed: 
     ttt_seen, median_seen, overheads = 0.0, 0.0, []  # what the finished workloads took vs their medians
     for index, workload in enumerate(workloads, 1):
         recipe = workload.recipe(scale)
-        ruleset = recipe.ruleset or workload.ruleset
+        ruleset = recipe.ruleset or workload.mlperf.ruleset
         tree = _tree_name(ruleset)
         if workload.benchmark in used.setdefault(tree, set()):
             tree = f"{tree}-{workload.name}"  # a second workload with this key in one round: its own tree
@@ -198,7 +198,8 @@ def run_suite(names: Sequence[str], scale: str, runs: int, out_dir: Path, seed: 
 def _row(workload: Workload, scale: str, runs: int, status: str, reason: str = "") -> SuiteRow:
     """A workload's row before its runs are read back."""
     recipe = workload.recipe(scale)
-    return SuiteRow(workload=workload.name, benchmark=workload.benchmark, ruleset=recipe.ruleset or workload.ruleset,
+    return SuiteRow(workload=workload.name, benchmark=workload.benchmark,
+                    ruleset=recipe.ruleset or workload.mlperf.ruleset,
                     metric=workload.metric.name, target=workload.metric.describe_target(recipe.target), runs=runs,
                     converged=0, status=status, reason=reason,
                     epoch_unit="samples" if recipe.log_epoch_num == "samples" else "epochs")

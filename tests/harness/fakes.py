@@ -23,6 +23,7 @@ from trainperf.spec import (
     EvalPartial,
     Logged,
     Metric,
+    MLPerf,
     ModelParts,
     Recipe,
     RuntimeContext,
@@ -55,10 +56,9 @@ class Regression(Workload[FakeRecipe]):
 
     name = "fake"
     benchmark = "resnet"
-    ruleset = "1.0.0"
+    mlperf = MLPerf(ruleset="1.0.0", runs=5)
     metric = Metric("score")
     summary = "test double"
-    mlperf_runs = 5
     speedups = frozenset({"precision", "compile", "async_eval"})
 
     def __init__(self, scores: list[Any] | None = None, recipe: FakeRecipe | None = None) -> None:
@@ -134,7 +134,6 @@ class TwoMetrics(Regression):
     """Quality {"BBOX": …, "SEGM": …} with a target each; logged as Mask R-CNN's closed rules want."""
 
     benchmark = "maskrcnn"
-    ruleset = "1.0.0"
     metric = Metric("ap", parts=("BBOX", "SEGM"))
 
     def __init__(self, scores: list[dict[str, float]]) -> None:
@@ -201,7 +200,6 @@ def sample_recipe(**overrides: Any) -> FakeRecipe:
 
 class SampleCadence(Regression):
     benchmark = "bert"
-    ruleset = "1.0.0"
 
 
 # -- training data the model produces, of unknown length (MiniGo self-play) -------------------------
@@ -211,7 +209,6 @@ class SelfPlay(Regression):
     as MiniGo's rules require."""
 
     benchmark = "minigo"
-    ruleset = "1.0.0"
 
     def train_batches(self, recipe: FakeRecipe, ctx: RuntimeContext, view: EpochView) -> Iterator[Any]:
         self.seen["views"].append(view)

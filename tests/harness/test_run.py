@@ -16,7 +16,7 @@ from torch import nn
 from tests.conftest import read_log
 from trainperf.errors import TrainperfError
 from trainperf.harness import RunConfig, run
-from trainperf.spec import DataParts, EvalPartial, Metric, ModelParts, Recipe, RuntimeContext, Workload
+from trainperf.spec import DataParts, EvalPartial, Metric, MLPerf, ModelParts, Recipe, RuntimeContext, Workload
 
 
 @dataclass(frozen=True)
@@ -29,10 +29,9 @@ class FakeWorkload(Workload):
 
     name = "fake"
     benchmark = "resnet"
-    ruleset = "1.0.0"
+    mlperf = MLPerf(ruleset="1.0.0", runs=5)
     metric = Metric("score")
     summary = "test double"
-    mlperf_runs = 5
     speedups = frozenset({"precision", "async_eval"})
 
     def __init__(self, scores: list[float], on_step: Any = None, fail_load: bool = False,
@@ -350,7 +349,7 @@ def test_a_full_disk_ends_the_run_at_the_first_failed_write_in_one_line(tmp_path
 def test_an_empty_evaluation_set_ends_the_run_before_training(tmp_path, monkeypatch):
     """The backstop behind the data checks: a workload with a fixed evaluation set that opens none."""
     workload = FakeWorkload(scores=[0.95])
-    monkeypatch.setattr(type(workload), "full_eval_samples", 100, raising=False)
+    monkeypatch.setattr(type(workload), "mlperf", dataclasses.replace(workload.mlperf, full_eval_samples=100))
     load = workload.load_data
     monkeypatch.setattr(workload, "load_data", lambda *a: dataclasses.replace(load(*a), eval_samples=0))
     result, records = _run(tmp_path, workload)

@@ -17,11 +17,12 @@ from trainperf.cli import main
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
 from trainperf.spec import Assets, RuntimeContext
-from trainperf.workloads.bert import FULL_RECIPES, MINI, BertWorkload, eval_interval
+from trainperf.workloads.bert import FULL_RECIPES, MINI, BertWorkload
 from trainperf.workloads.bert import batches as B
 from trainperf.workloads.bert import data as D
 from trainperf.workloads.bert import model as M
 from trainperf.workloads.bert import records as R
+from trainperf.workloads.bert.recipes import eval_interval
 
 CPU = torch.device("cpu")
 SMALL = M.BertConfig(vocab_size=97, hidden=32, layers=2, heads=4, intermediate=64, max_positions=64, dropout=0.0)
@@ -380,7 +381,7 @@ def mini_root(tmp_path_factory) -> Path:
 
 
 def test_mini_is_the_reference_format_from_the_shipped_vocabulary(mini_root):
-    assert D.problems("mini", mini_root) == []
+    assert D.MiniCorpus().problems(mini_root) == []
     listed = D.training_shards(mini_root)
     assert len(listed) == D.MINI_TRAIN_SHARDS and {s.seq_len for s in listed} == {D.MINI.max_seq_length}
     assert sum(s.rows for s in D.eval_shards(mini_root)) == D.MINI_EVAL_SEQUENCES

@@ -28,17 +28,17 @@ from trainperf.workloads.gnmt import model as M
 @pytest.fixture(scope="module")
 def mini_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("gnmt-mini")
-    D.prepare("mini", root, lambda line: None)
+    D.WMT16(D.MINI_MERGES, generated=True).prepare(root, lambda line: None)
     return root
 
 
 def test_mini_is_prepared_in_the_reference_files(mini_root):
-    files = D.sources("mini", mini_root)
+    files = D.sources(mini_root, D.MINI_MERGES)
     assert [p.name for p in files.values()] == ["train.tok.clean.bpe.2000.en", "train.tok.clean.bpe.2000.de",
                                                  "newstest2014.tok.bpe.2000.en", "newstest2014.de", "vocab.bpe.2000"]
     german = T.read_lines(files["train.de"])
     assert any("@@ " in line for line in german)  # BPE continuation marks, as subword-nmt writes them
-    assert D.problems("mini", mini_root) == []
+    assert D.WMT16(D.MINI_MERGES, generated=True).problems(mini_root) == []
     data = D.load(D.MINI_MERGES, mini_root)
     assert data.vocab[:4] == ["<pad>", "<unk>", "<s>", "</s>"]
     # Encoded German, detokenized the reference's way, gives the raw text back.
@@ -52,7 +52,7 @@ def test_empty_vocabulary_is_one_line(tmp_path):
     (tmp_path / "vocab.bpe.32000").write_text("\n\n")
     with pytest.raises(TrainperfError, match=r"vocab\.bpe\.32000: empty vocabulary file"):
         D.read_vocabulary(tmp_path / "vocab.bpe.32000")
-    assert "missing" in D.problems("full", tmp_path)[0]
+    assert "missing" in D.WMT16(D.FULL_MERGES).problems(tmp_path)[0]
 
 
 def test_reference_lr_schedule():

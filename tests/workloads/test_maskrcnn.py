@@ -77,7 +77,7 @@ def test_the_closed_rules_refuse_a_short_mask_ap_and_a_learning_rate_off_the_rul
     world = max(1, recipe.global_batch_size // 6) if recipe.global_batch_size > 16 else 8
     ctx = RuntimeContext(device=torch.device("cpu"), world_size=world)
     hyper = workload.mlperf_hyperparameters(recipe, ctx)
-    ruleset = recipe.ruleset or workload.ruleset
+    ruleset = recipe.ruleset or workload.mlperf.ruleset
     tensors = M.reference_tensor_names(reference)  # 2.0.0 asks for them
 
     def verdict(hyperparameters: dict, accuracy: dict, rules: str = ruleset) -> bool:

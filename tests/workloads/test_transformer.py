@@ -159,13 +159,13 @@ def test_token_batches_respect_the_budget_and_cover_every_sentence_once():
 @pytest.fixture(scope="module")
 def mini_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("transformer-mini")
-    D.prepare("mini", root, lambda line: None)
+    D.WMT17(D.MINI_VOCAB, generated=True).prepare(root, lambda line: None)
     return root
 
 
 def test_mini_corpus_is_prepared_in_the_wmt_layout(mini_root):
     assert (mini_root / "train" / "synthetic.de-en.en").is_file() and (mini_root / "newstest2014.de").is_file()
-    assert D.problems("mini", mini_root) == []
+    assert D.WMT17(D.MINI_VOCAB, generated=True).problems(mini_root) == []
     data = D.load(mini_root)
     assert len(data.train_src) == D.MINI_PAIRS and len(data.test_src) == D.MINI_TEST
     train = set(zip(T.read_lines(mini_root / "train" / "synthetic.de-en.en"),
@@ -179,7 +179,7 @@ def test_mini_corpus_is_prepared_in_the_wmt_layout(mini_root):
     with (mini_root / "newstest2014.de").open("a") as fh:
         fh.write("Noch ein Satz.\n")
     try:
-        assert "newstest2014.de: changed" in D.problems("mini", mini_root)[0]
+        assert "newstest2014.de: changed" in D.WMT17(D.MINI_VOCAB, generated=True).problems(mini_root)[0]
     finally:
         (mini_root / "newstest2014.de").write_text("".join(line + "\n" for line in data.test_references))
 
@@ -207,7 +207,7 @@ def test_too_long_training_pairs_are_dropped_and_counted(tmp_path, mini_root):
         en.write(long_line + "\n")
         de.write("Kurz.\n")
     said: list[str] = []
-    D.prepare("mini", root, said.append)
+    D.WMT17(D.MINI_VOCAB, generated=True).prepare(root, said.append)
     assert any("(1 dropped" in line for line in said)
     assert len(D.load(root).train_src) == D.MINI_PAIRS
 

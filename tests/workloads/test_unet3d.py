@@ -232,7 +232,7 @@ def test_full_recipes_are_the_rcp_points_and_160_cases_are_refused(tmp_path):
     log = tmp_path / "closed.txt"
     write_minimal_closed_log(log, "unet3d", 2, hyper, 0.91, 1000, train_samples=160, eval_samples=42)
     assert not check(log, "1.0.0").valid  # the rules fix 168 training cases
-    assert workload.mlperf_runs == 40 and workload.olympic_drop == 4
+    assert workload.mlperf.runs == 40 and workload.mlperf.olympic_drop == 4
 
 
 def test_lr_warmup_is_the_references():

@@ -37,7 +37,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         mini_dir = w.default_data_dir("mini")
         ready = "ready" if mini_dir is not None and not jobs.data_problems(w, "mini", mini_dir) else "made on first run"
         print(wrap.fill(f"{name:<{indent - 2}}  {w.summary}"))
-        facts = (f"MLPerf key {w.benchmark} (ruleset {w.ruleset}); {w.metric.name}: mini "
+        facts = (f"MLPerf key {w.benchmark} (ruleset {w.mlperf.ruleset}); {w.metric.name}: mini "
                  f"{w.metric.describe_target(w.recipe('mini').target)}, full "
                  f"{w.metric.describe_target(w.recipe('full').target)}; mini data {ready}")
         print(textwrap.fill(facts, width=width, initial_indent=" " * indent, subsequent_indent=" " * indent))

@@ -241,7 +241,7 @@ class _TimedLoop:
         log.event(constants.SUBMISSION_BENCHMARK, workload.benchmark, time_ms=now)
         # Not an MLPerf key: which trainperf workload wrote the log (two share `ssd`, rulesets.py).
         log.event(WORKLOAD_KEY, workload.name, time_ms=now)
-        log.event(RULESET_KEY, recipe.ruleset or workload.ruleset, time_ms=now)
+        log.event(RULESET_KEY, recipe.ruleset or workload.mlperf.ruleset, time_ms=now)
         self.init_start_ms = clock.now_ms()
         log.start(constants.INIT_START, time_ms=self.init_start_ms)
 
@@ -392,7 +392,7 @@ class _TimedLoop:
             raise TrainperfError(f"global_batch_size {recipe.global_batch_size} is not divisible by "
                                  f"{ctx.world_size} processes")
         data = workload.load_data(recipe, config.data_dir, ctx)
-        if data.eval_samples < 1 and workload.full_eval_samples is not None:
+        if data.eval_samples < 1 and workload.mlperf.full_eval_samples is not None:
             # Whatever the data checks let through: a run must not train its budget to score nothing.
             raise TrainperfError(f"{config.data_dir}: the evaluation set is empty; nothing to score the target on")
         if recipe.BATCH_UNIT == "samples" and data.train_samples is not None \

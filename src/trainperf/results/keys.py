@@ -30,20 +30,20 @@ def ruleset_for(benchmark: str, workload: str | None = None, logged: str | None 
     if logged:
         return logged
     found = declaring(benchmark, workload)
-    return found.ruleset if found is not None else None
+    return found.mlperf.ruleset if found is not None else None
 
 
 def own_rules(benchmark: str, workload: str | None = None) -> Path | None:
     found = declaring(benchmark, workload)
-    return found.own_rules if found is not None else None
+    return found.mlperf.own_rules if found is not None else None
 
 
 def dropped_runs(benchmark: str, workload: str | None = None) -> int:
     """How many runs the olympic mean drops at each end (1 unless the workload declares otherwise)."""
     found = declaring(benchmark, workload)
-    return found.olympic_drop if found is not None else 1
+    return found.mlperf.olympic_drop if found is not None else 1
 
 
 def rcp_in_samples(benchmark: str, workload: str | None = None) -> bool:
     found = declaring(benchmark, workload)
-    return found.rcp_in_samples if found is not None else False
+    return found.mlperf.rcp_in_samples if found is not None else False

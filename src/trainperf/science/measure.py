@@ -76,7 +76,7 @@ def projection_inputs(workload: Workload, recipe: Recipe, scale: str, data: str 
     else:
         compute_s = per_device / bench.samples_per_s
         source = f"bench on {bench.device} at batch {batch}, {how}"
-    epoch_samples = workload.full_epoch_samples if scale == "full" else bench.epoch_samples
+    epoch_samples = workload.mlperf.full_epoch_samples if scale == "full" else bench.epoch_samples
     unit = epoch_samples or 1_000_000  # without a dataset size, epochs of a million samples
 
     def epochs(global_batch: int) -> tuple[float, str]:
@@ -88,12 +88,12 @@ def projection_inputs(workload: Workload, recipe: Recipe, scale: str, data: str 
             conv = predict.convergence(workload, recipe, global_batch)
         except TrainperfError:
             return 1.0, "the same at every size (no RCP in this ruleset)"
-        style = "samples" if workload.rcp_in_samples else recipe.log_epoch_num
+        style = "samples" if workload.mlperf.rcp_in_samples else recipe.log_epoch_num
         return predict.samples_at(conv.mean, style, epoch_samples) / unit, f"RCP {conv.ruleset}, {conv.how}"
 
     cadence = recipe.cadence
     per_epoch = unit / cadence.every_samples if cadence.by_samples else cadence.per_epoch / cadence.every
-    forwards = workload.full_eval_forwards if scale == "full" else None
+    forwards = workload.mlperf.full_eval_forwards if scale == "full" else None
     return Inputs(workload.name, per_device, compute_s, source, bench.gradient_bytes, epoch_samples, forwards,
                   per_epoch, epochs), bench
 

@@ -81,11 +81,11 @@ def evaluations_until(cadence: Cadence, samples: float, epoch_samples: int | Non
 
 def convergence(workload: Workload, recipe: Recipe, batch: int, epochs: float | None = None) -> Convergence:
     """From the RCPs of the recipe's ruleset, or `epochs` (the user's) where the ruleset has none."""
-    ruleset = recipe.ruleset or workload.ruleset
+    ruleset = recipe.ruleset or workload.mlperf.ruleset
     if epochs is not None:
         return Convergence(workload.benchmark, ruleset, batch, epochs, 0.0, "given with --epochs", [])
     try:
-        return epochs_to_converge(workload.benchmark, ruleset, batch, workload.mlperf_runs)
+        return epochs_to_converge(workload.benchmark, ruleset, batch, workload.mlperf.runs)
     except TrainperfError as exc:
         raise TrainperfError(f"{exc}; give the epochs to converge with --epochs N") from None
 
@@ -95,15 +95,15 @@ def predict(workload: Workload, recipe: Recipe, devices: int, samples_per_s: flo
     """`samples_per_s`: the whole system's training throughput; `spread`: its relative uncertainty."""
     batch = recipe.global_batch_size
     conv = convergence(workload, recipe, batch, epochs)
-    style = "samples" if workload.rcp_in_samples else recipe.log_epoch_num
-    epoch_samples = workload.full_epoch_samples
+    style = "samples" if workload.mlperf.rcp_in_samples else recipe.log_epoch_num
+    epoch_samples = workload.mlperf.full_epoch_samples
     samples = samples_at(conv.mean, style, epoch_samples)
     notes = []
     if conv.how not in ("reference point", "given with --epochs"):
         notes.append(f"epochs {conv.how} (reference batches {', '.join(str(b) for b, _ in conv.points)})")
     evals = evaluations_until(recipe.cadence, samples, epoch_samples)
     if eval_s is None:
-        forwards = workload.full_eval_forwards
+        forwards = workload.mlperf.full_eval_forwards
         if forwards is None:
             eval_s, eval_source = 0.0, "unknown (the workload does not declare its evaluation's size)"
             notes.append("evaluation time left out")
@@ -122,7 +122,7 @@ def predict(workload: Workload, recipe: Recipe, devices: int, samples_per_s: flo
         devices=devices, converge_point=conv.mean, converge_stdev=conv.stdev, converge_source=conv.how,
         samples_to_train=samples, samples_per_s=samples_per_s, throughput_source=throughput_source,
         train_s=train_s, evaluations=evals, eval_s=eval_s, eval_source=eval_source, time_to_train_s=total,
-        low_s=low, high_s=high, notes=notes, samples_unit=workload.rcp_in_samples)
+        low_s=low, high_s=high, notes=notes, samples_unit=workload.mlperf.rcp_in_samples)
 
 
 def describe(p: Prediction) -> str:
@@ -199,14 +199,14 @@ def _check_records(path: Path, records: list[dict], workload: Workload) -> LogCh
     if not isinstance(batch, int):
         raise TrainperfError(f"{path}: no global_batch_size record")
     recipe = workload.recipe("full")
-    style = "samples" if workload.rcp_in_samples else recipe.log_epoch_num
+    style = "samples" if workload.mlperf.rcp_in_samples else recipe.log_epoch_num
     times = {r["key"]: float(r["time_ms"]) for r in records if r["key"] in ("run_start", "run_stop")}
     stop = next((r for r in records if r["key"] == "run_stop"), None)
     converged = stop is not None and (stop.get("metadata") or {}).get("status") == "success"
     if len(times) < 2:
         raise TrainperfError(f"{path}: no run_start/run_stop records")
     measured = (times["run_stop"] - times["run_start"]) / 1000.0
-    rates, evals = _segments(records, style, workload.full_epoch_samples)
+    rates, evals = _segments(records, style, workload.mlperf.full_epoch_samples)
     if len(rates) < 2 or not evals:
         raise TrainperfError(f"{path}: too few evaluations to read a throughput from")
     rate = statistics.median(rates[1:])  # the first interval holds the warm-up

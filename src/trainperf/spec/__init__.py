@@ -21,8 +21,8 @@ What the contract can express, and which MLPerf workload needs it:
 The contract lives in one package, a file per idea; everything is importable from `trainperf.spec`:
 quality.py (Metric), cadence.py (Cadence), recipe.py (Recipe), context.py (RuntimeContext),
 fields.py (a recipe field's interval), batches.py (splitting and counting batches), assets.py (Assets),
-parts.py (ModelParts, DataParts, EvalPartial, EpochView, Logged), workload.py (Workload),
-results.py (Evaluation, RunResult).
+parts.py (ModelParts, DataParts, EvalPartial, EpochView, Logged), scale.py (Scale, DataSource),
+mlperf.py (MLPerf), workload.py (Workload), results.py (Evaluation, RunResult).
 """
 
 from trainperf.spec.assets import Assets
@@ -30,15 +30,17 @@ from trainperf.spec.batches import count_samples, per_epoch_schedule, split_batc
 from trainperf.spec.cadence import Cadence
 from trainperf.spec.context import RuntimeContext, bare_model, uncompiled
 from trainperf.spec.fields import Count, Counts, Fraction, Positive, Share
+from trainperf.spec.mlperf import MLPerf
 from trainperf.spec.parts import DataParts, EpochView, EvalPartial, Logged, ModelParts
 from trainperf.spec.quality import EPOCH_NUM_STYLES, SCALES, Metric, Quality, Target
 from trainperf.spec.recipe import R, Recipe
 from trainperf.spec.results import Evaluation, RunResult
+from trainperf.spec.scale import DataSource, Scale
 from trainperf.spec.workload import Workload
 
 __all__ = [
-    "EPOCH_NUM_STYLES", "SCALES", "Assets", "Cadence", "Count", "Counts", "DataParts", "EpochView",
-    "EvalPartial", "Evaluation", "Fraction", "Logged", "Metric", "ModelParts", "Positive", "Quality", "R",
-    "Recipe", "RunResult", "RuntimeContext", "Share", "Target", "Workload", "bare_model", "count_samples",
+    "EPOCH_NUM_STYLES", "SCALES", "Assets", "Cadence", "Count", "Counts", "DataParts", "DataSource", "EpochView",
+    "EvalPartial", "Evaluation", "Fraction", "Logged", "MLPerf", "Metric", "ModelParts", "Positive", "Quality", "R",
+    "Recipe", "RunResult", "RuntimeContext", "Scale", "Share", "Target", "Workload", "bare_model", "count_samples",
     "per_epoch_schedule", "split_batch", "uncompiled",
 ]

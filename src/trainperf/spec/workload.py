@@ -13,9 +13,11 @@ from trainperf.errors import TrainperfError
 from trainperf.spec.assets import Assets
 from trainperf.spec.batches import count_samples, split_batch
 from trainperf.spec.context import RuntimeContext
+from trainperf.spec.mlperf import MLPerf
 from trainperf.spec.parts import DataParts, ModelParts
-from trainperf.spec.quality import Metric
+from trainperf.spec.quality import SCALES, Metric
 from trainperf.spec.recipe import R
+from trainperf.spec.scale import Scale
 
 
 class Workload(ABC, Generic[R]):
@@ -23,30 +25,13 @@ class Workload(ABC, Generic[R]):
 
     name: ClassVar[str]
     benchmark: ClassVar[str]  # the mllog `submission_benchmark` value
-    # The compliance-checker ruleset this workload is written against (its logs name it; `check`,
-    # `score` and `predict` use it, and score published logs of its benchmark key by it).
-    ruleset: ClassVar[str]
     metric: ClassVar[Metric]
     summary: ClassVar[str]
-    mlperf_runs: ClassVar[int]  # number of runs MLPerf scores with the olympic mean
-    olympic_drop: ClassVar[int] = 1  # the runs the olympic mean drops at each end (3D U-Net: 4 of 40)
-    # Whether the RCP checker reads its convergence in training samples (the train_samples records):
-    # BERT logs no epochs.
-    rcp_in_samples: ClassVar[bool] = False
-    # Rules for the official checker where no official ruleset knows the benchmark (NCF, retired after
-    # v0.5): a YAML file of the checker's format, run with the ruleset's common rules.
-    own_rules: ClassVar[Path | None] = None
-    # The full dataset's training samples per epoch (ImageNet's 1,281,167 images), and what one full
-    # evaluation costs in forward passes of one training sample (NCF: 138,493 users x 1,000 candidates;
-    # 3D U-Net: its sliding-window patches). `predict` and `scale --project` read them; None: unknown.
-    full_epoch_samples: ClassVar[int | None] = None
-    full_eval_forwards: ClassVar[int | None] = None
-    # The full evaluation set's size as the log's `eval_samples` gives it (3D U-Net: 42 cases; some
-    # closed rules require the exact count). None: the evaluation is not a fixed set (MiniGo's games).
-    full_eval_samples: ClassVar[int | None] = None
-    # Full recipes that are not meant to pass the closed rules of the workload's ruleset (an older
-    # round's settings: MiniGo's v0.6 9x9 plays 4,096 games a generation, 1.0.0 requires 8,192).
-    open_recipes: ClassVar[frozenset[str]] = frozenset()
+    mlperf: ClassVar[MLPerf]  # how MLPerf scores it: ruleset, runs, olympic drop, full dataset sizes
+    # Each scale's recipes and data source (spec.scale); `recipes`, `data_problems`, `prepare`, `sources`,
+    # `verify` and `eval_set` dispatch on the scale's name to them.
+    mini: ClassVar[Scale[Any]]
+    full: ClassVar[Scale[Any]]
     # Speedup switches that apply to this workload (e.g. channels-last needs a convolutional model);
     # "fp8" says that precision=fp8 does (a model made of Linear layers).
     speedups: ClassVar[frozenset[str]] = frozenset({"precision", "compile", "fused_optimizer"})
@@ -69,9 +54,17 @@ class Workload(ABC, Generic[R]):
     # `trainperf plan` applies them. Empty: it has none.
     model_parallel_sets: ClassVar[tuple[str, ...]] = ()
 
-    @abstractmethod
+    def scale(self, scale: str) -> Scale[R]:
+        if scale not in SCALES:
+            raise TrainperfError(f"--scale {scale!r}: expected one of: " + ", ".join(SCALES))
+        declared = getattr(self, scale, None)
+        if declared is None:
+            raise TrainperfError(f"--scale {scale}: {self.name} declares no {scale} scale")
+        return declared
+
     def recipes(self, scale: str) -> dict[str, R]:
         """Named recipes for a scale; the first is the default."""
+        return dict(self.scale(scale).recipes)
 
     def recipe(self, scale: str, name: str | None = None) -> R:
         options = self.recipes(scale)
@@ -84,36 +77,34 @@ class Workload(ABC, Generic[R]):
         return options[name]
 
     def default_data_dir(self, scale: str) -> Path | None:
-        """Where the mini dataset is generated; full scale has no default (the user says --data)."""
+        """Where a generated dataset goes; a real one has no default (the user says --data)."""
         from trainperf.paths import cache_root
 
-        return cache_root() / f"{self.name}-mini" if scale == "mini" else None
+        return cache_root() / f"{self.name}-{scale}" if self.scale(scale).data.generated else None
 
-    @abstractmethod
     def data_problems(self, scale: str, data_dir: Path) -> list[str]:
         """What is missing or malformed in `data_dir` for this scale (empty when ready)."""
+        return self.scale(scale).data.problems(data_dir)
 
-    @abstractmethod
     def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
         """mini: generate the dataset in the real on-disk format; full: verify and raise on problems."""
+        self.scale(scale).data.prepare(data_dir, say)
 
     def verify(self, scale: str, data_dir: Path, workers: int, progress: Callable[[int, int, int], None]
                ) -> list[str]:
-        """Read every sample of the dataset once, outside any timed region (`prepare --verify`); return
-        one line per unreadable sample, which the loaders then skip. progress(done, total, bad)."""
-        raise TrainperfError(f"--verify: not available for {self.name}")
+        """`prepare --verify` (see DataSource.verify)."""
+        bad = self.scale(scale).data.verify(data_dir, workers, progress)
+        if bad is None:
+            raise TrainperfError(f"--verify: not available for {self.name} {scale}")
+        return bad
 
     def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
-        """Where the prepared evaluation set is and how many samples it holds, counted cheaply (no
-        decoding), for the shared check that refuses an empty one (jobs.eval_set_problems). Called on
-        data `data_problems` passed. None: not known without loading it (MiniGo's games)."""
-        return None
+        """See DataSource.eval_set."""
+        return self.scale(scale).data.eval_set(data_dir)
 
     def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
-        """The files or folders `prepare` derives cached outputs from (ratings.csv, the day files), by
-        name. Each preparation records their fingerprints (trainperf.prepared): when one changes,
-        `data_problems` names it and `prepare` redoes the work. None for data read as it is."""
-        return {}
+        """See DataSource.sources."""
+        return self.scale(scale).data.sources(data_dir)
 
     @abstractmethod
     def mlperf_hyperparameters(self, recipe: R, ctx: RuntimeContext) -> dict[str, Any]:
@@ -177,5 +168,6 @@ class Workload(ABC, Generic[R]):
         return {}
 
     def check_recipe(self, recipe: R) -> None:
-        """A recipe's target fits the metric (one value, or one per named value)."""
+        """A recipe's target fits the metric (one value, or one per named value); a workload adds its rules
+        across fields and recipes here (a field's own interval is declared with it: spec.fields)."""
         self.metric.targets(recipe.target)

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Any
 
-import annotated_types as at
 import numpy as np
 import torch
 from torch import nn
@@ -26,97 +23,17 @@ from trainperf.spec import (
     EpochView,
     EvalPartial,
     Metric,
+    MLPerf,
     ModelParts,
-    Recipe,
     RuntimeContext,
+    Scale,
     Workload,
     bare_model,
 )
-from trainperf.spec.fields import Count, Fraction, Positive
 from trainperf.workloads.bert import batches as bert_batches
 from trainperf.workloads.bert import data as bert_data
 from trainperf.workloads.bert import model as bert_model
-
-
-def eval_interval(global_batch_size: int) -> int:
-    """The v1.0 rules' evaluation interval in training samples:
-    floor(0.05 * (230.23 * GBS + 3,000,000) / 25,000) * 25,000."""
-    return math.floor(0.05 * (230.23 * global_batch_size + 3_000_000) / 25_000) * 25_000
-
-
-@dataclass(frozen=True)
-class BertRecipe(Recipe):
-    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
-    STEP_FIELDS: ClassVar[tuple[str, ...]] = ("train_steps", "warmup_steps", "start_warmup_step")
-    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
-    # LAMB and the reference schedule (opt_learning_rate_training_steps = train_steps).
-    base_lr: Positive = 4e-4
-    train_steps: Count = 8103
-    warmup_steps: int = 0
-    start_warmup_step: Annotated[int, at.Le(0)] = 0
-    beta1: Fraction = 0.9
-    beta2: Fraction = 0.999
-    weight_decay: float = 0.01
-    eps: Positive = 1e-6
-    # The network, BERT-Large by default (`--set model.hidden=…` or `--set hidden=…`): a checkpoint
-    # must have its sizes; vocab_size and max_positions are the checkpoint's where there is one.
-    model: bert_model.BertConfig = bert_model.BertConfig()
-    max_seq_length: Count = 512  # synthetic batches' length (real ones: the shards')
-    max_predictions: Count = 76
-    max_per_row: Count = 3  # sequences per packed row (packing=true)
-    eval_batch_size: Count = 64
-    cache_shards: bool = False  # keep every training shard in memory after its first read
-    # The phase-1 state dict: "" = DIR/phase1/model.ckpt-28252.pt, "shipped" = the mini checkpoint in the
-    # package (its vocabulary and SHA-256 checked), "none" = random initialisation, else a path.
-    checkpoint: str = ""
-
-    def validate(self) -> None:
-        super().validate()
-        if self.base_lr <= 0 or self.train_steps < 1 or self.warmup_steps < 0:
-            raise TrainperfError("recipe: need base_lr > 0, train_steps >= 1 and warmup_steps >= 0")
-        if self.model.hidden % self.model.heads:
-            raise TrainperfError(f"recipe fields model.hidden={self.model.hidden} and model.heads={self.model.heads}: "
-                                 "the hidden size must be divisible by the heads")
-        if self.max_predictions + 3 > self.max_seq_length:
-            raise TrainperfError(f"recipe fields max_predictions={self.max_predictions} and max_seq_length="
-                                 f"{self.max_seq_length}: a sequence holds [CLS], two [SEP] and at most "
-                                 "max_seq_length - 3 masked positions")
-
-
-def _rcp(*, global_batch_size: int, train_steps: int, **fields: Any) -> BertRecipe:
-    """A full recipe at one of the RCP points (mlperf_logging's rcps_bert.json, ruleset 2.0.0 file)."""
-    gbs = global_batch_size
-    return BertRecipe(name=f"gbs{gbs}", global_batch_size=gbs, max_epochs=0, target=0.720, eval_every=1,
-                      eval_first=1, eval_every_samples=eval_interval(gbs), log_epoch_num="samples",
-                      max_samples=train_steps * gbs, max_grad_norm=1.0, train_steps=train_steps,
-                      fused_optimizer=True, **fields)
-
-
-FULL_RECIPES = {r.name: r for r in (
-    _rcp(global_batch_size=256, base_lr=3.5e-4, train_steps=13700, warmup_steps=0, start_warmup_step=0,
-         beta1=0.9, beta2=0.999, weight_decay=0.01),
-    _rcp(global_batch_size=1536, base_lr=2e-3, train_steps=2254, warmup_steps=0, start_warmup_step=0,
-         beta1=0.66, beta2=0.996, weight_decay=0.01),
-    _rcp(global_batch_size=4096, base_lr=2.4e-3, train_steps=855, warmup_steps=0, start_warmup_step=0,
-         beta1=0.66, beta2=0.998, weight_decay=0.01),
-    _rcp(global_batch_size=8192, base_lr=0.00288293, train_steps=600, warmup_steps=287, start_warmup_step=-76,
-         beta1=0.88, beta2=0.88, weight_decay=0.0166629),
-    _rcp(global_batch_size=16384, base_lr=3.3e-3, train_steps=600, warmup_steps=290, start_warmup_step=-100,
-         beta1=0.75, beta2=0.9, weight_decay=0.0166629),
-)}
-
-# The mini: a 2-layer, 128-wide BERT from the shipped phase-1 checkpoint, sequences of 128 tokens.
-# Budget 40,000 samples (625 steps of 64, where the LR reaches 0); evaluation every 3,200 samples.
-# Dropout 0: at this size and budget it only slowed learning, and cost 30 % of a CPU step.
-MINI = BertRecipe(name="mini", global_batch_size=64, max_epochs=0, target=0.305, eval_every=1, eval_first=1,
-                  eval_every_samples=3200, log_epoch_num="samples", max_samples=40_000, max_grad_norm=1.0,
-                  base_lr=2e-3, train_steps=625, warmup_steps=0, start_warmup_step=0, beta1=0.9, beta2=0.999,
-                  weight_decay=0.01,
-                  model=bert_model.BertConfig(hidden=128, layers=2, heads=4, intermediate=512, dropout=0.0,
-                                              vocab_size=4096),
-                  max_seq_length=bert_data.MINI.max_seq_length, max_predictions=bert_data.MINI.max_predictions,
-                  eval_batch_size=250,
-                  cache_shards=True, checkpoint="shipped")
+from trainperf.workloads.bert.recipes import FULL_RECIPES, MINI, BertRecipe
 
 
 def checkpoint_manifest() -> dict[str, Any]:
@@ -129,34 +46,18 @@ def checkpoint_manifest() -> dict[str, Any]:
 
 class BertWorkload(Workload[BertRecipe]):
     name = "bert"
-    full_eval_forwards = 10_000
-    full_eval_samples = 10_000
+    mlperf = MLPerf(ruleset="1.0.0", runs=10, rcp_in_samples=True, full_eval_forwards=10_000, full_eval_samples=10_000)
     benchmark = "bert"
-    ruleset = "1.0.0"
     # The RCP checker reads convergence in training samples (its bert mode): NVIDIA's published logs put
     # the pass count, not samples, in eval_accuracy's epoch_num.
-    rcp_in_samples = True
     metric = Metric("mlm_accuracy", higher_is_better=True)
     summary = ("BERT-Large phase 2 from the phase-1 checkpoint, masked-LM accuracy (mini: a small BERT from a "
                "shipped checkpoint on the standard library's docstrings)")
-    mlperf_runs = 10
     speedups = frozenset({"precision", "fp8", "compile", "fused_optimizer", "packing", "async_eval"})
     step_probe = ("global_batch_size=2", "max_seq_length=128", "max_predictions=20", "checkpoint=none")
 
-    def recipes(self, scale: str) -> dict[str, BertRecipe]:
-        return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
-
-    def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
-        return data_dir / bert_data.EVAL, sum(shard.rows for shard in bert_data.eval_shards(data_dir))
-
-    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
-        return bert_data.problems(scale, data_dir)
-
-    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
-        if scale == "mini":
-            bert_data.prepare_mini(data_dir, say)
-        else:
-            bert_data.prepare_full(data_dir, say)
+    mini = Scale(MINI, bert_data.MiniCorpus())
+    full = Scale(FULL_RECIPES, bert_data.WikipediaShards())
 
     def mlperf_hyperparameters(self, recipe: BertRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         return {

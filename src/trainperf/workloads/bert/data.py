@@ -31,6 +31,7 @@ import numpy as np
 from trainperf import prepared
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput, write_text_atomic
+from trainperf.spec import DataSource
 from trainperf.workloads.bert import corpus
 from trainperf.workloads.bert.batches import KEYS
 
@@ -128,17 +129,14 @@ def eval_shards(root: Path) -> list[Shard]:
     return _shard_list(root / EVAL, "the evaluation set")
 
 
-def problems(scale: str, root: Path) -> list[str]:
+def problems(root: Path) -> list[str]:
+    """What is missing or unreadable among the training and evaluation shards."""
     found = []
     for check in (training_shards, eval_shards):
         try:
             check(root)
         except TrainperfError as exc:
             found.append(str(exc))
-    if scale == "mini" and not found:
-        reason = prepared.stale(_read_stamp(root), {}, FORMAT, _mini_params(), root / STAMP)
-        if reason:
-            found.append(reason)
     return found
 
 
@@ -290,7 +288,7 @@ def prepare_full(root: Path, say: Callable[[str], None]) -> None:
                 continue
             write_shard(dst, tfrecord_to_rows(src))
             say(f"converted {i + 1}/{len(todo)}: {src.name}")
-    found = problems("full", root)
+    found = problems(root)
     if found:
         raise TrainperfError(found[0])
 
@@ -356,3 +354,36 @@ def sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+class _Shards(DataSource):
+    def problems(self, data_dir: Path) -> list[str]:
+        return problems(data_dir)
+
+    def eval_set(self, data_dir: Path) -> tuple[Path, int] | None:
+        return data_dir / EVAL, sum(shard.rows for shard in eval_shards(data_dir))
+
+
+class WikipediaShards(_Shards):
+    """The reference's packed Wikipedia: TFRecord or HDF5 shards converted once into training/evaluation
+    shards (the evaluation set of 10,000 samples)."""
+
+    def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        prepare_full(data_dir, say)
+
+
+class MiniCorpus(_Shards):
+    """The mini: a generated corpus through the reference's pretraining-data creation, in its shards."""
+
+    generated = True
+
+    def problems(self, data_dir: Path) -> list[str]:
+        found = super().problems(data_dir)
+        if not found:
+            reason = prepared.stale(_read_stamp(data_dir), {}, FORMAT, _mini_params(), data_dir / STAMP)
+            if reason:
+                found.append(reason)
+        return found
+
+    def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        prepare_mini(data_dir, say)

@@ -35,6 +35,7 @@ import numpy as np
 from trainperf import prepared
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput, write_json_atomic
+from trainperf.spec import DataSource
 
 N_DENSE, N_SPARSE = 13, 26
 N_FIELDS = 1 + N_DENSE + N_SPARSE
@@ -446,3 +447,46 @@ def open_split(data_dir: Path, split: str) -> np.ndarray:
     if size == 0:
         return np.zeros((0, N_FIELDS), dtype=np.int32)
     return np.memmap(path, dtype=np.int32, mode="r").reshape(-1, N_FIELDS)
+
+
+class CriteoDays(DataSource):
+    """Criteo Terabyte's day files (day_0 ... day_N-1, plain or gzip), preprocessed once beside them as the
+    reference preprocesses them."""
+
+    def __init__(self, days: int) -> None:
+        self.days = days
+
+    def again(self, data_dir: Path) -> str:
+        return f"trainperf prepare dlrm --scale full --data {data_dir}"
+
+    def problems(self, data_dir: Path) -> list[str]:
+        manifest = preprocessed(data_dir)
+        if manifest:
+            why = staleness(manifest, data_dir, self.days)
+            return [f"{why}; run {self.again(data_dir)}"] if why else []
+        missing = [day_file(data_dir, d) for d in range(self.days) if not day_file(data_dir, d).is_file()]
+        if missing:
+            return [f"{missing[0]}: missing (Criteo Terabyte needs day_0 … day_{self.days - 1} in {data_dir}, "
+                    "plain or gzip-compressed as day_N.gz)"]
+        return [f"{data_dir}: day files not preprocessed yet ({self.again(data_dir)})"]
+
+    def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        manifest = preprocessed(data_dir)
+        if manifest:
+            why = staleness(manifest, data_dir, self.days)
+            if why is None:
+                say(f"{data_dir}: already preprocessed")
+                return
+            say(f"{why}: preprocessing again")
+        self.write_days(data_dir, say)
+        preprocess(data_dir, self.days, say)
+
+    def write_days(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        """Nothing to write: the user's day files are the source."""
+
+    def sources(self, data_dir: Path) -> dict[str, Path]:
+        return day_sources(data_dir, self.days)
+
+    def eval_set(self, data_dir: Path) -> tuple[Path, int] | None:
+        manifest = preprocessed(data_dir) or {}
+        return data_dir / MANIFEST, int(manifest.get("test_samples", 0))

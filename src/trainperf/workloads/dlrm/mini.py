@@ -3,12 +3,13 @@ random DLRM whose AUC on the data is the best any model can reach), so the targe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from trainperf.files import AtomicOutput, write_json_atomic
-from trainperf.workloads.dlrm.data import _MINUS, _NL, _TAB, N_DENSE, N_SPARSE, day_file
+from trainperf.workloads.dlrm.data import _MINUS, _NL, _TAB, N_DENSE, N_SPARSE, CriteoDays, day_file, preprocessed
 
 TEACHER = "mini_teacher.json"
 # Per-feature vocabulary sizes of the mini data: a few tiny tables (3, 4, 10 rows, as in Criteo) up to
@@ -136,3 +137,28 @@ def generate_days(data_dir: Path, days: int, rows_per_day: int, seed: int = 0) -
              "teacher_auc": float(roc_auc_score(labels, logits))}
     write_json_atomic(data_dir / TEACHER, stats)
     return stats
+
+
+class PlantedTeacherDays(CriteoDays):
+    """The mini: day files of a planted teacher in Criteo's raw TSV format, then the reference's
+    preprocessing."""
+
+    generated = True
+
+    def __init__(self, days: int, rows_per_day: int) -> None:
+        super().__init__(days)
+        self.rows_per_day = rows_per_day
+
+    def again(self, data_dir: Path) -> str:
+        return "trainperf prepare dlrm"
+
+    def problems(self, data_dir: Path) -> list[str]:
+        if not preprocessed(data_dir):
+            return [f"{data_dir}: mini dataset not generated yet (trainperf prepare dlrm)"]
+        return super().problems(data_dir)
+
+    def write_days(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        if not all(day_file(data_dir, d).is_file() for d in range(self.days)):
+            stats = generate_days(data_dir, self.days, self.rows_per_day)
+            say(f"wrote {self.days} day files of {self.rows_per_day:,} rows to {data_dir} (Criteo raw TSV format); "
+                f"teacher AUC on the eval half {stats['teacher_auc']:.4f}")

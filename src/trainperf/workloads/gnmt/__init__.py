@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,71 +22,19 @@ from trainperf.spec import (
     EpochView,
     EvalPartial,
     Metric,
+    MLPerf,
     ModelParts,
-    Recipe,
     RuntimeContext,
+    Scale,
     Workload,
     bare_model,
 )
-from trainperf.spec.fields import Count, Fraction, Positive, Share
 from trainperf.workloads.common.wmt import batching, bleu
 from trainperf.workloads.common.wmt import parts as wmt_parts
 from trainperf.workloads.common.wmt.text import PAD
 from trainperf.workloads.gnmt import data as gnmt_data
 from trainperf.workloads.gnmt import model as gnmt_model
-
-
-@dataclass(frozen=True)
-class GNMTRecipe(Recipe):
-    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
-    STEP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
-    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
-    # global_batch_size is in sentences (the reference: 128 per process).
-    bpe_merges: int = gnmt_data.FULL_MERGES  # names the data files read (train.tok.clean.bpe.<merges>.en, ...)
-    hidden: Count = 1024
-    dropout: Fraction = 0.2
-    label_smoothing: Fraction = 0.1
-    init_scale: Positive = 0.1  # every parameter uniform in [-init_scale, init_scale]
-    # The attention's normalisation scalar starts at attention_scale (0: the reference's 1/sqrt(hidden)).
-    attention_scale: float = 0.0
-    forget_bias: float = 0.0  # the LSTMs' forget-gate bias at start (the reference: uniform like the rest)
-    # Adam; exponential warmup from 1 % over warmup_steps, held until remain_fraction of all the run's
-    # iterations, then decay_steps multiplications by decay_factor at equal intervals (the reference).
-    base_lr: Positive = 2e-3
-    warmup_steps: int = 200
-    remain_fraction: Share = 0.666
-    decay_steps: int = 4
-    decay_factor: Share = 0.5
-    buckets: Count = 5  # length buckets of the batching sampler
-    beam: Count = 5
-    alpha: Positive = 0.6  # length normalisation ((lp_constant + length) / (lp_constant + 1)) ** alpha
-    lp_constant: float = 5.0
-    coverage: float = 0.1  # coverage penalty weight
-    max_decode_length: Count = 150
-    eval_batch_size: Count = 128
-
-    def validate(self) -> None:
-        super().validate()
-        if min(self.hidden, self.beam, self.eval_batch_size, self.buckets, self.max_decode_length) < 1:
-            raise TrainperfError("recipe: need hidden, beam, eval_batch_size, buckets, max_decode_length >= 1")
-        if not 0 <= self.dropout < 1 or not 0 <= self.label_smoothing < 1 or not 0 < self.remain_fraction <= 1:
-            raise TrainperfError("recipe: need 0 <= dropout < 1, 0 <= label_smoothing < 1, 0 < remain_fraction <= 1")
-        if self.base_lr <= 0 or self.warmup_steps < 0 or self.decay_steps < 0 or not 0 < self.decay_factor <= 1:
-            raise TrainperfError("recipe: need base_lr > 0, warmup_steps >= 0, decay_steps >= 0, 0 < decay_factor <= 1")
-
-
-# The reference's run: 128 sentences per GPU on 8 GPUs, LR 2e-3, 8 epochs at most, gradient clipping 5.
-FULL = GNMTRecipe(name="reference", global_batch_size=8 * 128, max_epochs=8, target=0.24, eval_every=1,
-                  eval_first=1, max_grad_norm=5.0)
-# The mini: hidden 128; at this size the reference's 1/sqrt(hidden) attention scale and zero forget-gate
-# bias left training stalled for epochs (a probe on this machine), so both are recipe deviations here;
-# 10 length buckets instead of 5 halve the padding of the short mini sentences (20.8 % -> 10.9 %).
-# Dropout 0.1 and Adam 5e-3 with a 4-epoch budget (the decay starts at 66.6 % of it) reached BLEU 0.47
-# at epoch 3 in probes; dropout 0.2 / 3e-3 over 8 epochs 0.35, no dropout 0.33, 8e-3 0.24.
-MINI = GNMTRecipe(name="mini", bpe_merges=gnmt_data.MINI_MERGES, global_batch_size=128, max_epochs=4, target=0.35,
-                  eval_every=1, eval_first=1, max_grad_norm=5.0, hidden=128, dropout=0.1, attention_scale=1.0,
-                  forget_bias=1.0, base_lr=5e-3, warmup_steps=100, eval_batch_size=250, max_decode_length=80,
-                  buckets=10)
+from trainperf.workloads.gnmt.recipes import FULL, MINI, GNMTRecipe
 
 
 def schedule_steps(recipe: GNMTRecipe, steps_per_epoch: int) -> tuple[int, int]:
@@ -115,34 +62,17 @@ def lr_factor(recipe: GNMTRecipe, steps_per_epoch: int) -> Callable[[int], float
 
 class GNMTWorkload(Workload[GNMTRecipe]):
     name = "gnmt"
-    full_eval_forwards = 3_003
-    full_eval_samples = 3_003
+    mlperf = MLPerf(ruleset="0.7.0", runs=10, full_eval_forwards=3_003, full_eval_samples=3_003)
     benchmark = "gnmt"
-    ruleset = "0.7.0"
     metric = Metric("bleu", higher_is_better=True)
     summary = "GNMT v2 on WMT16 en-de, BLEU (mini: a synthetic English -> German-like corpus, BPE'd as WMT16)"
-    mlperf_runs = 10
     speedups = frozenset({"precision", "fused_optimizer", "async_eval"})
     step_probe = ("global_batch_size=4",)
     host_scoring = "process"  # sacrebleu and Moses detokenization are pure Python
     loss_units_name = "target tokens"
 
-    def recipes(self, scale: str) -> dict[str, GNMTRecipe]:
-        return {"mini": MINI} if scale == "mini" else {"reference": FULL}
-
-    def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
-        from trainperf.workloads.common.wmt.text import read_lines
-
-        return data_dir / "newstest2014.de", len(read_lines(data_dir / "newstest2014.de"))
-
-    def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
-        return gnmt_data.sources(scale, data_dir)
-
-    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
-        return gnmt_data.problems(scale, data_dir)
-
-    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
-        gnmt_data.prepare(scale, data_dir, say)
+    mini = Scale(MINI, gnmt_data.WMT16(gnmt_data.MINI_MERGES, generated=True))
+    full = Scale(FULL, gnmt_data.WMT16(gnmt_data.FULL_MERGES))
 
     def mlperf_hyperparameters(self, recipe: GNMTRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         return {
@@ -157,7 +87,7 @@ class GNMTWorkload(Workload[GNMTRecipe]):
         # (the reference's 32,000-merge vocabulary with its specials, padded to a multiple of 8).
         if data_dir is None:
             return {}
-        return {"vocabulary": gnmt_data.sources("", data_dir, recipe.bpe_merges)["vocab"]}
+        return {"vocabulary": gnmt_data.sources(data_dir, recipe.bpe_merges)["vocab"]}
 
     def build(self, recipe: GNMTRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         vocab = len(gnmt_data.read_vocabulary(assets["vocabulary"])) if "vocabulary" in assets else 32_320

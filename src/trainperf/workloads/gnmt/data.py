@@ -24,6 +24,7 @@ from pathlib import Path
 from trainperf import prepared
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput, write_text_atomic
+from trainperf.spec import DataSource
 from trainperf.workloads.common.wmt import synthetic
 from trainperf.workloads.common.wmt import text as wmt_text
 
@@ -41,30 +42,26 @@ def names(merges: int) -> dict[str, str]:
             "vocab": f"vocab.bpe.{merges}"}
 
 
-def merges_for(scale: str) -> int:
-    return MINI_MERGES if scale == "mini" else FULL_MERGES
+def sources(root: Path, merges: int) -> dict[str, Path]:
+    return {name: root / file for name, file in names(merges).items()}
 
 
-def sources(scale: str, root: Path, merges: int | None = None) -> dict[str, Path]:
-    return {name: root / file for name, file in names(merges or merges_for(scale)).items()}
+def source_problems(root: Path, merges: int) -> list[str]:
+    return [f"{path}: missing (the reference's prepared WMT16 files: {', '.join(names(merges).values())})"
+            for path in sources(root, merges).values() if not path.is_file()]
 
 
-def source_problems(scale: str, root: Path) -> list[str]:
-    return [f"{path}: missing (the reference's prepared WMT16 files: {', '.join(names(merges_for(scale)).values())})"
-            for path in sources(scale, root).values() if not path.is_file()]
-
-
-def problems(scale: str, root: Path) -> list[str]:
-    again = "trainperf prepare gnmt" + (f" --scale full --data {root}" if scale == "full" else "")
-    if scale == "mini" and not (root / PREPARED / "stamp.json").is_file():
+def problems(root: Path, merges: int, generated: bool) -> list[str]:
+    again = "trainperf prepare gnmt" + ("" if generated else f" --scale full --data {root}")
+    if generated and not (root / PREPARED / "stamp.json").is_file():
         return [f"{root}: mini dataset not generated yet (trainperf prepare gnmt)"]
-    found = source_problems(scale, root)
+    found = source_problems(root, merges)
     if found:
         return found
     record = wmt_text.read_json(root / PREPARED / "stamp.json")
     if record is None:
         return [f"{root / PREPARED}: not prepared yet ({again})"]
-    why = prepared.stale(record.get("stamp"), sources(scale, root), FORMAT, {"max_length": MAX_LENGTH},
+    why = prepared.stale(record.get("stamp"), sources(root, merges), FORMAT, {"max_length": MAX_LENGTH},
                          root / PREPARED)
     return [f"{why}; run {again}"] if why else []
 
@@ -123,12 +120,12 @@ def generate_mini(root: Path, say: Callable[[str], None], seed: int = 20261124) 
 Prepared = wmt_text.PreparedCorpus[list[str]]
 
 
-def prepare(scale: str, root: Path, say: Callable[[str], None]) -> None:
-    files = sources(scale, root)
-    if scale == "mini" and not files["vocab"].is_file():
+def prepare(root: Path, merges: int, generated: bool, say: Callable[[str], None]) -> None:
+    files = sources(root, merges)
+    if generated and not files["vocab"].is_file():
         root.mkdir(parents=True, exist_ok=True)
         generate_mini(root, say)
-    found = source_problems(scale, root)
+    found = source_problems(root, merges)
     if found:
         raise TrainperfError(found[0])
     params = {"max_length": MAX_LENGTH}
@@ -169,7 +166,7 @@ def train_pairs(root: Path) -> int:
 
 
 def load(merges: int, root: Path) -> Prepared:
-    files = sources("", root, merges)
+    files = sources(root, merges)
     folder = root / PREPARED
     record = wmt_text.read_json(folder / "stamp.json") or {}
     return Prepared(read_vocabulary(files["vocab"]), wmt_text.Encoded.load(folder, "train.src"),
@@ -190,3 +187,23 @@ class Detokenizer:
         text = " ".join(self.vocab[i] for i in ids if i > wmt_text.EOS or i == wmt_text.UNK)
         text = (text + " ").replace("@@ ", "").strip()
         return self.moses.detokenize(text.split())
+
+
+class WMT16(DataSource):
+    """The reference's prepared WMT16 files (tokenized, BPE'd, the vocabulary); the mini writes raw
+    synthetic text first and prepares it as the reference prepares WMT16."""
+
+    def __init__(self, merges: int, generated: bool = False) -> None:
+        self.merges, self.generated = merges, generated
+
+    def problems(self, data_dir: Path) -> list[str]:
+        return problems(data_dir, self.merges, self.generated)
+
+    def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        prepare(data_dir, self.merges, self.generated, say)
+
+    def sources(self, data_dir: Path) -> dict[str, Path]:
+        return sources(data_dir, self.merges)
+
+    def eval_set(self, data_dir: Path) -> tuple[Path, int] | None:
+        return data_dir / "newstest2014.de", len(wmt_text.read_lines(data_dir / "newstest2014.de"))

@@ -16,11 +16,9 @@ import hashlib
 import json
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Any
 
-import annotated_types as at
 import numpy as np
 import torch
 from torch import nn
@@ -33,91 +31,19 @@ from trainperf.spec import (
     EpochView,
     EvalPartial,
     Metric,
+    MLPerf,
     ModelParts,
-    Recipe,
     RuntimeContext,
+    Scale,
     Workload,
 )
-from trainperf.spec.fields import Count, Fraction
 from trainperf.workloads.minigo import go, mcts, selfplay
 from trainperf.workloads.minigo import model as minigo_model
+from trainperf.workloads.minigo.recipes import FULL_RECIPES, MINI, MiniGoRecipe
 
 PACKAGE = Path(__file__).parent / "mini"
 MINI_TARGET = PACKAGE / "target.pt"
 MINI_MANIFEST = PACKAGE / "target.json"
-
-
-@dataclass(frozen=True)
-class MiniGoRecipe(Recipe):
-    LR_FIELDS: ClassVar[tuple[str, ...]] = ("lr_rates",)
-    STEP_FIELDS: ClassVar[tuple[str, ...]] = ("lr_boundaries",)
-    board_size: Count = 19
-    komi: float = 7.5
-    width: Count = 64  # residual trunk channels (conv_width)
-    blocks: Count = 6  # trunk_layers
-    fc_width: Count = 64
-    value_weight: float = 0.5  # value_cost_weight
-    l2: float = 1e-4
-    momentum: Fraction = 0.9
-    lr_rates: tuple[float, ...] = (0.016, 0.16, 0.016, 0.0016)
-    lr_boundaries: tuple[int, ...] = (128, 10_000, 20_000)  # optimizer steps
-    games_per_generation: Count = 8192  # min_games_per_iteration
-    window: int = 5  # generations whose games are trained on
-    train_filter: float = 0.3  # share of the window's positions trained on per generation
-    readouts: Count = 800
-    fastplay_frequency: float = 0.75
-    fastplay_readouts: int = 80
-    virtual_losses: Count = 4
-    dirichlet_alpha: float = 0.03
-    noise_mix: Fraction = 0.3
-    value_init_penalty: float = 0.2
-    softpick_moves: int = 30
-    resign_threshold: Annotated[float, at.Interval(ge=-1, le=0)] = -0.9
-    disable_resign_pct: float = 0.1
-    eval_games: Count = 100
-    eval_readouts: Count = 100
-    eval_softpick_moves: int = 4
-    # Search only sensible moves (no own-eye filling; the pass only after a pass or when nothing else is
-    # left): the mini's few readouts need it; the reference searches every legal move.
-    reasonable_moves: bool = False
-    target_model: str = ""  # the target's state dict ("": the mini's shipped one; full: required)
-    bootstrap: str = ""  # the generation-0 network's state dict (full: the reference's; "": random)
-
-    def validate(self) -> None:
-        super().validate()
-        if not 2 <= self.board_size <= 19:
-            raise TrainperfError(f"recipe field board_size={self.board_size}: expected 2..19")
-        if len(self.lr_rates) != len(self.lr_boundaries) + 1 or list(self.lr_boundaries) != sorted(self.lr_boundaries):
-            raise TrainperfError("recipe fields lr_rates and lr_boundaries: one more rate than boundaries, boundaries "
-                                 "increasing")
-        if self.eval_games < 2 or self.eval_games % 2:
-            raise TrainperfError(f"recipe field eval_games={self.eval_games}: an even number >= 2 (colours alternate)")
-        if self.games_per_generation < 1 or self.window < 1 or not 0 < self.train_filter <= 1:
-            raise TrainperfError("recipe: need games_per_generation >= 1, window >= 1, 0 < train_filter <= 1")
-        if self.readouts < 1 or self.eval_readouts < 1 or not 0 <= self.fastplay_frequency < 1:
-            raise TrainperfError("recipe: need readouts >= 1, eval_readouts >= 1, 0 <= fastplay_frequency < 1")
-
-
-def _full(name: str, **fields: Any) -> MiniGoRecipe:
-    base = {"global_batch_size": 4096, "max_epochs": 100, "target": 0.5, "eval_every": 1, "eval_first": 1}
-    return MiniGoRecipe(name=name, **{**base, **fields})
-
-
-FULL_RECIPES: dict[str, MiniGoRecipe] = {r.name: r for r in (
-    # v0.7+ (flags/19): 19x19, 13 planes, 6 blocks of 64; 100 generations at most.
-    _full("reference"),
-    # v0.6 (flags/9): 9x9, 9 blocks of 32, value weight 0.25, 4,096 games, 240 readouts, window 10.
-    _full("v0.6-9x9", board_size=9, width=32, blocks=9, value_weight=0.25, lr_rates=(0.16, 0.016, 0.0016),
-          lr_boundaries=(25_000, 37_500), games_per_generation=4096, window=10, readouts=240, fastplay_frequency=0.0,
-          fastplay_readouts=0, virtual_losses=8, max_epochs=50),
-)}
-
-MINI = MiniGoRecipe(
-    name="mini", global_batch_size=64, max_epochs=30, target=0.5, eval_every=1, eval_first=1, board_size=5,
-    komi=7.5, width=32, blocks=3, fc_width=32, lr_rates=(0.02, 0.05, 0.01), lr_boundaries=(20, 600),
-    games_per_generation=64, window=4, train_filter=1.0, readouts=48, fastplay_frequency=0.5, fastplay_readouts=12,
-    dirichlet_alpha=0.25, softpick_moves=6, resign_threshold=-0.9, disable_resign_pct=0.2, eval_games=64,
-    eval_readouts=16, eval_softpick_moves=4, reasonable_moves=True)
 
 
 def lr_factor(recipe: MiniGoRecipe) -> Callable[[int], float]:
@@ -152,31 +78,17 @@ def sha256(path: Path) -> str:
 class MiniGoWorkload(Workload[MiniGoRecipe]):
     name = "minigo"
     benchmark = "minigo"
-    ruleset = "1.0.0"
+    # open_recipes: 4,096 games a generation: 1.0.0 requires 8,192
+    mlperf = MLPerf(ruleset="1.0.0", runs=10, open_recipes=frozenset({"v0.6-9x9"}))
     metric = Metric("win_rate", higher_is_better=True)
     summary = "MiniGo: self-play RL, win rate against a target model (mini: 5x5 Go, a small network)"
-    mlperf_runs = 10
-    open_recipes = frozenset({"v0.6-9x9"})  # 4,096 games a generation: 1.0.0 requires 8,192
     speedups = frozenset({"precision", "channels_last", "fused_optimizer"})
     step_probe = ("global_batch_size=8",)
     untimed_evaluation = True
     sample_name = "positions"
 
-    def recipes(self, scale: str) -> dict[str, MiniGoRecipe]:
-        return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
-
-    # -- data: none to download or prepare; self-play makes it ----------------------------------
-    def default_data_dir(self, scale: str) -> Path | None:
-        """No dataset at either scale: a folder of the cache stands for it (nothing is read there)."""
-        from trainperf.paths import cache_root
-
-        return cache_root() / f"{self.name}-{scale}"
-
-    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
-        return []
-
-    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
-        say("minigo: nothing to prepare (its training data is self-play, made during the run)")
+    mini = Scale(MINI, selfplay.NoDataset())
+    full = Scale(FULL_RECIPES, selfplay.NoDataset())
 
     def assets(self, recipe: MiniGoRecipe, data_dir: Path | None) -> dict[str, Path]:
         found: dict[str, Path] = {}

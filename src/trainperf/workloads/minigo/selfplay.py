@@ -18,11 +18,13 @@ are drawn by visits so that games differ.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from trainperf.spec import DataSource
 from trainperf.workloads.minigo import go, mcts
 
 
@@ -210,3 +212,16 @@ def match(game: object, candidate: object, target: object, games: int, rng: np.r
                        wins_as_black=sum(w for w, c in zip(wins, candidate_colour, strict=True) if c == go.BLACK),
                        wins_as_white=sum(w for w, c in zip(wins, candidate_colour, strict=True) if c == go.WHITE),
                        black_wins=sum(r == go.BLACK for r in results))
+
+
+class NoDataset(DataSource):
+    """MiniGo reads no dataset at either scale: its training data is self-play, made during the run. A
+    folder of trainperf's cache stands for it (nothing is read there)."""
+
+    generated = True
+
+    def problems(self, data_dir: Path) -> list[str]:
+        return []
+
+    def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        say("minigo: nothing to prepare (its training data is self-play, made during the run)")

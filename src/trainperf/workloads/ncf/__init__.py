@@ -4,16 +4,13 @@ ratings.csv in the same format."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainperf.errors import TrainperfError
 from trainperf.optim import kernels
 from trainperf.spec import (
     Assets,
@@ -21,159 +18,33 @@ from trainperf.spec import (
     EpochView,
     EvalPartial,
     Metric,
+    MLPerf,
     ModelParts,
-    Recipe,
     RuntimeContext,
+    Scale,
     Workload,
     bare_model,
 )
-from trainperf.spec.fields import Count, Counts, Fraction, Positive
 from trainperf.workloads.ncf import data as ncf_data
+from trainperf.workloads.ncf.model import NeuMF, hit_rate_hits, pair_scores, popularity_hr
+from trainperf.workloads.ncf.recipes import FULL, MINI, MINI_ITEMS, MINI_USERS, NCFRecipe
 
-TOP_K = 10
-# The mini dataset (generated once by `prepare`, so not a recipe field: a recipe cannot change it).
-MINI_USERS, MINI_ITEMS = 3000, 1000
-
-
-@dataclass(frozen=True)
-class NCFRecipe(Recipe):
-    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
-    factors: Count = 64  # GMF embedding size
-    mlp_layers: Counts = (256, 256, 128, 64)  # first = concatenated user+item MLP embeddings
-    base_lr: Positive = 5e-4
-    beta1: Fraction = 0.9
-    beta2: Fraction = 0.999
-    eps: Positive = 1e-8
-    train_negatives: int = 4
-    eval_batch_users: Count = 256
-    # The embeddings of a run without a converted dataset (synthetic benchmarks): ml-20m's users and
-    # items; a dataset's own counts win.
-    users: Count = 138_493
-    items: Count = 26_744
-
-    def validate(self) -> None:
-        super().validate()
-        if self.factors < 1 or len(self.mlp_layers) < 2 or self.mlp_layers[0] % 2 or self.train_negatives < 1:
-            raise TrainperfError("recipe: need factors >= 1, >= 2 even-first mlp_layers, train_negatives >= 1")
-        if self.users < 1 or self.items < 1:
-            raise TrainperfError("recipe: need users >= 1 and items >= 1")
-
-
-FULL = NCFRecipe(name="reference", global_batch_size=2048, max_epochs=20, target=0.635, eval_every=1, eval_first=1)
-MINI = NCFRecipe(name="mini", global_batch_size=1024, max_epochs=12, target=0.35, eval_every=1, eval_first=1,
-                 factors=16, mlp_layers=(64, 32, 16), base_lr=4e-3, users=MINI_USERS, items=MINI_ITEMS)
-
-
-class NeuMF(nn.Module):
-    """GMF (elementwise product of embeddings) + MLP over concatenated embeddings, joined by a linear
-    layer to one logit; initialised as the reference (embeddings N(0, 0.01), MLP Glorot-uniform,
-    output LeCun-uniform)."""
-
-    def __init__(self, n_users: int, n_items: int, factors: int, mlp_layers: tuple[int, ...]) -> None:
-        super().__init__()
-        half = mlp_layers[0] // 2
-        self.gmf_user, self.gmf_item = nn.Embedding(n_users, factors), nn.Embedding(n_items, factors)
-        self.mlp_user, self.mlp_item = nn.Embedding(n_users, half), nn.Embedding(n_items, half)
-        self.mlp = nn.ModuleList(nn.Linear(a, b) for a, b in zip(mlp_layers[:-1], mlp_layers[1:], strict=True))
-        self.out = nn.Linear(factors + mlp_layers[-1], 1)
-        for emb in (self.gmf_user, self.gmf_item, self.mlp_user, self.mlp_item):
-            nn.init.normal_(emb.weight, std=0.01)
-        for layer in self.mlp:
-            nn.init.xavier_uniform_(layer.weight)
-            nn.init.zeros_(layer.bias)
-        bound = (3.0 / self.out.in_features) ** 0.5
-        nn.init.uniform_(self.out.weight, -bound, bound)
-        nn.init.zeros_(self.out.bias)
-
-    def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-        gmf = self.gmf_user(users) * self.gmf_item(items)
-        x = torch.cat([self.mlp_user(users), self.mlp_item(items)], dim=-1)
-        for layer in self.mlp:
-            x = F.relu(layer(x))
-        return self.out(torch.cat([gmf, x], dim=-1)).squeeze(-1)
-
-
-def hit_rate_hits(scores_pos: torch.Tensor, scores_neg: torch.Tensor, k: int = TOP_K) -> torch.Tensor:
-    """Hits@k per user, vectorised: the positive's rank is the number of negatives scoring >= it
-    (ties are ranked ahead of the positive, as the MLPerf rules require)."""
-    rank = (scores_neg >= scores_pos.unsqueeze(1)).sum(dim=1)
-    return (rank < k).long()
-
-
-def _scores(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """The evaluation forward: the score of every (user, candidate item) pair."""
-    users, items = batch
-    return model(users, items).float()
-
-
-def popularity_hr(train_pairs: np.ndarray, test_pos: np.ndarray, test_neg: np.ndarray, n_items: int) -> float:
-    """HR@10 of ranking by training popularity: the baseline a learned model must clearly beat."""
-    counts = torch.from_numpy(np.bincount(train_pairs[:, 1], minlength=n_items)).float()
-    hits = hit_rate_hits(counts[torch.tensor(test_pos)], counts[torch.tensor(test_neg)])
-    return hits.float().mean().item()
+__all__ = ["FULL", "MINI", "NCFRecipe", "NCFWorkload", "NeuMF", "hit_rate_hits", "popularity_hr"]
 
 
 class NCFWorkload(Workload[NCFRecipe]):
     name = "ncf"
-    full_epoch_samples = 99_308_850
-    full_eval_forwards = 138_493_000
-    full_eval_samples = 138_493
+    mlperf = MLPerf(ruleset="0.7.0", runs=10, own_rules=Path(__file__).with_name("rules.yaml"),
+                    full_epoch_samples=99_308_850, full_eval_forwards=138_493_000, full_eval_samples=138_493)
     benchmark = "ncf"
     # No official ruleset of the :::MLLOG format knows ncf (retired after v0.5): the 0.7.0 common rules
     # plus trainperf's own rules file, run by the official checker.
-    ruleset = "0.7.0"
-    own_rules = Path(__file__).with_name("rules.yaml")
     metric = Metric("hr@10", higher_is_better=True)
     summary = "NeuMF on MovieLens-20m, HR@10 (mini: planted-preference ratings in ml-20m format)"
-    mlperf_runs = 10
     speedups = frozenset({"precision", "compile", "fused_optimizer", "async_eval"})
     step_probe = ("global_batch_size=256",)
-
-    def recipes(self, scale: str) -> dict[str, NCFRecipe]:
-        return {"mini": MINI} if scale == "mini" else {"reference": FULL}
-
-    @staticmethod
-    def _converted_dir(data_dir: Path) -> Path:
-        """The folder holding ratings.csv (the conversion is cached beside it, as the reference does):
-        DIR itself, or DIR/ml-20m when the user points at the folder the zip was extracted into."""
-        return data_dir / "ml-20m" if (data_dir / "ml-20m").is_dir() else data_dir
-
-    def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
-        root = self._converted_dir(data_dir)  # one test item per user: empty only with no user at all
-        manifest = ncf_data.converted(root)
-        return (root / ncf_data.MANIFEST, int(manifest["users"])) if manifest else None
-
-    def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
-        return {"ratings.csv": self._converted_dir(data_dir) / "ratings.csv"}
-
-    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
-        root = self._converted_dir(data_dir)
-        again = "trainperf prepare ncf" + (f" --scale full --data {data_dir}" if scale == "full" else "")
-        manifest = ncf_data.converted(root)
-        if manifest:
-            why = ncf_data.staleness(manifest, root / "ratings.csv")
-            return [f"{why}; run {again}"] if why else []
-        if scale == "mini":
-            return [f"{data_dir}: mini dataset not generated yet (trainperf prepare ncf)"]
-        if not (root / "ratings.csv").is_file():
-            return [f"{root / 'ratings.csv'}: missing (expected ml-20m/ratings.csv with header "
-                    "userId,movieId,rating,timestamp)"]
-        return [f"{root}: ratings.csv not converted yet ({again})"]
-
-    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
-        root = self._converted_dir(data_dir)
-        manifest = ncf_data.converted(root)
-        if manifest:
-            why = ncf_data.staleness(manifest, root / "ratings.csv")
-            if why is None:
-                say(f"{root}: already converted")
-                return
-            say(f"{why}: converting again")
-        root.mkdir(parents=True, exist_ok=True)
-        if scale == "mini" and not (root / "ratings.csv").is_file():
-            rows = ncf_data.generate_ratings(root / "ratings.csv", MINI_USERS, MINI_ITEMS)
-            say(f"wrote {rows:,} synthetic ratings to {root / 'ratings.csv'} (ml-20m format)")
-        ncf_data.convert(root / "ratings.csv", root, say)
+    mini = Scale(MINI, ncf_data.PlantedRatings(MINI_USERS, MINI_ITEMS))
+    full = Scale(FULL, ncf_data.MovieLens())
 
     def mlperf_hyperparameters(self, recipe: NCFRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         return {
@@ -186,7 +57,9 @@ class NCFWorkload(Workload[NCFRecipe]):
     def assets(self, recipe: NCFRecipe, data_dir: Path | None) -> dict[str, Path]:
         # The embeddings are sized by the converted dataset's user and item counts; without one
         # (synthetic benchmarks), by the recipe's.
-        return {"dataset manifest": self._converted_dir(data_dir) / ncf_data.MANIFEST} if data_dir is not None else {}
+        if data_dir is None:
+            return {}
+        return {"dataset manifest": ncf_data.converted_dir(data_dir) / ncf_data.MANIFEST}
 
     def build(self, recipe: NCFRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         if "dataset manifest" in assets:
@@ -204,7 +77,7 @@ class NCFWorkload(Workload[NCFRecipe]):
 
         # The reference trains at a constant Adam learning rate.
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn,
-                          lr_schedule=lambda steps: (lambda step: 1.0), eval_forward=_scores)
+                          lr_schedule=lambda steps: (lambda step: 1.0), eval_forward=pair_scores)
 
     def synthetic_batch(self, recipe: NCFRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         bare = bare_model(model)
@@ -222,7 +95,7 @@ class NCFWorkload(Workload[NCFRecipe]):
         return users, torch.randint(0, bare.gmf_item.num_embeddings, shape, device=ctx.device, generator=gen)
 
     def load_data(self, recipe: NCFRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        root = self._converted_dir(data_dir)
+        root = ncf_data.converted_dir(data_dir)
         manifest = ncf_data.converted(root)
         train, test_users, test_pos, test_neg = ncf_data.load(root)
         device = ctx.device

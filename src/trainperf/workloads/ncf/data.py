@@ -26,6 +26,7 @@ import pandas as pd
 from trainperf import prepared
 from trainperf.errors import TrainperfError, shown
 from trainperf.files import AtomicOutput, write_text_atomic
+from trainperf.spec import DataSource
 
 HEADER = ["userId", "movieId", "rating", "timestamp"]
 OUTPUTS = ("train-ratings.csv", "test-ratings.csv", "test-negative.csv")
@@ -241,3 +242,73 @@ def generate_ratings(path: Path, n_users: int = 3000, n_items: int = 1000, dim: 
                 writer.writerow([u + 1, int(movie_ids[item]), f"{star:.1f}", int(stamp)])
             rows += int(counts[u])
     return rows
+
+
+def converted_dir(data_dir: Path) -> Path:
+    """The folder holding ratings.csv (the conversion is cached beside it, as the reference does): DIR
+    itself, or DIR/ml-20m when the user points at the folder the zip was extracted into."""
+    return data_dir / "ml-20m" if (data_dir / "ml-20m").is_dir() else data_dir
+
+
+class MovieLens(DataSource):
+    """ml-20m's ratings.csv, converted beside itself into the reference's train and test files."""
+
+    def again(self, data_dir: Path) -> str:
+        return f"trainperf prepare ncf --scale full --data {data_dir}"
+
+    def problems(self, data_dir: Path) -> list[str]:
+        root = converted_dir(data_dir)
+        manifest = converted(root)
+        if manifest:
+            why = staleness(manifest, root / "ratings.csv")
+            return [f"{why}; run {self.again(data_dir)}"] if why else []
+        if not (root / "ratings.csv").is_file():
+            return [f"{root / 'ratings.csv'}: missing (expected ml-20m/ratings.csv with header "
+                    "userId,movieId,rating,timestamp)"]
+        return [f"{root}: ratings.csv not converted yet ({self.again(data_dir)})"]
+
+    def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        root = converted_dir(data_dir)
+        manifest = converted(root)
+        if manifest:
+            why = staleness(manifest, root / "ratings.csv")
+            if why is None:
+                say(f"{root}: already converted")
+                return
+            say(f"{why}: converting again")
+        root.mkdir(parents=True, exist_ok=True)
+        self.write_ratings(root, say)
+        convert(root / "ratings.csv", root, say)
+
+    def write_ratings(self, root: Path, say: Callable[[str], None]) -> None:
+        """Nothing to write: the user's ratings.csv is the source."""
+
+    def sources(self, data_dir: Path) -> dict[str, Path]:
+        return {"ratings.csv": converted_dir(data_dir) / "ratings.csv"}
+
+    def eval_set(self, data_dir: Path) -> tuple[Path, int] | None:
+        root = converted_dir(data_dir)  # one test item per user: empty only with no user at all
+        manifest = converted(root)
+        return (root / MANIFEST, int(manifest["users"])) if manifest else None
+
+
+class PlantedRatings(MovieLens):
+    """The mini: a planted-preference ratings.csv in ml-20m's format, then the reference's conversion."""
+
+    generated = True
+
+    def __init__(self, users: int, items: int) -> None:
+        self.users, self.items = users, items
+
+    def again(self, data_dir: Path) -> str:
+        return "trainperf prepare ncf"
+
+    def problems(self, data_dir: Path) -> list[str]:
+        if not converted(converted_dir(data_dir)):
+            return [f"{data_dir}: mini dataset not generated yet (trainperf prepare ncf)"]
+        return super().problems(data_dir)
+
+    def write_ratings(self, root: Path, say: Callable[[str], None]) -> None:
+        if not (root / "ratings.csv").is_file():
+            rows = generate_ratings(root / "ratings.csv", self.users, self.items)
+            say(f"wrote {rows:,} synthetic ratings to {root / 'ratings.csv'} (ml-20m format)")

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -13,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from trainperf.errors import TrainperfError, shown
+from trainperf.errors import TrainperfError
 from trainperf.loaders import DevicePrefetcher, one_line_errors
 from trainperf.optim import LARS, kernels, multi_tensor, warmup_poly
 from trainperf.spec import (
@@ -22,100 +21,18 @@ from trainperf.spec import (
     EpochView,
     EvalPartial,
     Metric,
+    MLPerf,
     ModelParts,
-    Recipe,
     RuntimeContext,
+    Scale,
     Workload,
     per_epoch_schedule,
 )
-from trainperf.spec.fields import Count, Counts, Fraction, Positive, Share
 from trainperf.workloads.resnet import data as resnet_data
 from trainperf.workloads.resnet.model import MiniResNet, build_resnet50
+from trainperf.workloads.resnet.recipes import FULL_RECIPES, MINI_RECIPE, ResNetRecipe
 
-IMAGENET_TRAIN, IMAGENET_VAL, IMAGENET_CLASSES = 1_281_167, 50_000, 1000
-
-
-@dataclass(frozen=True)
-class ResNetRecipe(Recipe):
-    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
-    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_epochs",)
-    model: str = "resnet50"
-    num_classes: Count = 1000
-    optimizer: str = "lars"
-    base_lr: Positive = 10.5
-    end_lr: float = 1e-4
-    warmup_epochs: float = 2.0
-    # LR horizon: linear warmup, then polynomial decay until this epoch (decay = train - warmup).
-    train_epochs: float = 39.0
-    poly_power: Positive = 2.0
-    momentum: Fraction = 0.9
-    weight_decay: float = 5e-5
-    label_smoothing: Fraction = 0.1
-    lars_eta: Positive = 0.001
-    lars_epsilon: float = 0.0
-    image_size: Count = 224
-    eval_resize: Count = 256
-    min_crop_area: Share = 0.05
-    hflip: bool = True
-    in_memory: bool = False
-    num_workers: int = 8
-    # Full scale: who decodes the JPEGs. "workers": DataLoader workers (Pillow) decode and augment each
-    # image; "device": the workers only read the files, and the training device decodes each batch in one
-    # call (nvjpeg on a GPU, through TorchCodec where installed) and crops, resizes and flips it there.
-    decode: str = "workers"
-    eval_batch_size: Count = 256
-    # mini model shape (model=mini)
-    stem_width: Count = 32
-    widths: Counts = (16, 32, 64)
-    blocks: Counts = (1, 1, 1)
-
-    CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("resnet50", "mini"), "optimizer": ("sgd", "lars"),
-                                                     "decode": resnet_data.DECODERS}
-
-    def validate(self) -> None:
-        super().validate()
-        if self.train_epochs <= self.warmup_epochs:
-            raise TrainperfError("recipe fields train_epochs and warmup_epochs: need train_epochs > warmup_epochs")
-        if self.model == "mini" and len(self.widths) != len(self.blocks):
-            raise TrainperfError("recipe fields widths and blocks must have the same length")
-
-
-def _lars(*, global_batch_size: int, decay_epochs: float, **fields: Any) -> ResNetRecipe:
-    """An RCP point: LARS, polynomial decay over `decay_epochs` after the warmup."""
-    return ResNetRecipe(
-        name=f"lars-{global_batch_size}", global_batch_size=global_batch_size, target=0.759, eval_every=4,
-        eval_first=3, optimizer="lars", train_epochs=fields["warmup_epochs"] + decay_epochs, channels_last=True,
-        **fields,
-    )
-
-
-# Full-scale recipes: the MLPerf reference convergence points (mlperf_logging RCPs, LARS, poly 2).
-FULL_RECIPES = {
-    r.name: r
-    for r in (
-        _lars(global_batch_size=3264, base_lr=10.5, warmup_epochs=2, decay_epochs=37, weight_decay=5e-5,
-              max_epochs=45),
-        _lars(global_batch_size=1632, base_lr=7.4, warmup_epochs=2, decay_epochs=35, weight_decay=5e-5,
-              max_epochs=45),
-        _lars(global_batch_size=4096, base_lr=10.0, warmup_epochs=5, decay_epochs=42, weight_decay=2e-4,
-              max_epochs=50),
-        _lars(global_batch_size=8192, base_lr=17.0, warmup_epochs=5, decay_epochs=39, weight_decay=2e-4,
-              max_epochs=50),
-        ResNetRecipe(
-            name="sgd-256", global_batch_size=256, max_epochs=90, target=0.759, eval_every=4, eval_first=4,
-            optimizer="sgd", base_lr=0.1, warmup_epochs=5, train_epochs=90, weight_decay=1e-4,
-            channels_last=True,
-        ),
-    )
-}
-
-MINI_RECIPE = ResNetRecipe(
-    name="mini", global_batch_size=32, max_epochs=12, target=0.97, eval_every=1, eval_first=1,
-    model="mini", num_classes=10, optimizer="sgd", base_lr=0.2, warmup_epochs=0.5, train_epochs=6,
-    weight_decay=4e-4, image_size=32, eval_resize=32, min_crop_area=0.8, hflip=False, in_memory=True,
-    num_workers=0, eval_batch_size=512, channels_last=True,
-)
-
+__all__ = ["FULL_RECIPES", "MINI_RECIPE", "ResNetRecipe", "ResNetWorkload"]
 
 def _predict(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """The evaluation forward: the predicted class of each image."""
@@ -143,72 +60,15 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
 
 class ResNetWorkload(Workload[ResNetRecipe]):
     name = "resnet"
-    full_epoch_samples = 1_281_167
-    full_eval_forwards = 50_000
-    full_eval_samples = 50_000
+    mlperf = MLPerf(ruleset="1.0.0", runs=5, full_epoch_samples=1_281_167, full_eval_forwards=50_000,
+                    full_eval_samples=50_000)
     benchmark = "resnet"
-    ruleset = "1.0.0"
     metric = Metric("top1", higher_is_better=True)
     summary = "ResNet-50 v1.5 on ImageNet (mini: a small ResNet on real handwritten digits)"
-    mlperf_runs = 5
     speedups = frozenset({"precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer", "async_eval"})
 
-    # -- declaration ----------------------------------------------------------------------------
-    def recipes(self, scale: str) -> dict[str, ResNetRecipe]:
-        return {"mini": MINI_RECIPE} if scale == "mini" else dict(FULL_RECIPES)
-
-    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
-        if scale == "mini":
-            if resnet_data.mini_ready(data_dir, MINI_RECIPE.image_size):
-                return []
-            return [f"{data_dir}: mini dataset not generated yet (trainperf prepare resnet)"]
-        problems = resnet_data.layout_problems(data_dir)
-        if not problems:
-            try:
-                self._indexes(data_dir)  # a list of bad images that no longer describes the folder
-            except TrainperfError as exc:
-                problems.append(str(exc))
-        return problems
-
-    def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
-        return data_dir / "val", len(self._indexes(data_dir)[1].paths)  # without the images --verify found bad
-
-    @staticmethod
-    def _indexes(data_dir: Path) -> tuple[resnet_data.ImageIndex, resnet_data.ImageIndex, int]:
-        """Train and val, without the images `prepare --verify` found bad; and how many it skipped."""
-        train = resnet_data.scan_split(data_dir, "train")
-        val = resnet_data.scan_split(data_dir, "val", train.classes)
-        bad = resnet_data.bad_images(data_dir, [train, val])
-        return resnet_data.without(train, bad), resnet_data.without(val, bad), len(bad)
-
-    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
-        if scale == "mini":
-            if resnet_data.mini_ready(data_dir, MINI_RECIPE.image_size):
-                say(f"mini dataset already present in {data_dir}")
-                return
-            resnet_data.generate_mini(data_dir, image_size=MINI_RECIPE.image_size, say=say)
-            return
-        problems = resnet_data.layout_problems(data_dir)
-        if problems:
-            more = f" (+{len(problems) - 1} more problems)" if len(problems) > 1 else ""
-            raise TrainperfError(problems[0] + more)
-        train, val, skipped = self._indexes(data_dir)
-        say(f"{data_dir}: {len(train.paths)} train images in {len(train.classes)} classes, "
-            f"{len(val.paths)} val images")
-        if skipped:
-            say(f"{skipped} images that do not decode are skipped ({data_dir / resnet_data.BAD_IMAGES})")
-        if (len(train.paths), len(val.paths), len(train.classes)) != (IMAGENET_TRAIN, IMAGENET_VAL,
-                                                                      IMAGENET_CLASSES):
-            say(f"note: ILSVRC-2012 has {IMAGENET_TRAIN} train / {IMAGENET_VAL} val images in "
-                f"{IMAGENET_CLASSES} classes; results on this copy are not comparable to MLPerf's")
-
-    def verify(self, scale: str, data_dir: Path, workers: int, progress: Callable[[int, int, int], None]) -> list[str]:
-        problems = resnet_data.layout_problems(data_dir)
-        if problems:
-            raise TrainperfError(problems[0])
-        record = resnet_data.verify_images(data_dir, workers, progress)
-        # A name that is not UTF-8 is shown as a Python literal (printing it as it is fails on a UTF-8 terminal).
-        return [f"{shown(str(data_dir / item['path']), limit=4096)}: {item['reason']}" for item in record["bad"]]
+    mini = Scale(MINI_RECIPE, resnet_data.Digits(MINI_RECIPE.image_size))
+    full = Scale(FULL_RECIPES, resnet_data.ImageNetFolder())
 
     def mlperf_hyperparameters(self, recipe: ResNetRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         decay_epochs = recipe.train_epochs - recipe.warmup_epochs
@@ -284,7 +144,7 @@ class ResNetWorkload(Workload[ResNetRecipe]):
         return resnet_data.normalize(images), labels
 
     def load_data(self, recipe: ResNetRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        train_index, val_index, _skipped = self._indexes(data_dir)
+        train_index, val_index, _skipped = resnet_data.indexes(data_dir)
         if len(train_index.classes) > recipe.num_classes:
             raise TrainperfError(f"{data_dir / 'train'}: {len(train_index.classes)} classes, but the model has "
                                  f"{recipe.num_classes} outputs (--set num_classes=N)")

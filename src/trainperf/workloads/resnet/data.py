@@ -26,6 +26,7 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 from trainperf.errors import TrainperfError, shown
 from trainperf.files import AtomicOutput, write_json_atomic
+from trainperf.spec import DataSource
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
 SPLITS = ("train", "val")
@@ -33,6 +34,7 @@ SPLITS = ("train", "val")
 RGB_MEANS = (123.68, 116.78, 103.94)
 MANIFEST = "trainperf_dataset.json"
 MINI_FORMAT_VERSION = 1
+IMAGENET_TRAIN, IMAGENET_VAL, IMAGENET_CLASSES = 1_281_167, 50_000, 1000
 
 
 @dataclass(frozen=True)
@@ -452,3 +454,72 @@ def mini_ready(root: Path, image_size: int) -> bool:
     manifest = read_manifest(root)
     return bool(manifest and manifest.get("format_version") == MINI_FORMAT_VERSION
                 and manifest.get("image_size") == image_size and not layout_problems(root))
+
+
+def indexes(data_dir: Path) -> tuple[ImageIndex, ImageIndex, int]:
+    """Train and val, without the images `prepare --verify` found bad; and how many it skipped."""
+    train = scan_split(data_dir, "train")
+    val = scan_split(data_dir, "val", train.classes)
+    bad = bad_images(data_dir, [train, val])
+    return without(train, bad), without(val, bad), len(bad)
+
+
+class _ImageFolders(DataSource):
+    def eval_set(self, data_dir: Path) -> tuple[Path, int] | None:
+        return data_dir / "val", len(indexes(data_dir)[1].paths)  # without the images --verify found bad
+
+
+class Digits(_ImageFolders):
+    """The mini: real handwritten digits written as an ImageNet-style folder of JPEGs."""
+
+    generated = True
+
+    def __init__(self, image_size: int) -> None:
+        self.image_size = image_size
+
+    def problems(self, data_dir: Path) -> list[str]:
+        if mini_ready(data_dir, self.image_size):
+            return []
+        return [f"{data_dir}: mini dataset not generated yet (trainperf prepare resnet)"]
+
+    def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        if mini_ready(data_dir, self.image_size):
+            say(f"mini dataset already present in {data_dir}")
+            return
+        generate_mini(data_dir, image_size=self.image_size, say=say)
+
+
+class ImageNetFolder(_ImageFolders):
+    """ILSVRC-2012 as train/<wnid>/*.JPEG and val/<wnid>/*.JPEG (the reference's layout)."""
+
+    def problems(self, data_dir: Path) -> list[str]:
+        problems = layout_problems(data_dir)
+        if not problems:
+            try:
+                indexes(data_dir)  # a list of bad images that no longer describes the folder
+            except TrainperfError as exc:
+                problems.append(str(exc))
+        return problems
+
+    def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        problems = layout_problems(data_dir)
+        if problems:
+            more = f" (+{len(problems) - 1} more problems)" if len(problems) > 1 else ""
+            raise TrainperfError(problems[0] + more)
+        train, val, skipped = indexes(data_dir)
+        say(f"{data_dir}: {len(train.paths)} train images in {len(train.classes)} classes, "
+            f"{len(val.paths)} val images")
+        if skipped:
+            say(f"{skipped} images that do not decode are skipped ({data_dir / BAD_IMAGES})")
+        if (len(train.paths), len(val.paths), len(train.classes)) != (IMAGENET_TRAIN, IMAGENET_VAL,
+                                                                      IMAGENET_CLASSES):
+            say(f"note: ILSVRC-2012 has {IMAGENET_TRAIN} train / {IMAGENET_VAL} val images in "
+                f"{IMAGENET_CLASSES} classes; results on this copy are not comparable to MLPerf's")
+
+    def verify(self, data_dir: Path, workers: int, progress: Callable[[int, int, int], None]) -> list[str]:
+        problems = layout_problems(data_dir)
+        if problems:
+            raise TrainperfError(problems[0])
+        record = verify_images(data_dir, workers, progress)
+        # A name that is not UTF-8 is shown as a Python literal (printing it as it is fails on a UTF-8 terminal).
+        return [f"{shown(str(data_dir / item['path']), limit=4096)}: {item['reason']}" for item in record["bad"]]

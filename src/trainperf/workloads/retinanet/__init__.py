@@ -6,79 +6,39 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from trainperf.errors import TrainperfError
 from trainperf.optim import kernels
 from trainperf.spec import (
     Assets,
     EvalPartial,
+    MLPerf,
     ModelParts,
     RuntimeContext,
+    Scale,
     per_epoch_schedule,
 )
-from trainperf.spec.fields import Count, Positive
 from trainperf.workloads.common.coco import data as coco
 from trainperf.workloads.common.coco import loading as coco_loading
 from trainperf.workloads.common.coco import scoring
-from trainperf.workloads.common.coco.detector import Detector, DetectorRecipe
+from trainperf.workloads.common.coco.detector import Detector
 from trainperf.workloads.retinanet import model as retinanet_model
+from trainperf.workloads.retinanet.recipes import (
+    FULL_RECIPES,
+    MINI,
+    OPENIMAGES_CLASSES,
+    OPENIMAGES_COUNTS,
+    RetinaNetRecipe,
+)
 
 LAYOUT = coco.OPENIMAGES_MLPERF
 # OpenImages-MLPerf: 264 classes; train images with at least one box, and the validation subset.
-OPENIMAGES_CLASSES, OPENIMAGES_COUNTS = 264, (1_170_301, 24_781)
 DATA = coco_loading.DetectionData("retinanet", LAYOUT, "OpenImages-MLPerf", *OPENIMAGES_COUNTS, OPENIMAGES_CLASSES)
 MINI_SIZE = coco.MINI_SIZE
-
-
-@dataclass(frozen=True)
-class RetinaNetRecipe(DetectorRecipe):
-    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
-    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_epochs",)
-    model: str = "retinanet"  # retinanet (ResNeXt50-32x4d FPN, the reference) | mini
-    num_classes: Count = OPENIMAGES_CLASSES  # sigmoid classes: no background class
-    image_size: Count = 800  # every image is resized to this square inside the model
-    # Adam (the closed rules' only optimizer); the learning rate is absolute, not scaled by the batch.
-    base_lr: Positive = 1e-4
-    weight_decay: float = 0.0
-    warmup_epochs: float = 1.0
-    warmup_factor: float = 1e-3  # the LR ramps linearly from base_lr * warmup_factor over warmup_epochs
-    lr_schedule: str = "constant"  # constant after warmup (the reference) | cosine (to 0 at max_epochs)
-    eval_batch_size: Count = 32
-    max_detections: Count = 300
-    width: Count = 32  # mini body width
-    fpn_channels: Count = 64  # mini FPN and head width
-
-    CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("retinanet", "mini"),
-                                                     "lr_schedule": ("constant", "cosine"),
-                                                     "coco_backend": scoring.BACKENDS}
-
-    def validate(self) -> None:
-        super().validate()
-        if self.base_lr <= 0 or self.warmup_epochs < 0 or not 0 <= self.warmup_factor <= 1:
-            raise TrainperfError("recipe: need base_lr > 0, warmup_epochs >= 0, 0 <= warmup_factor <= 1")
-        if self.num_classes < 1 or self.width < 1 or self.fpn_channels < 16 or self.fpn_channels % 16:
-            raise TrainperfError("recipe: need num_classes >= 1, width >= 1 and fpn_channels a multiple of 16 "
-                                 "(GroupNorm of 16 groups)")
-
-
-def _full(batch: int, max_epochs: int = 26) -> RetinaNetRecipe:
-    return RetinaNetRecipe(name=f"rcp-{batch}", global_batch_size=batch, max_epochs=max_epochs, target=0.34,
-                           eval_every=1, eval_first=1)
-
-
-# The reference convergence points of the v2.0 round (mlperf_logging RCPs 2.0.0, rcps_ssd.json: Adam
-# 1e-4, one warmup epoch from 1e-3): 4, 5 and ~15 epochs to converge at BS 256, 512 and 4096.
-FULL_RECIPES = {r.name: r for r in (_full(256), _full(512), _full(4096, 30))}
-MINI = RetinaNetRecipe(name="mini", global_batch_size=16, max_epochs=10, target=0.25, eval_every=1, eval_first=4,
-                       model="mini", num_classes=len(coco.MINI_CATEGORIES), image_size=MINI_SIZE, base_lr=2e-3,
-                       warmup_epochs=1.0, warmup_factor=1e-3, lr_schedule="cosine", num_workers=0,
-                       eval_batch_size=250, max_detections=100, channels_last=True)
 
 
 def lr_factor(recipe: RetinaNetRecipe, steps_per_epoch: int) -> Callable[[int], float]:
@@ -105,21 +65,18 @@ def _forward(model: nn.Module, batch: Any) -> list[dict[str, torch.Tensor]]:
 
 class RetinaNetWorkload(Detector[RetinaNetRecipe]):
     name = "retinanet"
-    full_epoch_samples = 1_170_301
-    full_eval_forwards = 24_781
-    full_eval_samples = 24_781
+    mlperf = MLPerf(ruleset="2.0.0", runs=5, full_epoch_samples=1_170_301, full_eval_forwards=24_781,
+                    full_eval_samples=24_781)
     benchmark = "ssd"  # the v2.0 round's key for RetinaNet
     # Logged as `ssd`, the key it was submitted under in the v2.0 round, whose rules are 2.0.0 (the key
     # meant SSD-ResNet34 under 1.0.0): its logs name the workload, so check and score know which.
-    ruleset = "2.0.0"
     summary = "RetinaNet ResNeXt50-32x4d FPN on OpenImages-MLPerf, box AP (mini: a small RetinaNet on shapes)"
     speedups = frozenset({"precision", "channels_last", "fused_optimizer", "async_eval"})
     step_probe = ("global_batch_size=2", "image_size=256")
-    data = DATA
+    dataset = DATA
+    mini = Scale(MINI, coco_loading.Shapes(DATA))
+    full = Scale(FULL_RECIPES, coco_loading.Folder(DATA))
     background = 0
-
-    def recipes(self, scale: str) -> dict[str, RetinaNetRecipe]:
-        return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
 
     def mlperf_hyperparameters(self, recipe: RetinaNetRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         return {

@@ -25,6 +25,7 @@ import numpy as np
 from trainperf import prepared
 from trainperf.errors import TrainperfError
 from trainperf.files import write_bytes_atomic, write_json_atomic
+from trainperf.spec import DataSource
 from trainperf.workloads.rnnt.features import trim_silence
 
 SAMPLE_RATE = 16_000
@@ -346,3 +347,44 @@ def prefetch(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
         if isinstance(item, BaseException):
             raise item
         yield item
+
+
+class LibriSpeech(DataSource):
+    """LibriSpeech's FLAC subsets as distributed, converted once as the reference converts them (16 kHz
+    WAV, JSON manifests, a SentencePiece model of `pieces` from the training transcripts)."""
+
+    def __init__(self, subsets: Sequence[str], pieces: int) -> None:
+        self.subsets, self.pieces = list(subsets), pieces
+
+    def problems(self, data_dir: Path) -> list[str]:
+        return problems(data_dir, self.subsets, self.pieces)
+
+    def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        self.write_audio(data_dir, say)
+        prepare(data_dir, self.subsets, self.pieces, say)
+
+    def write_audio(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        """Nothing to write: the user's LibriSpeech folders are the source."""
+
+    def sources(self, data_dir: Path) -> dict[str, Path]:
+        return sources(data_dir, [*self.subsets, EVAL_SUBSET])
+
+    def eval_set(self, data_dir: Path) -> tuple[Path, int] | None:
+        path = manifest_path(data_dir, EVAL_SUBSET)
+        return path, len(read_manifest(path))
+
+
+class SyntheticSpeech(LibriSpeech):
+    """The mini: synthesized utterances written as LibriSpeech FLAC subsets, then the reference's conversion."""
+
+    generated = True
+
+    def problems(self, data_dir: Path) -> list[str]:
+        if not (data_dir / EVAL_SUBSET).is_dir():
+            return [f"{data_dir}: mini dataset not generated yet (trainperf prepare rnnt)"]
+        return super().problems(data_dir)
+
+    def write_audio(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        from trainperf.workloads.rnnt import synthetic  # the synthesizer's imports, only to generate
+
+        synthetic.generate(data_dir, say)

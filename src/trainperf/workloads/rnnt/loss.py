@@ -14,9 +14,12 @@ occupancy of its blank and label edges), written once into a tensor the size of 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from trainperf.errors import TrainperfError
 
 NEG_INF = float("-inf")
 
@@ -192,3 +195,18 @@ def transducer_loss_loop(logits: torch.Tensor, targets: torch.Tensor, frames: to
     alpha = torch.stack([torch.stack(r, dim=1) for r in rows], dim=1)
     end = alpha[idx, frames.long() - 1, labels.long()] + lp_blank[idx, frames.long() - 1, labels.long()]
     return -end
+
+
+def torchaudio_rnnt_loss() -> Callable[..., torch.Tensor]:
+    """torchaudio's rnnt_loss, or one line saying why it cannot be had: torchaudio builds pair with one
+    torch release each, and none may exist for the torch installed (none for trainperf's pinned one)."""
+    try:
+        from torchaudio.functional import rnnt_loss
+    # A torchaudio built for another torch fails at import with OSError or RuntimeError (undefined symbols).
+    except (ImportError, OSError, RuntimeError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise TrainperfError(
+            f"loss_impl=torchaudio: needs the torchaudio build of torch {torch.__version__.split('+')[0]}, and none "
+            f"can be imported here ({reason}); torchaudio publishes no build for every torch release: use "
+            "loss_impl=wavefront (trainperf's own transducer loss, the default)") from None
+    return rnnt_loss

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Any
 
-import annotated_types as at
 import numpy as np
 import torch
 from torch import nn
@@ -17,16 +15,18 @@ from trainperf.optim import kernels
 from trainperf.spec import (
     Assets,
     EvalPartial,
+    MLPerf,
     ModelParts,
     RuntimeContext,
+    Scale,
     per_epoch_schedule,
 )
-from trainperf.spec.fields import Count, Fraction, Positive, Share
 from trainperf.workloads.common.coco import data as coco
 from trainperf.workloads.common.coco import loading as coco_loading
 from trainperf.workloads.common.coco import scoring
-from trainperf.workloads.common.coco.detector import Detector, DetectorRecipe
+from trainperf.workloads.common.coco.detector import Detector
 from trainperf.workloads.ssd import model as ssd_model
+from trainperf.workloads.ssd.recipes import FULL_RECIPES, MINI, SSDRecipe
 
 LAYOUT = coco.COCO2017
 COCO_TRAIN_IMAGES = 117_266  # train2017 images with at least one non-crowd box (the reference's count)
@@ -36,53 +36,6 @@ MINI_BOXES = ssd_model.DefaultBoxSpec(fig_size=MINI_SIZE, feat_sizes=(8, 4, 2, 1
                               scales=(9, 16, 26, 40, 60), aspect_ratios=((2,), (2,), (2,), (2,)))
 # ImageNet normalisation (the trunk is an ImageNet network), on 0-255 pixels.
 MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
-
-
-@dataclass(frozen=True)
-class SSDRecipe(DetectorRecipe):
-    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
-    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_epochs",)
-    model: str = "ssd300"  # ssd300 | mini
-    num_classes: Annotated[int, at.Ge(2)] = 81  # with the background
-    optimizer: str = "sgd"  # sgd (the reference) | adamw
-    # The learning rate per 32 images: the run's is base_lr * global_batch_size / 32 (the reference).
-    base_lr: Positive = 2.5e-3
-    momentum: Fraction = 0.9
-    weight_decay: float = 5e-4
-    warmup_epochs: float = 0.0
-    warmup_factor: int = 0  # the MLPerf ramp: lr_b = r0 - (wb - b) r0 / (wb 2^factor)
-    lr_schedule: str = "multistep"  # multistep (x decay_factor at decay_epochs) | cosine (to 0 at max_epochs)
-    decay_epochs: tuple[int, ...] = (40, 50)
-    decay_factor: Share = 0.1
-    crop_trials: Count = 1  # SSD random crop retries (MLPerf `max_samples`: 1 or 50)
-    color_jitter: bool = True
-    score_threshold: Fraction = 0.05
-    nms_iou: Share = 0.5
-    width: Count = 32  # mini model width
-
-    CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("ssd300", "mini"), "optimizer": ("sgd", "adamw"),
-                                                     "lr_schedule": ("multistep", "cosine"), "crop_trials": (1, 50),
-                                                     "coco_backend": scoring.BACKENDS}
-
-
-def _full(batch: int, base_lr: float, decay: tuple[int, int], warmup_epochs: float, weight_decay: float,
-          max_epochs: int, crop_trials: int = 50) -> SSDRecipe:
-    return SSDRecipe(name=f"rcp-{batch}", global_batch_size=batch, max_epochs=max_epochs, target=0.23, eval_every=5,
-                     eval_first=5, base_lr=base_lr, decay_epochs=decay, warmup_epochs=warmup_epochs,
-                     weight_decay=weight_decay, crop_trials=crop_trials)
-
-
-# The MLPerf reference convergence points (mlperf_logging RCPs, 1.0.0); then the reference's 1-GPU setup.
-FULL_RECIPES = {r.name: r for r in (
-    _full(1024, 2.5e-3, (40, 50), 2.619685, 5e-4, 70),
-    _full(2048, 4.57e-3, (60, 75), 26.0, 4e-5, 90),
-    _full(4096, 2.5e-3, (80, 100), 40.0, 4e-5, 110),
-    SSDRecipe(name="reference-32", global_batch_size=32, max_epochs=70, target=0.23, eval_every=5, eval_first=5),
-)}
-MINI = SSDRecipe(name="mini", global_batch_size=32, max_epochs=12, target=0.33, eval_every=1, eval_first=4,
-                 model="mini", num_classes=1 + len(coco.MINI_CATEGORIES), image_size=MINI_SIZE, optimizer="adamw",
-                 base_lr=3e-3, weight_decay=1e-4, warmup_epochs=1.0, lr_schedule="cosine", crop_trials=1,
-                 color_jitter=False, num_workers=0, eval_batch_size=250, max_detections=100)
 
 
 def lr_factor(recipe: SSDRecipe, steps_per_epoch: int) -> Callable[[int], float]:
@@ -123,18 +76,15 @@ def _forward(model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 class SSDWorkload(Detector[SSDRecipe]):
     name = "ssd"
-    full_epoch_samples = 117_266
-    full_eval_forwards = 4_952
-    full_eval_samples = 4_952
+    mlperf = MLPerf(ruleset="1.0.0", runs=5, full_epoch_samples=117_266, full_eval_forwards=4_952,
+                    full_eval_samples=4_952)
     benchmark = "ssd"
-    ruleset = "1.0.0"
     summary = "SSD-ResNet34 on COCO 2017, box AP (mini: a small SSD on synthetic shapes in COCO format)"
     speedups = frozenset({"precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer", "async_eval"})
-    data = DATA
+    dataset = DATA
+    mini = Scale(MINI, coco_loading.Shapes(DATA))
+    full = Scale(FULL_RECIPES, coco_loading.Folder(DATA))
     background = 1
-
-    def recipes(self, scale: str) -> dict[str, SSDRecipe]:
-        return {"mini": MINI} if scale == "mini" else dict(FULL_RECIPES)
 
     def mlperf_hyperparameters(self, recipe: SSDRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         steps_per_epoch = math.ceil((COCO_TRAIN_IMAGES if recipe.model == "ssd300" else MINI_COUNTS[0])

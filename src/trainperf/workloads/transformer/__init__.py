@@ -5,7 +5,6 @@ set to reproduce the reference's scorer, scored off the training path."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -14,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainperf.errors import TrainperfError
 from trainperf.optim import kernels
 from trainperf.spec import (
     Assets,
@@ -23,68 +21,19 @@ from trainperf.spec import (
     EvalPartial,
     Logged,
     Metric,
+    MLPerf,
     ModelParts,
-    Recipe,
     RuntimeContext,
+    Scale,
     Workload,
     bare_model,
 )
-from trainperf.spec.fields import Count, Fraction, Positive
 from trainperf.workloads.common.wmt import batching, bleu
 from trainperf.workloads.common.wmt import parts as wmt_parts
 from trainperf.workloads.common.wmt.text import PAD
 from trainperf.workloads.transformer import data as transformer_data
 from trainperf.workloads.transformer import model as transformer_model
-
-
-@dataclass(frozen=True)
-class TransformerRecipe(Recipe):
-    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
-    STEP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
-    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
-    # global_batch_size is in TOKENS: a global batch holds sentences x longest side <= this many.
-    BATCH_UNIT: ClassVar[str] = "tokens"
-    dim: Count = 1024
-    heads: Count = 16
-    ffn: Count = 4096
-    encoder_layers: Count = 6
-    decoder_layers: Count = 6
-    dropout: Fraction = 0.1
-    label_smoothing: Fraction = 0.1
-    # Adam with a linear warmup to base_lr over warmup_steps, then base_lr * sqrt(warmup_steps / step).
-    # The reference's 2.0 * d^-0.5 * min(step / 16000, 1) / sqrt(max(step, 16000)) is base_lr 4.94e-4.
-    base_lr: Positive = 2.0 * 1024 ** -0.5 * 16000 ** -0.5
-    warmup_steps: int = 16000
-    beta1: Fraction = 0.9
-    beta2: Fraction = 0.997
-    eps: Positive = 1e-9
-    beam: Count = 4
-    alpha: Positive = 0.6  # length penalty ((5 + length) / 6) ** alpha
-    extra_length: int = 50  # a translation may be this many tokens longer than its source
-    eval_batch_size: Count = 128  # test sentences decoded together (each with `beam` hypotheses)
-
-    def validate(self) -> None:
-        super().validate()
-        if self.dim % self.heads or self.dim % 2:
-            raise TrainperfError(f"recipe: dim {self.dim} must be even and divisible by heads {self.heads}")
-        if min(self.encoder_layers, self.decoder_layers, self.ffn, self.beam, self.eval_batch_size) < 1:
-            raise TrainperfError("recipe: need layers, ffn, beam and eval_batch_size >= 1")
-        if not 0 <= self.dropout < 1 or not 0 <= self.label_smoothing < 1:
-            raise TrainperfError("recipe: need 0 <= dropout < 1 and 0 <= label_smoothing < 1")
-        if self.base_lr <= 0 or self.warmup_steps < 1:
-            raise TrainperfError("recipe: need base_lr > 0 and warmup_steps >= 1")
-        if self.global_batch_size < transformer_data.MAX_LENGTH:
-            raise TrainperfError(f"recipe field global_batch_size is in tokens: {self.global_batch_size} cannot hold "
-                                 f"one sentence of the longest kept ({transformer_data.MAX_LENGTH} tokens)")
-
-
-# The reference: 4,096 tokens per GPU (transformer_main's batch), here for 8 GPUs; 10 epochs budget
-# (the reference runs until BLEU 25; it converges in a few epochs).
-FULL = TransformerRecipe(name="reference", global_batch_size=8 * 4096, max_epochs=10, target=0.25,
-                         eval_every=1, eval_first=1)
-MINI = TransformerRecipe(name="mini", global_batch_size=2048, max_epochs=8, target=0.60, eval_every=1,
-                         eval_first=1, dim=64, heads=4, ffn=256, encoder_layers=2, decoder_layers=2,
-                         base_lr=3e-3, warmup_steps=300, beam=4, eval_batch_size=250)
+from trainperf.workloads.transformer.recipes import FULL, MINI, TransformerRecipe
 
 
 def lr_factor(recipe: TransformerRecipe) -> Callable[[int], float]:
@@ -99,36 +48,19 @@ def lr_factor(recipe: TransformerRecipe) -> Callable[[int], float]:
 
 class TransformerWorkload(Workload[TransformerRecipe]):
     name = "transformer"
-    full_epoch_samples = 4_590_101
-    full_eval_forwards = 3_003
-    full_eval_samples = 3_003
+    mlperf = MLPerf(ruleset="0.7.0", runs=10, full_epoch_samples=4_590_101, full_eval_forwards=3_003,
+                    full_eval_samples=3_003)
     benchmark = "transformer"
-    ruleset = "0.7.0"
     metric = Metric("bleu", higher_is_better=True)
     summary = "Transformer-big on WMT17 en-de, BLEU (mini: a synthetic English -> German-like corpus)"
-    mlperf_runs = 10
     speedups = frozenset({"precision", "fp8", "fused_optimizer", "async_eval"})
     step_probe = ("global_batch_size=256",)
     host_scoring = "process"  # sacrebleu is pure Python
     loss_units_name = "target tokens"
     scorer: ClassVar[str] = "transformer"
 
-    def recipes(self, scale: str) -> dict[str, TransformerRecipe]:
-        return {"mini": MINI} if scale == "mini" else {"reference": FULL}
-
-    def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
-        from trainperf.workloads.common.wmt.text import read_lines
-
-        return data_dir / "newstest2014.de", len(read_lines(data_dir / "newstest2014.de"))
-
-    def sources(self, scale: str, data_dir: Path) -> dict[str, Path]:
-        return transformer_data.sources(data_dir)
-
-    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
-        return transformer_data.problems(scale, data_dir)
-
-    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
-        transformer_data.prepare(scale, data_dir, say)
+    mini = Scale(MINI, transformer_data.WMT17(transformer_data.MINI_VOCAB, generated=True))
+    full = Scale(FULL, transformer_data.WMT17(transformer_data.FULL_VOCAB))
 
     def mlperf_hyperparameters(self, recipe: TransformerRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         return {

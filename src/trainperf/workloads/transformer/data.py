@@ -26,6 +26,7 @@ import numpy as np
 from trainperf import prepared
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput, write_text_atomic
+from trainperf.spec import DataSource
 from trainperf.workloads.common.wmt import synthetic
 from trainperf.workloads.common.wmt import text as wmt_text
 
@@ -66,8 +67,8 @@ def sources(root: Path) -> dict[str, Path]:
     return found
 
 
-def _params(scale: str) -> dict[str, int]:
-    return {"vocab_size": MINI_VOCAB if scale == "mini" else FULL_VOCAB, "max_length": MAX_LENGTH}
+def _params(vocab_size: int) -> dict[str, int]:
+    return {"vocab_size": vocab_size, "max_length": MAX_LENGTH}
 
 
 def source_problems(root: Path) -> list[str]:
@@ -81,9 +82,9 @@ def source_problems(root: Path) -> list[str]:
                     if not (root / name).is_file()]
 
 
-def problems(scale: str, root: Path) -> list[str]:
-    again = "trainperf prepare transformer" + (f" --scale full --data {root}" if scale == "full" else "")
-    if scale == "mini" and not (root / PREPARED / "stamp.json").is_file():
+def problems(root: Path, vocab_size: int, generated: bool) -> list[str]:
+    again = "trainperf prepare transformer" + ("" if generated else f" --scale full --data {root}")
+    if generated and not (root / PREPARED / "stamp.json").is_file():
         return [f"{root}: mini dataset not generated yet (trainperf prepare transformer)"]
     found = source_problems(root)
     if found:
@@ -91,7 +92,7 @@ def problems(scale: str, root: Path) -> list[str]:
     record = wmt_text.read_json(root / PREPARED / "stamp.json")
     if record is None:
         return [f"{root / PREPARED}: not prepared yet ({again})"]
-    why = prepared.stale(record.get("stamp"), sources(root), FORMAT, _params(scale), root / PREPARED)
+    why = prepared.stale(record.get("stamp"), sources(root), FORMAT, _params(vocab_size), root / PREPARED)
     return [f"{why}; run {again}"] if why else []
 
 
@@ -115,8 +116,8 @@ def generate_mini(root: Path, say: Callable[[str], None], seed: int = 20261123) 
 Prepared = wmt_text.PreparedCorpus[wmt_text.Vocabulary]
 
 
-def prepare(scale: str, root: Path, say: Callable[[str], None]) -> None:
-    if scale == "mini" and source_problems(root):  # never generated, or interrupted before the test files
+def prepare(root: Path, vocab_size: int, generated: bool, say: Callable[[str], None]) -> None:
+    if generated and source_problems(root):  # never generated, or interrupted before the test files
         root.mkdir(parents=True, exist_ok=True)
         generate_mini(root, say)
     found = source_problems(root)
@@ -124,12 +125,12 @@ def prepare(scale: str, root: Path, say: Callable[[str], None]) -> None:
         raise TrainperfError(found[0])
     record = wmt_text.read_json(root / PREPARED / "stamp.json")
     if record is not None:
-        why = prepared.stale(record.get("stamp"), sources(root), FORMAT, _params(scale), root / PREPARED)
+        why = prepared.stale(record.get("stamp"), sources(root), FORMAT, _params(vocab_size), root / PREPARED)
         if why is None:
             say(f"{root / PREPARED}: already prepared")
             return
         say(f"{why}: preparing again")
-    params = _params(scale)
+    params = _params(vocab_size)
     english: list[str] = []
     german: list[str] = []
     for en_file, de_file in corpus_pairs(root):
@@ -181,3 +182,24 @@ def vocab_size(root: Path) -> int:
 def lengths_for_budget(data: Prepared) -> tuple[np.ndarray, np.ndarray]:
     """Token counts per training pair as batched: source + EOS, target + BOS (or EOS)."""
     return data.train_src.lengths + 1, data.train_tgt.lengths + 1
+
+
+class WMT17(DataSource):
+    """WMT17's English-German text as distributed (train/*.en|de pairs and newstest2014), prepared once
+    beside it as the reference prepares it (a subword vocabulary of `vocab_size`); the mini writes
+    synthetic text in the same layout first."""
+
+    def __init__(self, vocab_size: int, generated: bool = False) -> None:
+        self.vocab_size, self.generated = vocab_size, generated
+
+    def problems(self, data_dir: Path) -> list[str]:
+        return problems(data_dir, self.vocab_size, self.generated)
+
+    def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        prepare(data_dir, self.vocab_size, self.generated, say)
+
+    def sources(self, data_dir: Path) -> dict[str, Path]:
+        return sources(data_dir)
+
+    def eval_set(self, data_dir: Path) -> tuple[Path, int] | None:
+        return data_dir / "newstest2014.de", len(wmt_text.read_lines(data_dir / "newstest2014.de"))

@@ -47,25 +47,11 @@ D = TypeVar("D", bound=DetectorRecipe)
 class Detector(Workload[D]):
     """A detector on a COCO-format dataset, scored by COCO box AP in a worker process when asynchronous."""
 
-    data: ClassVar[coco_loading.DetectionData]
+    dataset: ClassVar[coco_loading.DetectionData]
     background: ClassVar[int]  # 1: the model's class 0 is the background (labels from 1); 0: none
     metric = Metric("box_ap", higher_is_better=True)
-    mlperf_runs = 5
     # COCO AP is Python-heavy (pycocotools): scored in a worker process with --async-eval.
     host_scoring = "process"
-
-    def data_problems(self, scale: str, data_dir: Path) -> list[str]:
-        return self.data.problems(scale, data_dir)
-
-    def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
-        from trainperf.workloads.common.coco.data import read_instances
-
-        # The evaluation split alone (train's annotations are ten times larger), without its masks.
-        val = read_instances(data_dir, self.data.layout.splits[1], layout=self.data.layout)
-        return val.annotation_file, len(val.without_empty_images())  # no annotated object: AP is undefined
-
-    def prepare(self, scale: str, data_dir: Path, say: Callable[[str], None]) -> None:
-        self.data.prepare(scale, data_dir, say)
 
     def assets(self, recipe: D, data_dir: Path | None) -> dict[str, Path]:
         return {"backbone weights": Path(recipe.backbone_weights).expanduser()} if recipe.backbone_weights else {}
@@ -76,14 +62,14 @@ class Detector(Workload[D]):
         return images[:n], targets[:n], positions[:n]
 
     def load_data(self, recipe: D, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        train, val = self.data.read(data_dir)
+        train, val = self.dataset.read(data_dir)
         if len(train.category_ids) + self.background > recipe.num_classes:
             background = ", background included" if self.background else ""
             raise TrainperfError(f"{train.annotation_file}: {len(train.category_ids)} categories, but the model has "
                                  f"{recipe.num_classes - self.background} (--set num_classes=N{background})")
         train = train.without_empty_images()
         loaders = self.loaders(recipe, train, val, ctx)
-        metric = scoring.metric(val.annotation_file, val.image_ids, recipe.coco_backend, masks=self.data.masks)
+        metric = scoring.metric(val.annotation_file, val.image_ids, recipe.coco_backend, masks=self.dataset.masks)
         return DataParts(train_batches=lambda view: loaders.train_batches(view.epoch),
                          steps_per_epoch=loaders.steps_per_epoch,
                          train_samples=loaders.steps_per_epoch * recipe.global_batch_size, eval_samples=len(val),

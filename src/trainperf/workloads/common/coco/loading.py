@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from trainperf.errors import TrainperfError
+from trainperf.spec import DataSource
 from trainperf.workloads.common.coco.data import (
     MINI_COUNTS,
     MINI_SIZE,
@@ -41,41 +42,68 @@ class DetectionData:
     masks: bool = False  # instance segmentations read too (Mask R-CNN)
     mini_overlap: bool = True  # whether the mini's shapes may cover each other
 
-    def problems(self, scale: str, root: Path) -> list[str]:
-        if scale == "mini":
-            ready = mini_ready(root, MINI_SIZE, MINI_COUNTS, self.mini_overlap)
-            return [] if ready else [f"{root}: mini dataset not generated yet (trainperf prepare {self.workload})"]
-        return layout_problems(root, self.layout)
-
-    def prepare(self, scale: str, root: Path, say: Callable[[str], None]) -> None:
-        """mini: generate (once); full: check the tree, read both splits and report what was repaired."""
-        if scale == "mini":
-            if mini_ready(root, MINI_SIZE, MINI_COUNTS, self.mini_overlap):
-                say(f"mini dataset already present in {root}")
-                return
-            generate_mini(root, self.layout, MINI_COUNTS, MINI_SIZE, say=say, overlap=self.mini_overlap)
-            return
-        problems = layout_problems(root, self.layout)
-        if problems:
-            raise TrainperfError(problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
-        train, val = self.read(root)
-        used = train.without_empty_images()
-        say(f"{root}: {len(used)} train images with boxes (of {len(train)}), {len(val)} {val.split} images, "
-            f"{len(train.category_ids)} categories")
-        for index in (train, val):
-            if index.skipped or index.crowd:
-                say(f"  {index.annotation_file}: {index.skipped} empty boxes skipped, {index.crowd} crowd (group) "
-                    "boxes not trained on (as the reference)")
-        if (len(used), len(val), len(train.category_ids)) != (self.train_images, self.val_images, self.classes):
-            say(f"note: {self.dataset} has {self.train_images} train images with boxes and {self.val_images} "
-                f"{val.split} images of {self.classes} categories; results on this copy are not comparable to "
-                "MLPerf's")
-
     def read(self, root: Path) -> tuple[CocoIndex, CocoIndex]:
         """Both splits, checked; val's labels follow train's categories."""
         train = read_instances(root, self.layout.splits[0], layout=self.layout, masks=self.masks)
         return train, read_instances(root, self.layout.splits[1], train.category_ids, layout=self.layout,
                                      masks=self.masks)
+
+
+class _DetectionSource(DataSource):
+    def __init__(self, data: DetectionData) -> None:
+        self.data = data
+
+    def eval_set(self, data_dir: Path) -> tuple[Path, int] | None:
+        # The evaluation split alone (train's annotations are ten times larger), without its masks.
+        val = read_instances(data_dir, self.data.layout.splits[1], layout=self.data.layout)
+        return val.annotation_file, len(val.without_empty_images())  # no annotated object: AP is undefined
+
+
+class Shapes(_DetectionSource):
+    """The mini: synthetic shapes on noise, written as JPEGs with COCO-format annotations in the real
+    dataset's layout."""
+
+    generated = True
+
+    def ready(self, root: Path) -> bool:
+        return mini_ready(root, MINI_SIZE, MINI_COUNTS, self.data.mini_overlap)
+
+    def problems(self, data_dir: Path) -> list[str]:
+        if self.ready(data_dir):
+            return []
+        return [f"{data_dir}: mini dataset not generated yet (trainperf prepare {self.data.workload})"]
+
+    def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        if self.ready(data_dir):
+            say(f"mini dataset already present in {data_dir}")
+            return
+        generate_mini(data_dir, self.data.layout, MINI_COUNTS, MINI_SIZE, say=say, overlap=self.data.mini_overlap)
+
+
+class Folder(_DetectionSource):
+    """The real dataset in its COCO-format layout: checked, both splits read, what was repaired reported."""
+
+    def problems(self, data_dir: Path) -> list[str]:
+        return layout_problems(data_dir, self.data.layout)
+
+    def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        data = self.data
+        problems = layout_problems(data_dir, data.layout)
+        if problems:
+            raise TrainperfError(problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+        train, val = data.read(data_dir)
+        used = train.without_empty_images()
+        say(f"{data_dir}: {len(used)} train images with boxes (of {len(train)}), {len(val)} {val.split} images, "
+            f"{len(train.category_ids)} categories")
+        for index in (train, val):
+            if index.skipped or index.crowd:
+                say(f"  {index.annotation_file}: {index.skipped} empty boxes skipped, {index.crowd} crowd (group) "
+                    "boxes not trained on (as the reference)")
+        if (len(used), len(val), len(train.category_ids)) != (data.train_images, data.val_images, data.classes):
+            say(f"note: {data.dataset} has {data.train_images} train images with boxes and {data.val_images} "
+                f"{val.split} images of {data.classes} categories; results on this copy are not comparable to "
+                "MLPerf's")
+
 
 
 def synthetic_batch(n: int, size: int, labels: tuple[int, int], device: torch.device
