@@ -181,3 +181,27 @@ def test_main_module_runs_the_cli_only_as_main():
     runpy.run_module("trainperf", run_name="__mp_main__")  # must not parse sys.argv and exit
     with pytest.raises(SystemExit):
         runpy.run_module("trainperf", run_name="__main__")
+
+
+def test_each_option_is_defined_once_and_no_parser_function_is_long():
+    """Every command registers its own options beside its cmd_* function; an option several commands take
+    comes from one helper of cli/options.py (its type and metavar the same everywhere)."""
+    import ast
+    import collections
+    from pathlib import Path
+
+    import trainperf.cli
+
+    folder = Path(trainperf.cli.__file__).parent
+    defined: collections.Counter = collections.Counter()
+    for path in folder.glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+                flags = [a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")]
+                defined.update(flags)
+            if isinstance(node, ast.FunctionDef) and (node.name.startswith("add_") or node.name == "build_parser"):
+                length = node.end_lineno - node.lineno + 1
+                assert length <= 60, f"{path.name}: {node.name} is {length} lines"
+    twice = {flag: n for flag, n in defined.items() if n > 1}
+    assert not twice, f"options defined more than once: {twice}"

@@ -178,16 +178,91 @@ def add_scale(p: argparse.ArgumentParser) -> None:
 
 
 def add_workload_options(p: argparse.ArgumentParser, with_switches: bool = True) -> None:
-    """What selects a workload's run: shared by run, scale, bench and ablate."""
+    """What selects a workload's run: shared by run, scale, predict, tune-batch, bench and ablate."""
     add_workload(p)
     add_scale(p)
-    p.add_argument("--data", metavar="DIR", help="dataset root (default for mini: the cache folder)")
-    p.add_argument("--recipe", metavar="NAME", help="a named recipe of the scale (default: the first)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a recipe field (repeatable)")
-    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when present)")
+    add_data(p)
+    add_recipe(p)
+    add_sets(p)
+    add_device(p)
     if with_switches:
         add_switches(p)
+
+
+# -- options several commands take: each defined once, here (the help may say what it means there) ----
+Group = Any  # an ArgumentParser or one of its argument groups
+
+
+def add_data(p: Group, help: str = "dataset root (default for mini: the cache folder)", metavar: str = "DIR") -> None:
+    p.add_argument("--data", metavar=metavar, help=help)
+
+
+def add_recipe(p: Group, help: str = "a named recipe of the scale (default: the first)") -> None:
+    p.add_argument("--recipe", metavar="NAME", help=help)
+
+
+def add_sets(p: Group, help: str = "override a recipe field (repeatable)") -> None:
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
+def add_device(p: Group, help: str = "cpu, cuda or cuda:N (default: cuda when present)") -> None:
+    p.add_argument("--device", help=help)
+
+
+def add_out(p: Group, help: str) -> None:
+    p.add_argument("--out", metavar="DIR", type=output_dir, help=help)
+
+
+def add_json(p: Group, help: str) -> None:
+    p.add_argument("--json", metavar="FILE", type=output_file, help=help)
+
+
+def add_seed(p: Group, help: str, default: int | None = None) -> None:
+    p.add_argument("--seed", type=seed_int, default=default, help=help)
+
+
+def add_runs(p: Group, help: str, **kwargs: Any) -> None:
+    p.add_argument("--runs", type=positive_int, help=help, **kwargs)
+
+
+def add_resume(p: Group, help: str) -> None:
+    p.add_argument("--resume", action="store_true", help=help)
+
+
+def add_nproc(p: Group, help: str, default: int | str = 1, counts: bool = False) -> None:
+    """Processes on this machine; `counts`: a comma-separated list of them (a scaling study's sizes)."""
+    kind = {"metavar": "N,N,..."} if counts else {"type": positive_int}
+    p.add_argument("--nproc", default=default, help=help, **kind)
+
+
+def add_system(p: Group) -> None:
+    p.add_argument("--system", type=system_name, help="system name for the results layout (default: from the machine)")
+
+
+def add_ruleset(p: Group) -> None:
+    p.add_argument("--ruleset", type=ruleset_name,
+                   help="checker ruleset (default: the one that knows the log's benchmark)")
+
+
+def add_batch_size(p: Group, help: str) -> None:
+    p.add_argument("--batch-size", type=positive_int, help=help)
+
+
+def add_bench_batch(p: Group, help: str) -> None:
+    p.add_argument("--bench-batch", type=positive_int, help=help)
+
+
+def add_epochs(p: Group, help: str) -> None:
+    p.add_argument("--epochs", type=positive_float, help=help)
+
+
+def add_steps(p: Group, steps: int, warmup: int | None, what: str = "") -> None:
+    """Timed and untimed steps of a measurement (`what`: whose, e.g. "bench "); warmup None: no untimed ones."""
+    timed = "timed " if warmup is not None else ""
+    p.add_argument("--steps", type=positive_int, default=steps, help=f"{timed}{what}steps (default: {steps})")
+    if warmup is not None:
+        p.add_argument("--warmup", type=non_negative_int, default=warmup,
+                       help=f"untimed {what}steps before them (default: {warmup})")
 
 
 def add_link_options(p: Any) -> None:

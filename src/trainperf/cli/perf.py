@@ -10,9 +10,47 @@ from typing import Any
 
 from trainperf import jobs, registry
 from trainperf.cli.options import (
+    add_batch_size,
+    add_bench_batch,
+    add_device,
+    add_epochs,
+    add_json,
+    add_link_options,
+    add_nproc,
+    add_out,
+    add_recipe,
+    add_runs,
+    add_seed,
+    add_sets,
+    add_steps,
+    add_workload,
+    add_workload_options,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
     stamp,
 )
 from trainperf.errors import TrainperfError, shown
+
+
+def add_predict(sub: Any) -> None:
+    p = sub.add_parser("predict", help="predicted full-scale time-to-train: RCP epochs x measured time per epoch")
+    add_workload_options(p)
+    p.set_defaults(scale="full")
+    add_nproc(p, "data-parallel devices (default: 1)")
+    add_bench_batch(p, "batch of the bench (default: global batch / nproc)")
+    p.add_argument("--samples-per-s", type=positive_float, help="a known per-device throughput instead of a bench")
+    add_epochs(p, "epochs to converge (default: the RCP files of the ruleset)")
+    p.add_argument("--eval-s", type=non_negative_float,
+                   help="seconds per evaluation (default: estimated from the throughput)")
+    add_link_options(p)
+    add_steps(p, steps=10, warmup=3, what="bench ")
+    p.add_argument("--from-log", metavar="PATH", help="check the prediction on published logs (a result_*.txt "
+                                                      "or a folder of them): their throughput, RCP epochs")
+    add_out(p, "folder for the all-reduce probe (default: runs/)")
+    add_json(p, "also write the prediction as JSON")
+    p.set_defaults(func=cmd_predict)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -67,6 +105,23 @@ def _predict_logs(workload: Any, path: Path, json_path: str | None) -> int:
     return 0
 
 
+def add_tune_batch(sub: Any) -> None:
+    p = sub.add_parser("tune-batch", help="batch-size tuner: throughput and epochs to target per global batch")
+    add_workload_options(p, with_switches=False)
+    p.add_argument("--batch-sizes", required=True, metavar="B,B,...", help="global batch sizes, e.g. 64,128,256")
+    add_runs(p, "runs to target per batch size (median; default: 3)", default=3)
+    p.add_argument("--lr-rule", choices=("linear", "sqrt", "none"), default="linear",
+                   help="learning rate x batch/base (linear) or x sqrt(batch/base); step-counted decay points "
+                        "x base/batch (default: linear)")
+    p.add_argument("--warmup-rule", choices=("steps", "samples"), default="steps",
+                   help="the warmup keeps its optimizer steps (its epochs grow with the batch; default) or its "
+                        "samples (epochs fixed, Goyal et al.)")
+    add_seed(p, default=0, help="first seed; run k uses SEED+k at every batch (default: 0)")
+    add_steps(p, steps=20, warmup=5, what="bench ")
+    add_out(p, "study folder (default: runs/tune-<workload>-<UTC time>/)")
+    p.set_defaults(func=cmd_tune_batch)
+
+
 def cmd_tune_batch(args: argparse.Namespace) -> int:
     from trainperf.science import tune
 
@@ -94,6 +149,14 @@ def cmd_tune_batch(args: argparse.Namespace) -> int:
                "verdict": verdict}
     print("wrote " + ", ".join(str(p) for p in tune.save(rows, out_dir, title, details, unit)))
     return 0
+
+
+def add_allreduce(sub: Any) -> None:
+    p = sub.add_parser("allreduce", help="all-reduce bandwidth and latency between N local processes")
+    add_nproc(p, "processes (default: 2)", default=2)
+    add_device(p, "cpu (gloo) or cuda (NCCL; default: cuda when present)")
+    add_json(p, "where the measurement is written")
+    p.set_defaults(func=cmd_allreduce)
 
 
 def cmd_allreduce(args: argparse.Namespace) -> int:
@@ -144,6 +207,22 @@ def project_scaling(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_plan(sub: Any) -> None:
+    p = sub.add_parser("plan", help="how TorchRec would shard a workload's embedding tables on N devices (DLRM; "
+                                    "no data, no devices needed)")
+    add_workload(p, help="a workload with model-parallel embedding tables (dlrm)")
+    p.add_argument("--devices", type=positive_int, required=True, help="GPUs in all")
+    p.add_argument("--local-devices", type=positive_int, help="GPUs per node (default: up to 8)")
+    p.add_argument("--memory", default="80GB", help="memory of each GPU (default: 80GB)")
+    p.add_argument("--host-memory", default="256GB",
+                   help="host memory per GPU, for tables kept there behind a GPU cache (default: 256GB)")
+    add_batch_size(p, "global batch (default: the recipe's)")
+    add_recipe(p, "a named full recipe (default: the first)")
+    add_sets(p)
+    add_json(p, "also write the plan as JSON")
+    p.set_defaults(func=cmd_plan)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from trainperf.files import write_json_atomic
     from trainperf.runtime import recsys
@@ -169,6 +248,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
         write_json_atomic(Path(args.json), result)
         print(f"wrote {args.json}")
     return 0
+
+
+def add_slurm(sub: Any) -> None:
+    p = sub.add_parser("slurm", help="print an sbatch script: one torchrun per node, c10d rendezvous")
+    add_workload(p)
+    p.add_argument("--nodes", type=positive_int, required=True, help="nodes to run on")
+    p.add_argument("--gpus-per-node", type=positive_int, required=True, help="GPUs (one process each) per node")
+    p.add_argument("--partition", help="Slurm partition (#SBATCH --partition; default: the cluster's)")
+    p.add_argument("--account", help="Slurm account to charge (#SBATCH --account)")
+    p.add_argument("--time", default="04:00:00", help="Slurm time limit (default: 04:00:00)")
+    p.add_argument("--cpus-per-gpu", type=positive_int, default=8, help="CPU cores per GPU (default: 8)")
+    p.add_argument("--port", type=positive_int, default=29500, help="rendezvous port on the first node")
+    p.set_defaults(func=cmd_slurm, takes_run_args=True)
+    p.epilog = "Arguments after -- are passed to `trainperf run WORKLOAD` on every node, safely quoted."
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
@@ -197,6 +290,27 @@ def cmd_slurm(args: argparse.Namespace) -> int:
                         account=args.account, time_limit=args.time, cpus_per_gpu=args.cpus_per_gpu,
                         port=args.port), end="")
     return 0
+
+
+def add_bench(sub: Any) -> None:
+    p = sub.add_parser("bench", help="throughput mode: samples/s, step times, memory, FLOPs per sample and MFU")
+    add_workload_options(p)
+    add_synthetic(p)
+    add_steps(p, steps=50, warmup=10)
+    add_batch_size(p, "global batch size (default: the recipe's)")
+    add_json(p, "also write the figures as JSON")
+    p.add_argument("--profile", type=non_negative_int, default=0, metavar="N",
+                   help="also profile N steps after the timed ones (torch.profiler): the top operators by device and "
+                        "by host time")
+    p.add_argument("--count-ops", action="store_true",
+                   help="count what one training step asks of the host instead: operators, host-device "
+                        "synchronisations (and where), tensors built from host data, host time (--scale full: the "
+                        "workload's CPU-sized probe settings, then --set)")
+    p.set_defaults(func=cmd_bench)
+
+
+def add_synthetic(p: Any) -> None:
+    p.add_argument("--synthetic", action="store_true", help="device-resident random batches (no data loading)")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -262,6 +376,17 @@ def _count_ops(workload: Any, args: argparse.Namespace, sets: list[str]) -> int:
         write_json_atomic(Path(args.json), counts.to_dict())
         print(f"wrote {args.json}")
     return 0
+
+
+def add_ablate(sub: Any) -> None:
+    p = sub.add_parser("ablate", help="throughput of each speedup switch, cumulative and alone, against all-off")
+    add_workload_options(p, with_switches=False)
+    add_synthetic(p)
+    add_steps(p, steps=50, warmup=10)
+    p.add_argument("--check-quality", action="store_true", help="also run the mini time-to-train of each configuration")
+    add_out(p, "folder for ablation.csv/.json/.png")
+    p.add_argument("--reps", type=positive_int, default=3, help="measurements per configuration (median; default 3)")
+    p.set_defaults(func=cmd_ablate)
 
 
 def cmd_ablate(args: argparse.Namespace) -> int:

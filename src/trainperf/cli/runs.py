@@ -8,6 +8,7 @@ import shutil
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -15,14 +16,40 @@ from rich.table import Table
 
 from trainperf import jobs, registry
 from trainperf.cli.options import (
+    add_batch_size,
+    add_bench_batch,
+    add_data,
+    add_device,
+    add_epochs,
+    add_link_options,
+    add_nproc,
+    add_out,
+    add_resume,
+    add_ruleset,
+    add_runs,
+    add_scale,
+    add_seed,
+    add_steps,
+    add_system,
+    add_workload,
+    add_workload_options,
+    output_file,
+    positive_float,
+    positive_int,
     progress_bar,
     run_request,
+    share,
     stamp,
     warn,
 )
 from trainperf.cli.perf import project_scaling
 from trainperf.errors import TrainperfError
 from trainperf.files import folder_lock, remove_stale_partials_around
+
+
+def add_list(sub: Any) -> None:
+    p = sub.add_parser("list", help="workloads, their metric and targets, and whether data is ready")
+    p.set_defaults(func=cmd_list)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -43,6 +70,17 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(textwrap.fill(facts, width=width, initial_indent=" " * indent, subsequent_indent=" " * indent))
     print(f"\n{len(names)} workloads. Run one: trainperf run {names[0]}   Details: docs/workloads/<name>.md")
     return 0
+
+
+def add_prepare(sub: Any) -> None:
+    p = sub.add_parser("prepare", help="generate the mini dataset, or verify a full dataset")
+    add_workload(p)
+    add_scale(p)
+    add_data(p)
+    p.add_argument("--verify", action="store_true",
+                   help="read every sample once in parallel processes; list the unreadable ones (then skipped)")
+    p.add_argument("--workers", type=positive_int, help="processes for --verify (default: one per CPU)")
+    p.set_defaults(func=cmd_prepare)
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -78,6 +116,27 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_run(sub: Any) -> None:
+    p = sub.add_parser("run", help="train a workload to its target under the MLPerf clock")
+    add_workload_options(p)
+    add_seed(p, help="random seed (default: drawn at random and recorded)")
+    add_out(p, "run folder (default: runs/<workload>-<UTC time>/)")
+    add_nproc(p, "data-parallel processes to start on this machine (torch elastic launcher)")
+    p.add_argument("--division", choices=("closed", "open"),
+                   help="submission_division (default: closed for full, open for mini)")
+    p.add_argument("--org", default="trainperf", help="submission_org to log")
+    p.add_argument("--status", default="onprem", choices=("onprem", "cloud", "preview", "research"),
+                   help="submission_status to log (default: onprem)")
+    add_runs(p, "N runs (seeds SEED..SEED+N-1) in the MLPerf submission layout; without N: the benchmark's MLPerf "
+                "run count", nargs="?", const=0, metavar="N")
+    add_system(p)
+    add_resume(p, "with --runs, into a folder that holds an interrupted series: keep its finished runs and redo the "
+                  "others (same seeds)")
+    p.add_argument("--clear-caches", action="store_true", help="drop the OS page cache first (needs root)")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.set_defaults(func=cmd_run)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     outcome = jobs.start(run_request(args), say=print, warn=warn)
     result = outcome.result
@@ -89,6 +148,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return outcome.code
 
 
+def add_make_minigo_target(sub: Any) -> None:
+    p = sub.add_parser("make-minigo-target", help="train the mini MiniGo's target model (shipped in the package)")
+    p.add_argument("--generations", type=positive_int, help="self-play generations (default: the shipped target's)")
+    add_seed(p, help="random seed (default: the shipped target's)")
+    add_out(p, "folder for target.pt and target.json (default: the package's)")
+    p.set_defaults(func=cmd_make_minigo_target)
+
+
 def cmd_make_minigo_target(args: argparse.Namespace) -> int:
     workload = registry.get("minigo")
     out = Path(args.out) if args.out else Path(sys.modules[type(workload).__module__].__file__).parent / "mini"
@@ -96,11 +163,27 @@ def cmd_make_minigo_target(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_make_phase1(sub: Any) -> None:
+    p = sub.add_parser("make-phase1", help="train the mini BERT's phase-1 checkpoint (shipped in the package)")
+    add_steps(p, steps=6000, warmup=None, what="phase-1 training ")
+    add_seed(p, default=1, help="random seed (default: 1, the shipped checkpoint's)")
+    add_out(p, "folder for vocab.txt, phase1.pt, phase1.json (default: the package's)")
+    p.set_defaults(func=cmd_make_phase1)
+
+
 def cmd_make_phase1(args: argparse.Namespace) -> int:
     workload = registry.get("bert")
     out = Path(args.out) if args.out else Path(sys.modules[type(workload).__module__].__file__).parent / "mini"
     workload.make_phase1(out, args.steps, lambda line: print(line, flush=True), seed=args.seed)
     return 0
+
+
+def add_check(sub: Any) -> None:
+    p = sub.add_parser("check", help="run the official MLPerf compliance checker on a log")
+    p.add_argument("log", help="an MLPerf log (mlperf_log.txt, result_N.txt)")
+    add_ruleset(p)
+    p.add_argument("--verbose", action="store_true", help="print the checker's whole output")
+    p.set_defaults(func=cmd_check)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -118,6 +201,26 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"{log}: {result.verdict} (official mlperf_logging compliance checker, training ruleset "
           f"{result.ruleset}{rules}, {result.division} division, benchmark {result.benchmark})")
     return 0 if result.valid else 1
+
+
+def add_scale_study(sub: Any) -> None:
+    p = sub.add_parser("scale", help="scaling study: time-to-train, speedup and efficiency from 1 to N processes")
+    add_workload_options(p)
+    add_nproc(p, "process counts (default: 1,2)", default="1,2", counts=True)
+    add_runs(p, "runs per process count; the median is reported", default=1)
+    p.add_argument("--fixed-global-batch", action="store_true",
+                   help="keep the recipe's global batch at every size (default: keep the per-device batch)")
+    add_out(p, "study folder (default: runs/scale-<workload>-<UTC time>/)")
+    g = p.add_argument_group("projection (no runs: one device's bench and a ring all-reduce model)")
+    g.add_argument("--project", metavar="N,N,...", help="project time-to-train on these device counts")
+    add_batch_size(g, "per-device batch (default: the recipe's global batch)")
+    add_bench_batch(g, "batch of the one-device bench (default: the per-device batch)")
+    add_link_options(g)
+    g.add_argument("--peak-tflops", type=positive_float, help="project another device: its peak TFLOP/s (with --mfu)")
+    g.add_argument("--mfu", type=share, help="the fraction of --peak-tflops the model reaches")
+    add_epochs(g, "epochs to converge where the ruleset has no RCP")
+    add_steps(g, steps=10, warmup=3, what="bench ")
+    p.set_defaults(func=cmd_scale)
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
@@ -148,6 +251,20 @@ def cmd_scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_suite(sub: Any) -> None:
+    p = sub.add_parser("suite", help="a whole round: every workload's runs, one results folder, one report")
+    p.add_argument("--only", metavar="A,B", help="these workloads only (default: every registered one)")
+    add_scale(p)
+    add_runs(p, "runs per workload (default: 1)", default=1)
+    add_seed(p, help="first seed of each series (default: drawn at random and recorded)")
+    add_data(p, metavar="ROOT", help="datasets as ROOT/<workload> (default for mini: the cache)")
+    add_device(p)
+    add_system(p)
+    add_out(p, "suite folder (default: runs/suite-<scale>-<UTC time>/)")
+    add_resume(p, "go on with the interrupted suite in --out: finished workloads kept, each series resumed")
+    p.set_defaults(func=cmd_suite)
+
+
 def cmd_suite(args: argparse.Namespace) -> int:
     from trainperf import suite
 
@@ -172,6 +289,13 @@ def cmd_suite(args: argparse.Namespace) -> int:
     if any(r.reason == suite.INTERRUPTED for r in rows):
         return 130
     return 0 if all(r.status == "ok" for r in rows) else 1
+
+
+def add_score(sub: Any) -> None:
+    p = sub.add_parser("score", help="olympic score of MLPerf result folders (trainperf's or published ones)")
+    p.add_argument("folder", help="a results folder in the submission layout (trainperf run --runs --out FOLDER)")
+    add_ruleset(p)
+    p.set_defaults(func=cmd_score)
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -210,6 +334,14 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0 if all_valid else 1
 
 
+def add_compare(sub: Any) -> None:
+    p = sub.add_parser("compare", help="scores of two result folders side by side, with the ratio")
+    p.add_argument("a", metavar="A", help="the baseline results folder")
+    p.add_argument("b", metavar="B", help="the results folder compared with A")
+    add_ruleset(p)
+    p.set_defaults(func=cmd_compare)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from trainperf.results import scoring
 
@@ -225,6 +357,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for warning in comparison.warnings:
         print(f"warning: {warning}")
     return 0
+
+
+def add_report(sub: Any) -> None:
+    p = sub.add_parser("report", help="HTML (and Markdown) report over runs, result folders and scaling studies")
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="run folders, submission folders, scaling or ablation studies, suites")
+    p.add_argument("-o", "--output", default="report.html", type=output_file,
+                   help="HTML file to write (default: report.html)")
+    p.add_argument("--markdown", action="store_true", help="also write a Markdown version and its PNGs beside it")
+    p.set_defaults(func=cmd_report)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
