@@ -1,12 +1,15 @@
-"""Workload name -> class. A workload is a package of trainperf/workloads/ whose __init__.py ends with
-`WORKLOAD = <its Workload class>`: the registry finds it by reading that line (no workload module is
-imported until one is asked for, so a workload's heavy dependencies load only when it is used). Adding
-a workload is adding its package."""
+"""Workload name -> class. A built-in workload is a package of trainperf/workloads/ whose __init__.py
+ends with `WORKLOAD = <its Workload class>`: the registry finds it by reading that line. An out-of-tree
+workload is declared by a package installed beside trainperf, in the `trainperf.workloads` entry point
+group (`circles = "my_package:Circles"`). No workload module is imported until one is asked for, so a
+workload's heavy dependencies load only when it is used. Adding a workload is adding its package."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import re
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -16,6 +19,8 @@ from trainperf.spec import Workload
 
 PACKAGE = Path(__file__).with_name("workloads")
 _DECLARED = re.compile(r"^WORKLOAD = ([A-Za-z_][A-Za-z0-9_]*)\s*$", re.MULTILINE)
+ENTRY_POINTS = "trainperf.workloads"
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 @cache
@@ -27,9 +32,37 @@ def _found() -> dict[str, str]:
         match = _DECLARED.search(init.read_text(encoding="utf-8"))
         if match:
             found[init.parent.name] = f"trainperf.workloads.{init.parent.name}:{match.group(1)}"
+    found.update(_installed(set(found)))
     medians = {c.workload: c.median_s for c in calibration.load() if not c.sets and c.nproc == 1}
     order = sorted(found, key=lambda name: (name not in medians, medians.get(name, 0.0), name))
     return {name: found[name] for name in order}
+
+
+def _installed(taken: set[str]) -> dict[str, str]:
+    """name -> "module:Class" of the workloads installed packages declare (entry points), each checked for
+    a usable name; one that cannot be used is said once on stderr and left out, never fatal to the others."""
+    found: dict[str, str] = {}
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
+        package = entry.dist.name if entry.dist is not None else "an installed package"
+        if not _NAME.fullmatch(entry.name) or ":" not in entry.value:
+            why = f"expected a lower-case name = \"module:Class\", got {entry.name} = {entry.value!r}"
+        elif entry.name in taken or entry.name in found:
+            why = f"{entry.name!r} is already a workload's name"
+        else:
+            found[entry.name] = entry.value
+            _ORIGIN[entry.name] = package
+            continue
+        print(f"trainperf: warning: {package}'s {ENTRY_POINTS} entry point left out: {why}", file=sys.stderr)
+    return found
+
+
+_ORIGIN: dict[str, str] = {}
+
+
+def origin(name: str) -> str | None:
+    """The installed package an out-of-tree workload comes from; None for a built-in one."""
+    _found()
+    return _ORIGIN.get(name)
 
 
 def names() -> list[str]:
@@ -51,5 +84,13 @@ def get(name: str) -> Workload:
     if target is None:
         raise TrainperfError(f"unknown workload {name!r}; known workloads: " + ", ".join(_found()))
     module_name, _, cls_name = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
+    try:
+        cls = getattr(importlib.import_module(module_name), cls_name)
+    except (ImportError, AttributeError) as exc:
+        if module_name.startswith("trainperf."):
+            raise
+        raise TrainperfError(f"workload {name!r} (from {origin(name)}): cannot load {target} ({exc})") from None
+    if not (isinstance(cls, type) and issubclass(cls, Workload)) or cls.name != name:
+        raise TrainperfError(f"workload {name!r} (from {origin(name) or 'trainperf'}): {target} is not a Workload "
+                             f"class named {name!r}")
     return cls()

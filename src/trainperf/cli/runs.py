@@ -45,6 +45,7 @@ from trainperf.cli.options import (
 from trainperf.cli.perf import project_scaling
 from trainperf.errors import TrainperfError
 from trainperf.files import folder_lock, remove_stale_partials_around
+from trainperf.spec import SCALES
 
 
 def add_list(sub: Any) -> None:
@@ -63,10 +64,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         w = registry.get(name)
         mini_dir = w.default_data_dir("mini")
         ready = "ready" if mini_dir is not None and not jobs.data_problems(w, "mini", mini_dir) else "made on first run"
-        print(wrap.fill(f"{name:<{indent - 2}}  {w.summary}"))
-        facts = (f"MLPerf key {w.benchmark} (ruleset {w.mlperf.ruleset}); {w.metric.name}: mini "
-                 f"{w.metric.describe_target(w.recipe('mini').target)}, full "
-                 f"{w.metric.describe_target(w.recipe('full').target)}; mini data {ready}")
+        source = f" (installed from {registry.origin(name)})" if registry.origin(name) else ""
+        print(wrap.fill(f"{name:<{indent - 2}}  {w.summary}{source}"))
+        targets = [f"{scale} {w.metric.describe_target(w.recipe(scale).target)}" for scale in SCALES
+                   if getattr(w, scale, None) is not None]
+        facts = (f"MLPerf key {w.benchmark} (ruleset {w.mlperf.ruleset}); {w.metric.name}: {', '.join(targets)}; "
+                 f"mini data {ready}")
         print(textwrap.fill(facts, width=width, initial_indent=" " * indent, subsequent_indent=" " * indent))
     print(f"\n{len(names)} workloads. Run one: trainperf run {names[0]}   Details: docs/workloads/<name>.md")
     return 0
