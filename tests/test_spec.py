@@ -246,3 +246,26 @@ def test_a_nested_model_field_is_set_by_its_path_or_its_own_name():
         MINI.with_overrides(["model.nope=1"])
     with pytest.raises(TrainperfError, match=r"recipe field model.features=100: the featurizer gives 240"):
         MINI.with_overrides(["model.features=100"])
+
+
+def test_the_evaluations_inside_an_epoch_are_a_pure_function_of_the_step_and_the_samples():
+    marks = Cadence(per_epoch=4, max_epochs=2)
+    assert [s for s in range(1, 9) if marks.due_after_step(s, 8, (s - 1) * 10, s * 10)] == [2, 4, 6]
+    samples = Cadence(every_samples=25, first_samples=40, max_samples=100, max_epochs=0)
+    due = [s for s in range(1, 12) if samples.due_after_step(s, None, (s - 1) * 10, s * 10)]
+    assert due == [4, 7, 9, 10]  # points 40, 65, 90; the budget spent at 100
+    assert [samples.next_sample_eval(n) for n in (0, 39, 40, 64, 65)] == [40, 40, 65, 65, 90]
+    plain = Cadence(every_samples=30, max_epochs=0, max_samples=1000)
+    assert plain.next_sample_eval(0) == 30 and plain.next_sample_eval(30) == 60
+    assert Cadence(max_epochs=3).next_sample_eval(5) is None
+    assert not Cadence(max_epochs=3).due_after_step(3, 8, 20, 30)
+    for cadence in (samples, plain):  # the same points as the sample cadence's own list
+        listed = []
+        for point in cadence.sample_evals():
+            if point > 300:
+                break
+            listed.append(point)
+        walked, n = [], 0
+        while (n := cadence.next_sample_eval(n)) <= 300:
+            walked.append(n)
+        assert walked == listed

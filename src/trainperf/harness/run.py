@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -168,8 +169,12 @@ def _tidy(epochs: float) -> float | int:
     return int(epochs) if float(epochs).is_integer() else round(float(epochs), 6)
 
 
-class _TargetReached(Exception):
-    """The target was met in the middle of an epoch."""
+class Stop(Enum):
+    """How an epoch of training ended."""
+
+    EPOCH = "epoch"  # its data ran out: the epoch is over
+    BUDGET = "budget"  # the sample budget is spent
+    TARGET = "target"  # the target is known met (MLPerf lets a run end mid-epoch)
 
 
 _COLLECTIVE_MARKERS = ("gloo", "nccl", "connection closed by peer", "connection reset", "processgroup", "c10d",
@@ -217,8 +222,6 @@ class _TimedLoop:
         self.train_samples_logged = False
         self._block: float | int | None = None  # first_epoch_num of the open block
         self._last_eval_at: int | None = None  # `nominal` at the last evaluation
-        self._next_sample_eval: int | None = None
-        self._sample_evals: Iterator[int] = iter(())
         self._scorer: Scorer | None = None
         self._pending = PendingEvaluations(ctx, None)  # launched evaluations not yet logged, in order
         self._parts: ModelParts | None = None
@@ -415,15 +418,8 @@ class _TimedLoop:
             raise TrainperfError(f"evals_per_epoch={cadence.per_epoch}: needs data that knows its steps per epoch")
         step = self._make_step(parts, data.steps_per_epoch)
         self._forward = speedups.evaluate_with(parts, recipe, ctx.device)
-        self._sample_evals = cadence.sample_evals()
-        self._next_sample_eval = next(self._sample_evals, None)
         self.progress.start(workload.name, cadence.max_epochs or None, data.steps_per_epoch)
-        try:
-            return self._epochs(step)
-        except _TargetReached:
-            # Met in the middle of an epoch (MLPerf lets the run end there): close the open block.
-            self._close_block()
-            return True
+        return self._epochs(step)
 
     def _epochs(self, step: TrainStep) -> bool:
         cadence = self.cadence
@@ -432,8 +428,11 @@ class _TimedLoop:
             epoch += 1
             if not cadence.by_samples and self._block is None:
                 self._open_block(epoch, cadence.block_epochs(epoch))
-            samples_spent = self._train_epoch(epoch, step)
-            spent = samples_spent or bool(cadence.max_epochs and epoch >= cadence.max_epochs)
+            stop = self._train_epoch(epoch, step)
+            if stop is Stop.TARGET:
+                self._close_block()
+                return True
+            spent = stop is Stop.BUDGET or bool(cadence.max_epochs and epoch >= cadence.max_epochs)
             if cadence.due_after_epoch(epoch) or (spent and self._last_eval_at != self.nominal):
                 reached = self._evaluate(self._point(float(epoch), self.samples))
                 self._close_block()
@@ -471,92 +470,78 @@ class _TimedLoop:
         """An MLPerf event from inside the timed region, on the harness's clock (EpochView.log)."""
         self.log.event(key, value, metadata=metadata, time_ms=self.clock.now_ms())
 
-    def _train_epoch(self, epoch: int, step: TrainStep) -> bool:
-        """Train one epoch, evaluating where the cadence says; True when the sample budget is spent."""
-        log, clock, progress, ctx = self.log, self.clock, self.progress, self.ctx
-        cadence, recipe, data = self.cadence, self.recipe, self._data
+    def _train_epoch(self, epoch: int, step: TrainStep) -> Stop:
+        """Train one epoch, evaluating inside it where the cadence says."""
+        ctx, data, recipe = self.ctx, self._data, self.recipe
         assert data is not None
-        log_epochs = recipe.log_epoch_num != "samples"
         spe = data.steps_per_epoch
-        t0 = clock.now_ms()
-        if log_epochs:
-            log.start(constants.EPOCH_START, metadata={"epoch_num": epoch}, time_ms=t0)
-        progress.epoch_start(epoch)
+        t0 = self.clock.now_ms()
+        if recipe.log_epoch_num != "samples":
+            self.log.start(constants.EPOCH_START, metadata={"epoch_num": epoch}, time_ms=t0)
+        self.progress.epoch_start(epoch)
         step.model.train()
-        marks = cadence.marks(spe)
         # Losses stay on the device; the host reads them once per epoch (or when the display asks).
         loss_sum = torch.zeros((), device=ctx.device)
         steps = samples = 0
-        eval_s = 0.0
-        spent = False
-        wall0 = time.perf_counter()
+        eval_s, wall0 = 0.0, time.perf_counter()
         view = EpochView(epoch=epoch, model=bare_model(step.model), log=self._log_event)
         for batch in data.train_batches(view):
-            if cadence.by_samples and self._block is None:
+            if self.cadence.by_samples and self._block is None:
                 self._open_sample_block()
             loss = step(batch)
             loss_sum += loss
-            steps += 1
-            samples += self.workload.batch_samples(batch)
-            self.steps += 1
-            self.nominal += recipe.global_batch_size
+            steps, samples, self.steps = steps + 1, samples + self.workload.batch_samples(batch), self.steps + 1
+            before, self.nominal = self.nominal, self.nominal + recipe.global_batch_size
             rate = samples / max(time.perf_counter() - wall0 - eval_s, 1e-9)
-            progress.step(epoch, steps, rate * ctx.world_size, float(loss) if progress.wants_loss() else None)
-            # Every rank has taken the same number of steps of equal shares of each global batch.
-            seen = self.samples + samples * ctx.world_size
-            point = None
-            if steps in marks:
-                point = self._point(epoch - 1 + steps / spe, seen)
-            elif self._next_sample_eval is not None and self.nominal >= self._next_sample_eval:
-                while self._next_sample_eval is not None and self._next_sample_eval <= self.nominal:
-                    self._next_sample_eval = next(self._sample_evals, None)
-                point = self._point(epoch - 1 + steps / spe if spe else float(epoch - 1), seen)
-            spent = bool(cadence.max_samples and self.nominal >= cadence.max_samples)
-            if spent and point is None and self._last_eval_at != self.nominal:
-                point = self._point(epoch - 1 + steps / spe if spe else float(epoch - 1), seen)
+            self.progress.step(epoch, steps, rate * ctx.world_size, float(loss) if self.progress.wants_loss() else None)
             reached = False
-            if point is not None:
+            if self.cadence.due_after_step(steps, spe, before, self.nominal):
+                # Every rank has taken the same number of steps of equal shares of each global batch.
+                done = epoch - 1 + steps / spe if spe else float(epoch - 1)
                 e0 = time.perf_counter()
-                reached = self._evaluate(point)
+                reached = self._evaluate(self._point(done, self.samples + samples * ctx.world_size))
                 eval_s += time.perf_counter() - e0
                 step.model.train()
-                if cadence.by_samples:
+                if self.cadence.by_samples:
                     self._close_block()
             if not reached and self._pending and (not ctx.distributed or self.steps % ASYNC_POLL_STEPS == 0):
                 reached = self._poll(wait=False)
             if reached:
-                # The target is known met: stop now (MLPerf lets the run end mid-epoch).
-                self.samples += samples * ctx.world_size
-                self.epochs_done = epoch - 1
-                if log_epochs:
-                    log.end(constants.EPOCH_STOP, metadata={"epoch_num": epoch}, time_ms=clock.now_ms())
-                self.train_time_s += (clock.now_ms() - t0) / 1000.0 - eval_s
-                raise _TargetReached()
-            if spent:
+                self._end_epoch(epoch, t0, eval_s, epoch - 1, samples * ctx.world_size)
+                return Stop.TARGET
+            if self.cadence.max_samples and self.nominal >= self.cadence.max_samples:
                 break
-        # One reduction per epoch: every rank sees the same loss and sample count, so all ranks take
-        # the same stop decision.
-        counts = torch.tensor([float(steps), float(samples)], device=ctx.device)
-        totals = ctx.all_reduce_sum(torch.cat([loss_sum.float().reshape(1), counts]))
-        mean_loss = float(totals[0]) / max(float(totals[1]), 1.0)
-        samples = int(totals[2])
+        samples, mean_loss = self._reduced(loss_sum, steps, samples)
         if not math.isfinite(mean_loss):
             hint = self.workload.divergence_hint(self.recipe, self.config.scale)
             raise RunAborted(f"non-finite training loss in epoch {epoch}" + (f" ({hint})" if hint else ""))
-        t1 = clock.now_ms()
-        if log_epochs:
-            log.end(constants.EPOCH_STOP, metadata={"epoch_num": epoch}, time_ms=t1)
+        seconds = self._end_epoch(epoch, t0, eval_s, epoch, samples)
+        self.epoch_times_s.append(seconds)
+        self.progress.epoch_end(epoch, samples / max(seconds, 1e-9), mean_loss)
+        spent = bool(self.cadence.max_samples and self.nominal >= self.cadence.max_samples)
+        return Stop.BUDGET if spent else Stop.EPOCH
+
+    def _reduced(self, loss_sum: torch.Tensor, steps: int, samples: int) -> tuple[int, float]:
+        """One reduction per epoch: every rank sees the same loss and sample count, so all ranks take the
+        same stop decision. (samples of all ranks, mean loss)"""
+        counts = torch.tensor([float(steps), float(samples)], device=self.ctx.device)
+        totals = self.ctx.all_reduce_sum(torch.cat([loss_sum.float().reshape(1), counts]))
+        return int(totals[2]), float(totals[0]) / max(float(totals[1]), 1.0)
+
+    def _end_epoch(self, epoch: int, t0: float, eval_s: float, epochs_done: int, samples: int) -> float:
+        """Close the epoch's log span and count its training time (evaluations excluded); its seconds."""
+        t1 = self.clock.now_ms()
+        if self.recipe.log_epoch_num != "samples":
+            self.log.end(constants.EPOCH_STOP, metadata={"epoch_num": epoch}, time_ms=t1)
         seconds = (t1 - t0) / 1000.0 - eval_s
-        self.epochs_done = epoch
+        self.epochs_done = epochs_done
         self.samples += samples
         self.train_time_s += seconds
-        self.epoch_times_s.append(seconds)
-        progress.epoch_end(epoch, samples / max(seconds, 1e-9), mean_loss)
-        return spent
+        return seconds
 
     def _open_sample_block(self) -> None:
         """A block of a sample cadence: from the samples trained to the next evaluation (or budget)."""
-        stop = self._next_sample_eval
+        stop = self.cadence.next_sample_eval(self.nominal)
         if self.cadence.max_samples:
             stop = self.cadence.max_samples if stop is None else min(stop, self.cadence.max_samples)
         count = (stop - self.nominal) if stop is not None else self.recipe.global_batch_size

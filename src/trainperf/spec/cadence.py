@@ -114,6 +114,27 @@ class Cadence:
             yield point
             point += self.every_samples
 
+    def next_sample_eval(self, samples: int) -> int | None:
+        """The first evaluation point of a sample cadence after `samples` (None: an epoch cadence)."""
+        if not self.by_samples:
+            return None
+        first = self.first_samples or self.every_samples
+        if samples < first:
+            return first
+        return first + ((samples - first) // self.every_samples + 1) * self.every_samples
+
+    def due_after_step(self, step: int, steps_per_epoch: int | None, before: int, after: int) -> bool:
+        """An evaluation after the `step`-th step of an epoch, which took the samples trained (counted as
+        global_batch_size per step) from `before` to `after`: at one of the epoch's marks, where a sample
+        cadence's point falls in (before, after], or where the sample budget is spent. The end of an
+        epoch is `due_after_epoch`'s."""
+        if step in self.marks(steps_per_epoch):
+            return True
+        point = self.next_sample_eval(before)
+        if point is not None and point <= after:
+            return True
+        return bool(self.max_samples) and before < self.max_samples <= after
+
     def describe_budget(self) -> str:
         parts = []
         if self.max_epochs:
