@@ -180,9 +180,9 @@ def _coco_instances() -> bytes:
 
 # -- how each is read -------------------------------------------------------------------------------
 def _decode(path: Path) -> object:
-    from trainperf.workloads.resnet import data as D
+    from trainperf.workloads.resnet.images import decode
 
-    return D.decode(path)
+    return decode(path)
 
 
 def _convert_ratings(path: Path) -> object:

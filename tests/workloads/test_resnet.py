@@ -18,6 +18,7 @@ from trainperf.cli import main
 from trainperf.results.compliance import check
 from trainperf.workloads.resnet import MINI_RECIPE, ResNetWorkload
 from trainperf.workloads.resnet import data as D
+from trainperf.workloads.resnet import images as resnet_images
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +144,7 @@ def test_prepare_mini_writes_imagenet_layout(tmp_path, capsys):
     assert train.classes == [f"n{d:08d}" for d in range(10)]
     assert (len(train.paths), len(val.paths)) == (1437, 360)
     assert all(p.suffix == ".JPEG" for p in train.paths[:20])
-    assert tuple(D.decode(train.paths[0]).shape) == (3, 32, 32)
+    assert tuple(resnet_images.decode(train.paths[0]).shape) == (3, 32, 32)
     assert not (set(p.name for p in train.paths) & set(p.name for p in val.paths))
     assert main(["prepare", "resnet", "--data", str(root)]) == 0
     assert "already present" in capsys.readouterr().out

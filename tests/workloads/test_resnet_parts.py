@@ -10,7 +10,7 @@ from tests.conftest import build_parts
 from trainperf.errors import TrainperfError
 from trainperf.spec import RuntimeContext
 from trainperf.workloads.resnet import FULL_RECIPES, MINI_RECIPE, ResNetWorkload, _param_groups
-from trainperf.workloads.resnet import data as D
+from trainperf.workloads.resnet import images as resnet_images
 from trainperf.workloads.resnet.model import MiniResNet, build_resnet50
 
 
@@ -41,8 +41,8 @@ def test_bn_and_bias_excluded_from_weight_decay():
 
 def test_random_resized_crop_is_batched_and_seeded():
     images = torch.rand(5, 3, 32, 32) * 255
-    a = D.random_resized_crop(images, 0.6, True, torch.Generator().manual_seed(1))
-    b = D.random_resized_crop(images, 0.6, True, torch.Generator().manual_seed(1))
+    a = resnet_images.random_resized_crop(images, 0.6, True, torch.Generator().manual_seed(1))
+    b = resnet_images.random_resized_crop(images, 0.6, True, torch.Generator().manual_seed(1))
     assert a.shape == images.shape and torch.equal(a, b)
     assert not torch.equal(a, images)
 
@@ -61,8 +61,8 @@ def test_crop_boxes_are_random_resized_crops_drawn_on_the_host():
     import numpy as np
 
     sizes = [(375, 500), (500, 333), (60, 600), (40, 40)] * 50
-    boxes = D.crop_boxes(sizes, 0.08, np.random.default_rng(0))
-    assert boxes == D.crop_boxes(sizes, 0.08, np.random.default_rng(0))  # the same draws from the same seed
+    boxes = resnet_images.crop_boxes(sizes, 0.08, np.random.default_rng(0))
+    assert boxes == resnet_images.crop_boxes(sizes, 0.08, np.random.default_rng(0))  # the same draws from the same seed
     ratios = []
     for (h, w), (top, left, bh, bw) in zip(sizes, boxes, strict=True):
         assert 0 <= top and top + bh <= h and 0 <= left and left + bw <= w and bh > 0 and bw > 0
@@ -79,15 +79,15 @@ def test_device_crops_and_eval_crops_are_torchvisions():
 
     gen = torch.Generator().manual_seed(0)
     image = torch.randint(0, 256, (3, 375, 500), generator=gen, dtype=torch.uint8)
-    ours = D.crop_resize([image, image], [(10, 20, 200, 300), (0, 0, 375, 500)], 224, [False, True])
+    ours = resnet_images.crop_resize([image, image], [(10, 20, 200, 300), (0, 0, 375, 500)], 224, [False, True])
     theirs = TF.resized_crop(image.float(), 10, 20, 200, 300, [224, 224], antialias=True)
     torch.testing.assert_close(ours[0], theirs, atol=1e-3, rtol=1e-4)
     torch.testing.assert_close(ours[1], TF.resize(image.float(), [224, 224], antialias=True).flip(-1), atol=1e-3,
                                rtol=1e-4)
     for shape in ((375, 500), (500, 333), (256, 256)):
         img = torch.randint(0, 256, (3, *shape), generator=gen, dtype=torch.uint8)
-        expected = D.eval_transform(224, 256)(img.float())
-        torch.testing.assert_close(D.resize_center_crop([img], 256, 224)[0], expected, atol=1e-3, rtol=1e-4)
+        expected = resnet_images.eval_transform(224, 256)(img.float())
+        torch.testing.assert_close(resnet_images.resize_center_crop([img], 256, 224)[0], expected, atol=1e-3, rtol=1e-4)
 
 
 class _NoFFmpeg:
@@ -108,7 +108,7 @@ def test_device_decoding_reads_what_pillow_reads_and_falls_back_for_a_png(tmp_pa
 
     from tests.conftest import imagenet_folder
 
-    D._jpeg_decoder.cache_clear()
+    resnet_images._jpeg_decoder.cache_clear()
     if decoder == "torchcodec":
         pytest.importorskip("torchcodec.decoders")
     elif decoder == "torchvision":
@@ -118,8 +118,9 @@ def test_device_decoding_reads_what_pillow_reads_and_falls_back_for_a_png(tmp_pa
             monkeypatch.delitem(sys.modules, name)
         monkeypatch.setattr(sys, "meta_path", [_NoFFmpeg(), *sys.meta_path])
         with pytest.warns(UserWarning, match=r"^decode=device: TorchCodec cannot load \(Could not load libtorchcodec"):
-            D._jpeg_decoder()
-    request.addfinalizer(D._jpeg_decoder.cache_clear)  # no decoder chosen under a patched import outlives the test
+            resnet_images._jpeg_decoder()
+    # No decoder chosen under a patched import outlives the test.
+    request.addfinalizer(resnet_images._jpeg_decoder.cache_clear)
     warnings.simplefilter("ignore")
 
     root = imagenet_folder(tmp_path / "imagenet")
@@ -127,13 +128,13 @@ def test_device_decoding_reads_what_pillow_reads_and_falls_back_for_a_png(tmp_pa
     png = jpeg.with_name("disguised.JPEG")  # ImageNet holds a PNG under a .JPEG name
     Image.open(jpeg).save(png, format="PNG")
     datas = [torch.frombuffer(bytearray(p.read_bytes()), dtype=torch.uint8) for p in (jpeg, png)]
-    decoded = D.decode_batch(datas, [jpeg, png], torch.device("cpu"))
-    torch.testing.assert_close(decoded[1], D.decode(png))  # Pillow, where the JPEG decoder refuses
-    assert (decoded[0].float() - D.decode(jpeg).float()).abs().mean() < 2  # libjpeg against Pillow
+    decoded = resnet_images.decode_batch(datas, [jpeg, png], torch.device("cpu"))
+    torch.testing.assert_close(decoded[1], resnet_images.decode(png))  # Pillow, where the JPEG decoder refuses
+    assert (decoded[0].float() - resnet_images.decode(jpeg).float()).abs().mean() < 2  # libjpeg against Pillow
     broken = tmp_path / "broken.JPEG"
     broken.write_bytes(b"not an image at all")
     with pytest.raises(TrainperfError, match="broken.JPEG: cannot decode image"):
-        D.decode_batch([torch.frombuffer(bytearray(broken.read_bytes()), dtype=torch.uint8)], [broken],
+        resnet_images.decode_batch([torch.frombuffer(bytearray(broken.read_bytes()), dtype=torch.uint8)], [broken],
                        torch.device("cpu"))
 
 

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from trainperf.errors import TrainperfError
 from trainperf.spec import Recipe
 from trainperf.spec.fields import Count, Counts, Fraction, Positive, Share
-from trainperf.workloads.resnet.data import DECODERS
+from trainperf.workloads.resnet.images import DECODERS
 
 
 @dataclass(frozen=True)
