@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -18,10 +18,14 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 from trainperf.errors import TrainperfError, shown
 
-if TYPE_CHECKING:
-    from trainperf.workloads.resnet.data import ImageIndex
-
 RGB_MEANS = (123.68, 116.78, 103.94)
+
+
+class Labelled(Protocol):
+    """Image files and their class labels (data.ImageIndex is one)."""
+
+    paths: list[Path]
+    labels: list[int]
 
 
 def decode(path: Path) -> torch.Tensor:
@@ -42,7 +46,7 @@ def decode(path: Path) -> torch.Tensor:
 # full scale: DataLoader workers, per-sample transforms, pinned memory, device prefetch
 # ---------------------------------------------------------------------------------------------
 class FolderDataset(Dataset):
-    def __init__(self, index: ImageIndex, transform: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def __init__(self, index: Labelled, transform: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.index = index
         self.transform = transform
 
@@ -88,7 +92,7 @@ class RawFolder(Dataset):
     """The files' bytes, labels and positions: DataLoader workers only read; decoding happens on the
     training device, a batch at a time (`decode_batch`)."""
 
-    def __init__(self, index: ImageIndex) -> None:
+    def __init__(self, index: Labelled) -> None:
         self.index = index
 
     def __len__(self) -> int:
@@ -217,7 +221,7 @@ def resize_center_crop(images: list[torch.Tensor], resize: int, size: int) -> to
 # ---------------------------------------------------------------------------------------------
 # mini scale: decode once, keep in memory, batched tensor augmentation
 # ---------------------------------------------------------------------------------------------
-def load_resident(index: ImageIndex, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def load_resident(index: Labelled, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode a whole split into one uint8 tensor on the device (all images must share a size)."""
     images = [decode(p) for p in index.paths]
     shapes = {tuple(img.shape) for img in images}

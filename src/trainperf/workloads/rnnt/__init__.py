@@ -34,6 +34,7 @@ from trainperf.spec import (
 )
 from trainperf.workloads.rnnt import data as rnnt_data
 from trainperf.workloads.rnnt import model as rnnt_model
+from trainperf.workloads.rnnt import synthetic
 from trainperf.workloads.rnnt.features import FeatureConfig, Featurizer, max_frames, speed_perturb
 from trainperf.workloads.rnnt.loss import torchaudio_rnnt_loss, transducer_loss
 from trainperf.workloads.rnnt.recipes import FULL, FULL_RECIPES, MINI, RNNTRecipe
@@ -65,7 +66,7 @@ class RNNTWorkload(Workload[RNNTRecipe]):
     host_scoring = "process"  # word edit distance is pure Python
     sample_name = "utterances"
 
-    mini = Scale(MINI, rnnt_data.SyntheticSpeech(MINI.subsets, MINI.model.pieces))
+    mini = Scale(MINI, synthetic.SyntheticSpeech(MINI.subsets, MINI.model.pieces))
     full = Scale(FULL_RECIPES, rnnt_data.LibriSpeech(FULL.subsets, FULL.model.pieces))
 
     def mlperf_hyperparameters(self, recipe: RNNTRecipe, ctx: RuntimeContext) -> dict[str, Any]:

@@ -372,19 +372,3 @@ class LibriSpeech(DataSource):
     def eval_set(self, data_dir: Path) -> tuple[Path, int] | None:
         path = manifest_path(data_dir, EVAL_SUBSET)
         return path, len(read_manifest(path))
-
-
-class SyntheticSpeech(LibriSpeech):
-    """The mini: synthesized utterances written as LibriSpeech FLAC subsets, then the reference's conversion."""
-
-    generated = True
-
-    def problems(self, data_dir: Path) -> list[str]:
-        if not (data_dir / EVAL_SUBSET).is_dir():
-            return [f"{data_dir}: mini dataset not generated yet (trainperf prepare rnnt)"]
-        return super().problems(data_dir)
-
-    def write_audio(self, data_dir: Path, say: Callable[[str], None]) -> None:
-        from trainperf.workloads.rnnt import synthetic  # the synthesizer's imports, only to generate
-
-        synthetic.generate(data_dir, say)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from trainperf.files import AtomicOutput
-from trainperf.workloads.rnnt.data import EVAL_SUBSET, SAMPLE_RATE
+from trainperf.workloads.rnnt.data import EVAL_SUBSET, SAMPLE_RATE, LibriSpeech
 
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "yes", "no",
          "up", "down", "left", "right", "go", "stop", "on", "off", "red", "blue", "green", "black")
@@ -133,3 +133,17 @@ def generate(root: Path, say: Callable[[str], None], train_speakers: int = 40, e
         write_subset(root, TRAIN_SUBSET, range(100, 100 + train_speakers), 2, per_chapter, seed, say)
     if not (root / EVAL_SUBSET).is_dir():
         write_subset(root, EVAL_SUBSET, range(900, 900 + eval_speakers), 1, per_chapter, seed, say)
+
+
+class SyntheticSpeech(LibriSpeech):
+    """The mini: synthesized utterances written as LibriSpeech FLAC subsets, then the reference's conversion."""
+
+    generated = True
+
+    def problems(self, data_dir: Path) -> list[str]:
+        if not (data_dir / EVAL_SUBSET).is_dir():
+            return [f"{data_dir}: mini dataset not generated yet (trainperf prepare rnnt)"]
+        return super().problems(data_dir)
+
+    def write_audio(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        generate(data_dir, say)

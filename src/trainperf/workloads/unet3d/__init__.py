@@ -29,6 +29,7 @@ from trainperf.spec import (
 )
 from trainperf.workloads.unet3d import data as unet3d_data
 from trainperf.workloads.unet3d import model as unet3d_model
+from trainperf.workloads.unet3d import prepare, synthetic
 from trainperf.workloads.unet3d.inference import gaussian_importance, sliding_window
 from trainperf.workloads.unet3d.recipes import FULL, FULL_RECIPES, MINI, UNet3DRecipe
 
@@ -45,8 +46,8 @@ class UNet3DWorkload(Workload[UNet3DRecipe]):
     speedups = frozenset({"precision", "channels_last", "compile", "fused_optimizer"})
     step_probe = ("global_batch_size=1", "patch=64")
 
-    mini = Scale(MINI, unet3d_data.SyntheticKidneys(MINI.evaluation_cases))
-    full = Scale(FULL_RECIPES, unet3d_data.KiTS19(FULL.evaluation_cases))
+    mini = Scale(MINI, synthetic.SyntheticKidneys(MINI.evaluation_cases))
+    full = Scale(FULL_RECIPES, prepare.KiTS19(FULL.evaluation_cases))
 
     def mlperf_hyperparameters(self, recipe: UNet3DRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         shape = [recipe.patch] * 3

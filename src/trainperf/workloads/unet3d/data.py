@@ -16,7 +16,6 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +23,6 @@ import numpy as np
 import torch
 
 from trainperf.errors import TrainperfError
-from trainperf.spec import DataSource
 
 EVAL_CASES = tuple(f"{n:05d}" for n in (
     0, 3, 5, 6, 12, 24, 34, 41, 44, 49, 52, 56, 61, 65, 66, 70, 76, 78, 80, 84, 86, 87, 92, 111, 112, 125, 128,
@@ -252,39 +250,3 @@ def preprocess_case(case_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     pads = [(0, 0)] + [((MIN_SHAPE - s) // 2 if s < MIN_SHAPE else 0, MIN_SHAPE - s - (MIN_SHAPE - s) // 2
                         if s < MIN_SHAPE else 0) for s in out_x.shape[1:]]
     return (np.pad(out_x, pads, mode="edge").astype(np.float32), np.pad(out_y, pads, mode="edge").astype(np.uint8))
-
-
-class KiTS19(DataSource):
-    """KiTS19 preprocessed as the reference preprocesses it (case_XXXXX_x.npy / _y.npy), the evaluation
-    cases held out by name."""
-
-    def __init__(self, evaluation_cases: tuple[str, ...]) -> None:
-        self.evaluation_cases = evaluation_cases
-
-    def problems(self, data_dir: Path) -> list[str]:
-        try:
-            split(list_cases(data_dir), self.evaluation_cases)
-        except TrainperfError as exc:
-            return [str(exc)]
-        return []
-
-    def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
-        from trainperf.workloads.unet3d import prepare
-
-        prepare.prepare_full(data_dir, say)
-
-
-class SyntheticKidneys(KiTS19):
-    """The mini: synthetic volumes written in the preprocessed layout."""
-
-    generated = True
-
-    def problems(self, data_dir: Path) -> list[str]:
-        if not (data_dir / "trainperf_unet3d_mini.json").is_file():
-            return [f"{data_dir}: mini dataset not generated yet (trainperf prepare unet3d)"]
-        return super().problems(data_dir)
-
-    def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
-        from trainperf.workloads.unet3d import synthetic
-
-        synthetic.generate(data_dir, say)

@@ -16,6 +16,7 @@ import numpy as np
 
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput
+from trainperf.spec import DataSource
 from trainperf.workloads.unet3d import data as unet3d_data
 
 RAW_CASES = 210  # case_00000 ... case_00209 are labelled; the rest of KiTS19 is its unlabelled test set
@@ -58,3 +59,21 @@ def prepare_full(root: Path, say: Callable[[str], None], workers: int | None = N
     say(f"{root}: {len(cases)} cases; {same} of {len(files)} files match the reference's MD5 checksums"
         + ("" if same == len(files) else " (files preprocessed with another torch build differ in rounding: "
            "the split and shapes are what matter)"))
+
+
+class KiTS19(DataSource):
+    """KiTS19 preprocessed as the reference preprocesses it (case_XXXXX_x.npy / _y.npy), the evaluation
+    cases held out by name."""
+
+    def __init__(self, evaluation_cases: tuple[str, ...]) -> None:
+        self.evaluation_cases = evaluation_cases
+
+    def problems(self, data_dir: Path) -> list[str]:
+        try:
+            unet3d_data.split(unet3d_data.list_cases(data_dir), self.evaluation_cases)
+        except TrainperfError as exc:
+            return [str(exc)]
+        return []
+
+    def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        prepare_full(data_dir, say)

@@ -21,6 +21,7 @@ import numpy as np
 
 from trainperf.files import AtomicOutput, write_json_atomic
 from trainperf.workloads.unet3d import data as unet3d_data
+from trainperf.workloads.unet3d.prepare import KiTS19
 
 HU = {"air": -1000.0, "fat": -90.0, "soft": 40.0, "liver": 110.0, "spleen": 120.0, "cortex": 230.0,
       "medulla": 130.0, "tumour": -40.0, "bone": 700.0, "aorta": 230.0}
@@ -95,3 +96,17 @@ def generate(root: Path, say: Callable[[str], None], cases: int = 40, seed: int 
                 np.save(fh, array, allow_pickle=False)
     write_json_atomic(marker, {"cases": cases, "seed": seed, "hu": HU})
     say(f"{root}: {cases} synthetic cases ({json.dumps(HU)})")
+
+
+class SyntheticKidneys(KiTS19):
+    """The mini: synthetic volumes written in the preprocessed layout."""
+
+    generated = True
+
+    def problems(self, data_dir: Path) -> list[str]:
+        if not (data_dir / "trainperf_unet3d_mini.json").is_file():
+            return [f"{data_dir}: mini dataset not generated yet (trainperf prepare unet3d)"]
+        return super().problems(data_dir)
+
+    def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        generate(data_dir, say)
