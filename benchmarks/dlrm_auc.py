@@ -17,7 +17,7 @@ import time
 import torch
 from sklearn.metrics import roc_auc_score
 
-from trainperf.workloads.dlrm import auc
+from trainperf.workloads.dlrm.model import auc
 
 
 def main() -> None:

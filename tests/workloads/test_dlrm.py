@@ -18,9 +18,10 @@ from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
 from trainperf.runtime import speedups
 from trainperf.spec import Assets, RuntimeContext
-from trainperf.workloads.dlrm import DLRM, MINI, DLRMWorkload, auc, lr_factor
+from trainperf.workloads.dlrm import DLRM, MINI, DLRMWorkload, lr_factor
 from trainperf.workloads.dlrm import data as D
 from trainperf.workloads.dlrm import mini as G
+from trainperf.workloads.dlrm.model import auc
 from trainperf.workloads.dlrm.recipes import CRITEO_1TB_TABLE_SIZES as D_SIZES
 
 CATS = ["0a", "", "FF", "3", "1" * 16, "b"] + ["c"] * 20  # 26 categorical fields

@@ -3,13 +3,10 @@ generated in the same raw format from a planted teacher."""
 
 from __future__ import annotations
 
-import queue
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,8 +17,6 @@ from trainperf.errors import TrainperfError
 from trainperf.spec import (
     Assets,
     DataParts,
-    EpochView,
-    EvalPartial,
     Metric,
     MLPerf,
     ModelParts,
@@ -32,7 +27,8 @@ from trainperf.spec import (
 )
 from trainperf.workloads.dlrm import data as dlrm_data
 from trainperf.workloads.dlrm import mini as dlrm_mini
-from trainperf.workloads.dlrm.model import DLRM, auc, click_probability
+from trainperf.workloads.dlrm.model import DLRM, click_probability
+from trainperf.workloads.dlrm.pipeline import CriteoPipeline
 from trainperf.workloads.dlrm.recipes import (
     FULL_DAYS,
     FULL_RECIPES,
@@ -60,37 +56,6 @@ def lr_factor(recipe: DLRMRecipe) -> Callable[[int], float]:
         return 1.0
 
     return factor
-
-
-def to_batch(rows: np.ndarray, device: torch.device,
-             sparse_device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[B, 40] int32 rows -> (dense log(x+1) float [B, 13], sparse int64 [B, 26], label float [B]); the
-    sparse ids go where the embedding tables are (`sparse_device`, default `device`)."""
-    host = torch.from_numpy(np.array(rows, dtype=np.int32))  # a private copy: the memory map is read-only
-    t = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
-    first = 1 + dlrm_data.N_DENSE
-    sparse = t[:, first:] if sparse_device in (None, device) else host[:, first:].to(sparse_device)
-    return torch.log1p(t[:, 1:1 + dlrm_data.N_DENSE].float()), sparse.long(), t[:, 0].float()
-
-
-def _prefetched(batches: Iterator[Any], depth: int = 4) -> Iterator[Any]:
-    """Read the next batches from the memory map in a thread while the device trains."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    done = object()
-
-    def fill() -> None:
-        try:
-            for item in batches:
-                q.put(item)
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            q.put(exc)
-        q.put(done)
-
-    threading.Thread(target=fill, daemon=True, name="trainperf-dlrm-reader").start()
-    while (item := q.get()) is not done:
-        if isinstance(item, BaseException):
-            raise item
-        yield item
 
 
 class DLRMWorkload(Workload[DLRMRecipe]):
@@ -191,62 +156,7 @@ class DLRMWorkload(Workload[DLRMRecipe]):
         return dense, sparse, torch.randint(0, 2, (n,), device=ctx.device, generator=gen).float()
 
     def load_data(self, recipe: DLRMRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        if dlrm_data.preprocessed(data_dir) is None:
-            raise TrainperfError(f"{data_dir}: no preprocessed Criteo data (trainperf prepare dlrm)")
-        train, test = dlrm_data.open_split(data_dir, "train"), dlrm_data.open_split(data_dir, "test")
-        batch, device = recipe.global_batch_size, ctx.device
-        steps = train.shape[0] // batch  # whole global batches only: static shapes
-        if steps == 0:
-            raise TrainperfError(f"{dlrm_data.output_file(data_dir, 'train')}: {train.shape[0]} samples, fewer "
-                                 f"than one global batch of {batch}")
-        mine = ctx.shard(batch)
-        tables = torch.device("cpu") if recipe.embedding_device == "cpu" else device
-        seed = ctx.stream_seed("batch order")
-        shard = ctx.shard(test.shape[0])
-
-        def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-            # Whole global batches in a new order every epoch (the reference's --mlperf-bin-shuffle),
-            # the same order on every rank; each rank reads its contiguous share of each batch.
-            order = np.random.default_rng([seed, view.epoch]).permutation(steps)
-
-            def read() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-                for b in order:
-                    start = int(b) * batch
-                    yield to_batch(train[start + mine.start:start + mine.stop], device, tables)
-
-            return _prefetched(read()) if device.type == "cuda" else read()
-
-        # Sharded tables look rows up with collectives: every rank must evaluate the same number of batches
-        # of the same sizes. Its share is then padded to ceil(N / ranks) with its last row; the padding's
-        # scores are dropped before they are gathered. (Replicated tables need no padding.)
-        if recipe.embeddings == "torchrec":
-            per = -(-test.shape[0] // ctx.world_size)
-            first = min(ctx.rank * per, test.shape[0])
-            shard = range(first, min(first + per, test.shape[0]))
-            padded = per
-        else:
-            padded = len(shard)
-
-        def evaluate(forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
-            scores, labels = [], []
-            for offset in range(0, padded, recipe.eval_batch_size):
-                size = min(recipe.eval_batch_size, padded - offset)
-                real = max(0, min(size, len(shard) - offset))
-                start = shard.start + offset
-                rows = test[start:start + real]
-                if real < size:  # padding rows (sharded tables): the last real row of the set, repeated
-                    rows = np.concatenate([rows, np.repeat(test[test.shape[0] - 1:], size - real, axis=0)])
-                dense, sparse, label = to_batch(rows, device, tables)
-                scores.append(forward((dense, sparse, label))[:real])
-                labels.append(label[:real])
-            empty = torch.zeros(0, device=device)
-            return EvalPartial(
-                metric=lambda t: auc(t["labels"], t["scores"]),
-                gathers={"scores": torch.cat(scores) if scores else empty,
-                         "labels": torch.cat(labels) if labels else empty})
-
-        return DataParts(train_batches=train_batches, steps_per_epoch=steps, train_samples=steps * batch,
-                         eval_samples=int(test.shape[0]), evaluate=evaluate)
+        return CriteoPipeline(recipe, data_dir, ctx).parts()
 
 
 # What trainperf's registry finds in this package (registry.py reads this line; nothing is imported).
