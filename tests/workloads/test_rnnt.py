@@ -19,12 +19,13 @@ from trainperf.cli import main
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
 from trainperf.spec import RuntimeContext
-from trainperf.workloads.rnnt import FULL_RECIPES, MINI, RNNTWorkload, word_error_rate
+from trainperf.workloads.rnnt import FULL_RECIPES, MINI, RNNTWorkload
 from trainperf.workloads.rnnt import data as D
 from trainperf.workloads.rnnt import features as F
 from trainperf.workloads.rnnt import model as M
 from trainperf.workloads.rnnt import synthetic as S
 from trainperf.workloads.rnnt.loss import transducer_loss, transducer_loss_loop, transducer_loss_reference
+from trainperf.workloads.rnnt.pipeline import word_error_rate
 
 SMALL = M.RNNTConfig(features=240, pieces=11, enc_hidden=16, pre_layers=1, post_layers=1, pred_hidden=8,
                      pred_layers=1, joint_hidden=12, enc_dropout=0.0, pred_dropout=0.0, joint_dropout=0.0)

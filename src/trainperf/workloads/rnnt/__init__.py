@@ -5,13 +5,10 @@ dev-clean, scored off the training path; the transducer loss is trainperf's own 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -21,8 +18,6 @@ from trainperf.optim.ema import EMA
 from trainperf.spec import (
     Assets,
     DataParts,
-    EpochView,
-    EvalPartial,
     Metric,
     MLPerf,
     ModelParts,
@@ -35,8 +30,9 @@ from trainperf.spec import (
 from trainperf.workloads.rnnt import data as rnnt_data
 from trainperf.workloads.rnnt import model as rnnt_model
 from trainperf.workloads.rnnt import synthetic
-from trainperf.workloads.rnnt.features import FeatureConfig, Featurizer, max_frames, speed_perturb
+from trainperf.workloads.rnnt.features import FeatureConfig, max_frames
 from trainperf.workloads.rnnt.loss import torchaudio_rnnt_loss, transducer_loss
+from trainperf.workloads.rnnt.pipeline import LibriSpeechPipeline, load_tokenizer
 from trainperf.workloads.rnnt.recipes import FULL, FULL_RECIPES, MINI, RNNTRecipe
 
 
@@ -151,95 +147,8 @@ class RNNTWorkload(Workload[RNNTRecipe]):
         return feats[:4, :40], frames[:4].clamp_max(40)
 
     def load_data(self, recipe: RNNTRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        tokenizer = load_tokenizer(rnnt_data.spm_path(data_dir, recipe.model.pieces))
-        cfg = FeatureConfig()
-        train, _dropped = rnnt_data.load_split(data_dir, recipe.subsets, tokenizer, recipe.max_duration, cfg.trim_db,
-                                       recipe.in_memory)
-        dev, _ = rnnt_data.load_split(data_dir, [rnnt_data.EVAL_SUBSET], tokenizer, 0.0, cfg.trim_db, True)
-        featurize = Featurizer(cfg, ctx.device)
-        device, rank, world = ctx.device, ctx.rank, ctx.world_size
         self._per_rank(recipe, ctx)  # the global batch splits evenly
-        seed = ctx.stream_seed("batches")
-        pool = ThreadPoolExecutor(max_workers=recipe.loader_threads) if recipe.loader_threads > 1 else None
-        steps = len(train) // recipe.global_batch_size
-        if steps == 0:
-            raise TrainperfError(f"{len(train)} training utterances: fewer than one global batch of "
-                                 f"{recipe.global_batch_size}")
-
-        def host_batches(epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, np.ndarray]]:
-            # Decoding and speed perturbation (per utterance, as the reference's data pipeline does
-            # them) run on the host in the prefetch thread, overlapped with the training step.
-            rng = np.random.default_rng([seed, epoch])
-            speeds = np.random.default_rng([seed, epoch, rank, 1])
-            for rows in rnnt_data.bucketed_batches(train.durations, recipe.global_batch_size, recipe.buckets, rng):
-                mine = rnnt_data.shard(rows, rank, world)
-                waves = rnnt_data.read_many(train, mine, pool)
-                rates = speeds.uniform(cfg.speed_min, cfg.speed_max, len(mine))
-                moved = [speed_perturb(torch.from_numpy(w), float(r)) for w, r in zip(waves, rates, strict=True)]
-                padded, lengths = _pad_waves(moved, torch.device("cpu"))
-                yield padded, lengths, mine
-
-        def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, ...]]:
-            gen = torch.Generator(device=device)
-            gen.manual_seed(int(np.random.default_rng([seed, view.epoch, rank, 2]).integers(2**62)))
-            for padded, lengths, rows in rnnt_data.prefetch(host_batches(view.epoch)):
-                feats, frames = featurize(padded.to(device, non_blocking=True), lengths.to(device), True, gen)
-                tokens, labels = _pad_tokens([train.tokens[i] for i in rows], device)
-                yield feats, frames, tokens, labels
-
-        share = list(ctx.shard(len(dev)))
-        share.sort(key=lambda i: dev.durations[i])  # similar lengths batched together: less padding
-        references = list(dev.transcripts)
-        eval_gen = torch.Generator(device=device)
-
-        def evaluate(forward: Callable[[Any], list[list[int]]]) -> EvalPartial:
-            eval_gen.manual_seed(ctx.stream_seed("eval dither", per_rank=True))
-            found: list[tuple[int, str]] = []
-            for start in range(0, len(share), recipe.eval_batch_size):
-                rows = share[start: start + recipe.eval_batch_size]
-                padded, lengths = _pad_waves([torch.from_numpy(dev.audio(i)) for i in rows], device)
-                feats, frames = featurize(padded, lengths, False, eval_gen)
-                for i, ids in zip(rows, forward((feats, frames)), strict=True):
-                    found.append((i, tokenizer.decode(ids)))
-            return EvalPartial(metric=functools.partial(word_error_rate, references=references),
-                               objects={"transcripts": found})
-
-        return DataParts(train_batches=train_batches, steps_per_epoch=steps, train_samples=steps *
-                         recipe.global_batch_size, eval_samples=len(dev), evaluate=evaluate)
-
-
-def load_tokenizer(path: Path) -> Any:
-    import sentencepiece as spm
-
-    try:
-        return spm.SentencePieceProcessor(model_file=str(path))
-    except (OSError, RuntimeError) as exc:
-        raise TrainperfError(f"{path}: not a sentencepiece model ({str(exc).splitlines()[0][:80]})") from None
-
-
-def word_error_rate(combined: dict[str, Any], references: list[str]) -> float:
-    """Total word edits / total reference words over the whole evaluation set (torchmetrics' WER)."""
-    from torchmetrics.functional.text import word_error_rate as wer
-
-    found = dict(combined["transcripts"])
-    if len(found) != len(references):
-        raise ValueError(f"{len(found)} transcripts for {len(references)} evaluation utterances")
-    return float(wer([found[i] for i in range(len(references))], references))
-
-
-def _pad_waves(waves: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    lengths = torch.tensor([w.shape[-1] for w in waves], device=device)
-    padded = torch.nn.utils.rnn.pad_sequence([w.to(device).float() for w in waves], batch_first=True)
-    return padded, lengths
-
-
-def _pad_tokens(rows: list[np.ndarray], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    longest = max(len(r) for r in rows)
-    out = np.zeros((len(rows), longest), dtype=np.int64)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    lengths = np.array([len(r) for r in rows], dtype=np.int64)
-    return torch.from_numpy(out).to(device), torch.from_numpy(lengths).to(device)
+        return LibriSpeechPipeline(recipe, data_dir, ctx).parts()
 
 
 # What trainperf's registry finds in this package (registry.py reads this line; nothing is imported).

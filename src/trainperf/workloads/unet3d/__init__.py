@@ -4,21 +4,17 @@ evaluation cases by sliding-window inference, the cases sharded across processes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from trainperf.errors import TrainperfError
 from trainperf.optim import kernels
 from trainperf.spec import (
     Assets,
     DataParts,
-    EpochView,
-    EvalPartial,
     Metric,
     MLPerf,
     ModelParts,
@@ -30,7 +26,7 @@ from trainperf.spec import (
 from trainperf.workloads.unet3d import data as unet3d_data
 from trainperf.workloads.unet3d import model as unet3d_model
 from trainperf.workloads.unet3d import prepare, synthetic
-from trainperf.workloads.unet3d.inference import gaussian_importance, sliding_window
+from trainperf.workloads.unet3d.pipeline import KiTS19Pipeline
 from trainperf.workloads.unet3d.recipes import FULL, FULL_RECIPES, MINI, UNet3DRecipe
 
 
@@ -92,55 +88,7 @@ class UNet3DWorkload(Workload[UNet3DRecipe]):
         return self.synthetic_batch(recipe, ctx, model)[0][:1]
 
     def load_data(self, recipe: UNet3DRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        cases = unet3d_data.list_cases(data_dir)
-        train_ids, eval_ids = unet3d_data.split(cases, recipe.evaluation_cases)
-        if not train_ids:
-            raise TrainperfError(f"{data_dir}: no training cases besides the {len(eval_ids)} evaluation cases")
-        # The whole dataset in memory (the reference's loader reads every file each epoch; NVIDIA's
-        # submissions cache it), each training case's foreground boxes found once.
-        train = []
-        for case in train_ids:
-            image, label = unet3d_data.load_case(case, *cases[case])
-            if min(image.shape[1:]) < recipe.patch:
-                raise TrainperfError(f"case {case}: shape {image.shape[1:]} is smaller than the {recipe.patch}^3 patch")
-            train.append(unet3d_data.Case(image, label, unet3d_data.foreground_boxes(label)))
-        mine = [eval_ids[i] for i in ctx.shard(len(eval_ids))]
-        evaluation = [(c, *unet3d_data.load_case(c, *cases[c])) for c in mine]
-        device, rank, world = ctx.device, ctx.rank, ctx.world_size
-        gbs = recipe.global_batch_size
-        per_rank = gbs // world
-        steps = -(-len(train) // gbs)
-        seed = ctx.stream_seed("patches")
-        importance = gaussian_importance(recipe.patch).to(device)
-
-        def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-            order_rng = np.random.default_rng([seed, view.epoch])
-            order = order_rng.permutation(len(train))
-            extra = order_rng.integers(0, len(train), steps * gbs - len(train))  # the padded last batch
-            order = np.concatenate([order, extra])
-            rng = np.random.default_rng([seed, view.epoch, rank])
-            gen = torch.Generator(device=device)
-            gen.manual_seed(int(rng.integers(2**62)))
-            for step in range(steps):
-                rows = order[step * gbs + rank * per_rank: step * gbs + (rank + 1) * per_rank]
-                patches = [unet3d_data.sample_patch(train[i], recipe.patch, recipe.oversampling, rng) for i in rows]
-                images = torch.from_numpy(np.stack([p[0] for p in patches])).to(device, non_blocking=True)
-                labels = torch.from_numpy(np.stack([p[1] for p in patches])).to(device, non_blocking=True)
-                yield unet3d_data.augment(images, labels, gen)
-
-        def evaluate(forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
-            total = torch.zeros(3, dtype=torch.float64, device=device)
-            for _case, image, label in evaluation:
-                scores, bounds = sliding_window(torch.from_numpy(image).to(device), forward, recipe.patch,
-                                                unet3d_data.CLASSES, recipe.overlap, batch=recipe.eval_windows,
-                                                importance=importance)
-                kept = label[0, bounds[0][0]: bounds[0][1], bounds[1][0]: bounds[1][1], bounds[2][0]: bounds[2][1]]
-                dice = unet3d_model.case_dice(scores.argmax(0), torch.from_numpy(kept).to(device))
-                total += torch.cat([dice.double(), torch.ones(1, dtype=torch.float64, device=device)])
-            return EvalPartial(metric=_mean_dice, sums={"dice": total})
-
-        return DataParts(train_batches=train_batches, steps_per_epoch=steps, train_samples=len(train),
-                         eval_samples=len(eval_ids), evaluate=evaluate)
+        return KiTS19Pipeline(recipe, data_dir, ctx).parts()
 
 
 def lr_factor(recipe: UNet3DRecipe, steps_per_epoch: int) -> Callable[[int], float]:
@@ -157,13 +105,6 @@ def lr_factor(recipe: UNet3DRecipe, steps_per_epoch: int) -> Callable[[int], flo
         return lr / recipe.base_lr
 
     return factor
-
-
-def _mean_dice(combined: dict[str, Any]) -> float:
-    kidney, tumour, count = combined["dice"].tolist()
-    if count <= 0:
-        raise TrainperfError("unet3d evaluation: no evaluation cases")
-    return (kidney + tumour) / (2 * count)
 
 
 # What trainperf's registry finds in this package (registry.py reads this line; nothing is imported).
