@@ -24,7 +24,6 @@ from pathlib import Path
 from trainperf import prepared
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput, write_text_atomic
-from trainperf.spec import DataSource
 from trainperf.workloads.common.wmt import synthetic
 from trainperf.workloads.common.wmt import text as wmt_text
 
@@ -189,7 +188,7 @@ class Detokenizer:
         return self.moses.detokenize(text.split())
 
 
-class WMT16(DataSource):
+class WMT16(wmt_text.NewstestSource):
     """The reference's prepared WMT16 files (tokenized, BPE'd, the vocabulary); the mini writes raw
     synthetic text first and prepares it as the reference prepares WMT16."""
 
@@ -204,6 +203,3 @@ class WMT16(DataSource):
 
     def sources(self, data_dir: Path) -> dict[str, Path]:
         return sources(data_dir, self.merges)
-
-    def eval_set(self, data_dir: Path) -> tuple[Path, int] | None:
-        return data_dir / "newstest2014.de", len(wmt_text.read_lines(data_dir / "newstest2014.de"))

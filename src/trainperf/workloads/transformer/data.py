@@ -26,7 +26,6 @@ import numpy as np
 from trainperf import prepared
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput, write_text_atomic
-from trainperf.spec import DataSource
 from trainperf.workloads.common.wmt import synthetic
 from trainperf.workloads.common.wmt import text as wmt_text
 
@@ -184,7 +183,7 @@ def lengths_for_budget(data: Prepared) -> tuple[np.ndarray, np.ndarray]:
     return data.train_src.lengths + 1, data.train_tgt.lengths + 1
 
 
-class WMT17(DataSource):
+class WMT17(wmt_text.NewstestSource):
     """WMT17's English-German text as distributed (train/*.en|de pairs and newstest2014), prepared once
     beside it as the reference prepares it (a subword vocabulary of `vocab_size`); the mini writes
     synthetic text in the same layout first."""
@@ -200,6 +199,3 @@ class WMT17(DataSource):
 
     def sources(self, data_dir: Path) -> dict[str, Path]:
         return sources(data_dir)
-
-    def eval_set(self, data_dir: Path) -> tuple[Path, int] | None:
-        return data_dir / "newstest2014.de", len(wmt_text.read_lines(data_dir / "newstest2014.de"))

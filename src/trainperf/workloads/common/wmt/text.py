@@ -13,6 +13,7 @@ import numpy as np
 
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput
+from trainperf.spec import DataSource
 
 # Special ids of every trainperf subword vocabulary (the GNMT reference's order).
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -187,3 +188,10 @@ def read_json(path: Path) -> dict | None:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
+
+
+class NewstestSource(DataSource):
+    """A WMT English-German dataset evaluated on newstest2014 (its German references counted)."""
+
+    def eval_set(self, data_dir: Path) -> tuple[Path, int] | None:
+        return data_dir / "newstest2014.de", len(read_lines(data_dir / "newstest2014.de"))
