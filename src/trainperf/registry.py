@@ -42,6 +42,7 @@ def _installed(taken: set[str]) -> dict[str, str]:
     """name -> "module:Class" of the workloads installed packages declare (entry points), each checked for
     a usable name; one that cannot be used is said once on stderr and left out, never fatal to the others."""
     found: dict[str, str] = {}
+    _ORIGIN.clear()  # read afresh with the entry points (the registry's cache may be cleared)
     for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
         package = entry.dist.name if entry.dist is not None else "an installed package"
         if not _NAME.fullmatch(entry.name) or ":" not in entry.value:
