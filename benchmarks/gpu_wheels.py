@@ -58,9 +58,22 @@ def read_present(path: Path) -> dict[str, str | None]:
 
 def requirements(extras: list[str]) -> list[str]:
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    optional = project.get("optional-dependencies", {})
     reqs = list(project["dependencies"])
-    for extra in extras:
-        reqs += project.get("optional-dependencies", {}).get(extra, [])
+    pending, seen = list(extras), set()
+    while pending:
+        extra = pending.pop(0)
+        if extra in seen:
+            continue
+        seen.add(extra)
+        for req in optional.get(extra, []):
+            # An extra that names the project's own extras ("trainperf[recsys-cpu]") means their requirements:
+            # the project itself runs from the source tree there.
+            own = re.fullmatch(rf"{re.escape(project['name'])}\[([^\]]+)\]", req.strip())
+            if own:
+                pending += [e.strip() for e in own.group(1).split(",")]
+            else:
+                reqs.append(req)
     return reqs
 
 
@@ -143,7 +156,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{wheel}: built here (pure Python, published as source only)")
             queue += [d for d in lacking(deps) if d not in binary and d not in queue]
     needed = resolve(binary, args.python_version) if binary else []
-    missing = [(name, version) for name, version in needed if normalise(name) not in present]
+    # torch's CUDA libraries under another CUDA's names (nvidia-cublas-cu12 beside its nvidia-cublas) and
+    # triton come with a dependency that names torch: the machine's torch brings its own.
+    kept = ("nvidia-", "triton", "torch") if "torch" in present else ()
+    missing = [(name, version) for name, version in needed
+               if normalise(name) not in present and not normalise(name).startswith(kept)]
     for name, version in missing:
         fetch(name, version, args.python_version, args.out)
         print(f"{name}=={version}: wheel")

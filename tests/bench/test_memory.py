@@ -3,6 +3,8 @@ line (bench) or replaced by one that fits (predict), instead of the kernel's OOM
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from trainperf import registry
@@ -23,7 +25,8 @@ def test_the_estimate_grows_with_the_batch_as_the_activations_do():
     workload, recipe, ctx, parts = _parts("resnet", 8)
     found = memory.estimate(workload, recipe, ctx, parts)
     params = sum(p.numel() * 4 for p in parts.model.parameters())
-    assert found.fixed_bytes == 4 * params
+    # weights, gradients and SGD's momentum
+    assert parts.optimizer.defaults["momentum"] > 0 and found.fixed_bytes == 3 * params
     assert found.per_sample_bytes > 0
     assert found.need(64) > found.need(8) and found.need(64) - found.need(8) == pytest.approx(
         56 * found.per_sample_bytes * memory.MARGIN, rel=1e-6, abs=2)
@@ -32,14 +35,16 @@ def test_the_estimate_grows_with_the_batch_as_the_activations_do():
 def test_a_bench_that_would_not_fit_is_one_line_naming_the_batch_that_fits(monkeypatch):
     workload, recipe, ctx, parts = _parts("resnet", 64)
     found = memory.estimate(workload, recipe, ctx, parts)
-    monkeypatch.setattr(memory, "available", lambda device: found.need(40))
+    # The device's free memory excludes the weights already on it; the estimate adds them back.
+    resident = sum(p.numel() * 4 for p in parts.model.parameters())
+    monkeypatch.setattr(memory, "available", lambda device: found.need(40) - resident)
     with pytest.raises(memory.BatchTooLarge) as err:
         memory.check_fits(workload, recipe, ctx, parts)
     assert "\n" not in str(err.value) and "a step at batch 64 needs about" in str(err.value)
     # The option named is one every benching command has (bench has no --bench-batch).
     assert 0 < err.value.fits <= 40
     assert f"at most {err.value.fits:,} per device fits (--set global_batch_size={err.value.fits})" in str(err.value)
-    monkeypatch.setattr(memory, "available", lambda device: found.fixed_bytes)
+    monkeypatch.setattr(memory, "available", lambda device: found.fixed_bytes - resident)
     with pytest.raises(memory.BatchTooLarge, match="no batch fits") as err:
         memory.check_fits(workload, recipe, ctx, parts)
     assert err.value.fits == 0
@@ -61,3 +66,31 @@ def test_predict_benches_at_a_batch_that_fits_and_says_so(monkeypatch):
     fits = int(said[0].rsplit("benching at batch ", 1)[1].split()[0].replace(",", ""))
     assert 0 < fits < 512 and result.batch_size == fits
     assert isinstance(result, throughput.BenchResult)
+
+
+def test_a_token_budget_is_estimated_per_token_not_per_sentence(monkeypatch):
+    # The H100 round of 2026-11-25 refused the Transformer's 8,192 tokens per GPU as 8,192 sentences
+    # (375 GiB); a batch of tokens needs per token what a batch of sentences of 32 tokens needs per 32.
+    workload, recipe, ctx, parts = _parts("transformer", 512)
+    assert recipe.BATCH_UNIT == "tokens"
+    per_token = memory.estimate(workload, recipe, ctx, parts).per_sample_bytes
+    rows = workload.synthetic_batch(dataclasses.replace(recipe, global_batch_size=64), ctx, parts.model)
+    assert workload.batch_samples(rows) == 2  # two sentences of 32 tokens
+    monkeypatch.setattr(memory, "TOKENS_PER_SAMPLE", 64)  # a probe twice as large: the same per token
+    per_token_again = memory.estimate(workload, recipe, ctx, parts).per_sample_bytes
+    assert per_token > 0 and per_token_again == pytest.approx(per_token, rel=0.1)
+    monkeypatch.setattr(memory, "available", lambda device: 0)
+    with pytest.raises(memory.BatchTooLarge, match="of activations per token"):
+        memory.check_fits(workload, recipe, ctx, parts)
+
+
+def test_tables_with_sparse_gradients_and_plain_sgd_count_once():
+    # DLRM's tables: sparse gradients (the rows a batch touches) and SGD without momentum (no state), so
+    # the weights count once, not four times (the H100 round refused Criteo's tables as 103 GiB).
+    workload, recipe, ctx, parts = _parts("dlrm", 64)
+    found = memory.estimate(workload, recipe, ctx, parts)
+    tables = sum(p.numel() * 4 for m in parts.model.modules() if getattr(m, "sparse", False)
+                 for p in m.parameters(recurse=False))
+    dense = sum(p.numel() * 4 for p in parts.model.parameters()) - tables
+    assert tables > 0 and not parts.optimizer.defaults.get("momentum")
+    assert found.fixed_bytes == tables + 2 * dense

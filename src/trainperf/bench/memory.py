@@ -17,13 +17,14 @@ from trainperf.spec import ModelParts, Recipe, RuntimeContext, Workload, bare_mo
 
 PROBE = 2  # samples in the probe batch
 MARGIN = 1.3  # allocator slack, temporaries of the backward, the batch itself
+TOKENS_PER_SAMPLE = 32  # a token-budget batch's probe: two sentences of a typical WMT length
 
 
 @dataclass(frozen=True)
 class Estimate:
     fixed_bytes: int  # parameters, gradients, optimizer state
     per_sample_bytes: int  # activations saved for the backward, per sample
-    available_bytes: int | None  # what the device has free now (None: unknown)
+    available_bytes: int | None  # what the device has free, the model's own weights counted (None: unknown)
 
     def need(self, batch: int) -> int:
         return int((self.fixed_bytes + self.per_sample_bytes * batch) * MARGIN)
@@ -56,16 +57,41 @@ def available(device: torch.device) -> int | None:
     return None
 
 
-def _state_bytes(parts: ModelParts) -> int:
-    params = sum(p.numel() * p.element_size() for p in parts.model.parameters())
-    # weights + gradients + up to two optimizer moments (Adam, LAMB); SGD with momentum has one.
-    return params * 4
+def _sparse_grad(module: torch.nn.Module) -> bool:
+    return bool(getattr(module, "sparse", False))
+
+
+def _moments(optimizer: torch.optim.Optimizer) -> int:
+    """Tensors of optimizer state per parameter: Adam's and LAMB's two moments, SGD's momentum or none."""
+    defaults = optimizer.defaults
+    if "betas" in defaults:
+        return 2
+    return 1 if defaults.get("momentum", 0) else 0
+
+
+def _state_bytes(parts: ModelParts, device: torch.device) -> tuple[int, int]:
+    """(bytes the weights, gradients and optimizer state will take, bytes of them already on `device`).
+    A table with sparse gradients (DLRM's) holds only the rows a batch touches as gradient, and SGD
+    without momentum no state: counting four copies of Criteo's 25 GiB of tables refused a step that fits."""
+    sparse = {id(p) for m in parts.model.modules() if _sparse_grad(m) for p in m.parameters(recurse=False)}
+    moments = _moments(parts.optimizer)
+    total = resident = 0
+    for p in parts.model.parameters():
+        size = p.numel() * p.element_size()
+        total += size * (1 + (0 if id(p) in sparse else 1 + moments))
+        if p.device == device:
+            resident += size  # already allocated: the device's free memory no longer counts them
+    return total, resident
 
 
 def estimate(workload: Workload, recipe: Recipe, ctx: RuntimeContext, parts: ModelParts) -> Estimate:
-    probe_recipe = dataclasses.replace(recipe, global_batch_size=PROBE * ctx.world_size)
+    """Per unit of the recipe's global batch: a sample, or a token where the batch is a token budget
+    (the Transformer's 8,192 per GPU), probed at two samples' worth."""
+    tokens = recipe.BATCH_UNIT == "tokens"
+    probe_units = PROBE * (TOKENS_PER_SAMPLE if tokens else 1)
+    probe_recipe = dataclasses.replace(recipe, global_batch_size=probe_units * ctx.world_size)
     batch = workload.synthetic_batch(probe_recipe, ctx, parts.model)
-    samples = max(1, workload.batch_samples(batch))
+    units = probe_units if tokens else max(1, workload.batch_samples(batch))
     seen: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -82,7 +108,9 @@ def estimate(workload: Workload, recipe: Recipe, ctx: RuntimeContext, parts: Mod
     del loss, batch
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved = sum(size for ptr, size in seen.items() if ptr not in params)
-    return Estimate(_state_bytes(parts), saved // samples, available(ctx.device))
+    state, resident = _state_bytes(parts, ctx.device)
+    free = available(ctx.device)
+    return Estimate(state, saved // units, None if free is None else free + resident)
 
 
 def check_fits(workload: Workload, recipe: Recipe, ctx: RuntimeContext, parts: ModelParts) -> Estimate:
@@ -95,11 +123,12 @@ def check_fits(workload: Workload, recipe: Recipe, ctx: RuntimeContext, parts: M
         fits = found.largest_batch() or 0
         per_sample = found.per_sample_bytes
         activations = f"{per_sample / 2**20:.1f} MiB" if per_sample >= 2**20 else f"{per_sample / 2**10:.1f} KiB"
+        unit = recipe.BATCH_UNIT.removesuffix("s")
         # The option every command that benches takes (bench, ablate, tune-batch, run): the global batch.
         raise BatchTooLarge(
             f"{workload.name}: a step at batch {per_device:,} needs about {need / 2**30:.1f} GiB "
             f"({found.fixed_bytes / 2**30:.2f} GiB of weights, gradients and optimizer state, "
-            f"{activations} of activations per sample), {ctx.device} has "
+            f"{activations} of activations per {unit}), {ctx.device} has "
             f"{found.available_bytes / 2**30:.1f} GiB free: "
             + (f"a batch of at most {fits:,} per device fits (--set global_batch_size="
                f"{fits * max(1, ctx.world_size)})" if fits else "no batch fits"), fits)
