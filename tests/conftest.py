@@ -186,7 +186,8 @@ def write_minimal_closed_log(path: Path, benchmark: str, global_batch_size: int,
     log.end("epoch_stop", metadata={"epoch_num": 1}, time_ms=t + 4)
     log.start("eval_start", metadata={"epoch_num": epoch_num}, time_ms=t + 4)
     log.end("eval_stop", metadata={"epoch_num": epoch_num}, time_ms=t + 5)
-    log.event("eval_accuracy", accuracy, metadata={"epoch_num": epoch_num}, time_ms=t + 5)
+    log.event("eval_accuracy", accuracy, metadata={"epoch_num": epoch_num, "samples_count": train_samples},
+              time_ms=t + 5)
     log.end("block_stop", metadata={"first_epoch_num": 1}, time_ms=t + 5)
     log.end("run_stop", metadata={"status": "success"}, time_ms=t + 6)
     log.close()

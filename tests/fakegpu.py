@@ -119,6 +119,14 @@ class FakeCuda:
         self.index("max_memory_reserved", device)
         return 2 * 2**30
 
+    def memory_reserved(self, device: Any = None) -> int:
+        self.index("memory_reserved", device)
+        return 2 * 2**30
+
+    def memory_allocated(self, device: Any = None) -> int:
+        self.index("memory_allocated", device)
+        return 1 * 2**30
+
     def reset_peak_memory_stats(self, device: Any = None) -> None:
         self.index("reset_peak_memory_stats", device)
 
@@ -156,6 +164,7 @@ class FakeCuda:
         monkeypatch.setattr(cuda, "is_bf16_supported", lambda *a, **k: True)
         for name in ("set_device", "current_device", "synchronize", "get_device_name", "get_device_properties",
                      "get_device_capability", "mem_get_info", "max_memory_allocated", "max_memory_reserved",
+                     "memory_reserved", "memory_allocated",
                      "reset_peak_memory_stats", "current_stream", "stream"):
             monkeypatch.setattr(cuda, name, getattr(self, name))
         monkeypatch.setattr(cuda, "Stream", self.stream_class())

@@ -112,8 +112,12 @@ def total_memory(device: torch.device) -> int:
 
 
 def free_memory(device: torch.device) -> int:
-    """Bytes free on the GPU now (torch.cuda.mem_get_info)."""
-    return int(torch.cuda.mem_get_info(_indexed(device))[0])
+    """Bytes this process could still allocate on the GPU: what the driver has free (torch.cuda.mem_get_info)
+    plus what torch's caching allocator holds unused (a probe step's freed activations stay cached: the
+    driver counts them as taken)."""
+    dev = _indexed(device)
+    cached = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+    return int(torch.cuda.mem_get_info(dev)[0]) + max(0, int(cached))
 
 
 def versions() -> dict[str, str | None]:

@@ -577,6 +577,30 @@ def _read_minigo_network(path: Path) -> object:
     return workload.target_network(recipe, Assets(workload.assets(recipe, None)))
 
 
+@cache
+def _megatron_pair() -> tuple[bytes, bytes]:
+    from trainperf.workloads.llama31_8b import indexed
+
+    folder = Path(tempfile.mkdtemp())
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(0, 60, int(n)) for n in rng.integers(1, 40, 12)]
+    indexed.write(folder / "c4", docs, np.dtype(np.uint16))
+    return (folder / "c4.idx").read_bytes(), (folder / "c4.bin").read_bytes()
+
+
+def _read_megatron(path: Path, beside: int) -> object:
+    """A `.bin`/`.idx` pair with one side mutated: read as a run reads it (every document, samples cut)."""
+    from trainperf.workloads.llama31_8b import indexed
+
+    other = path.with_suffix(".bin" if path.suffix == ".idx" else ".idx")
+    other.write_bytes(_megatron_pair()[beside])
+    data = indexed.IndexedDataset(path.with_suffix(""))
+    data.check_vocabulary(64)
+    docs = [data.document(i) for i in range(len(data))]
+    samples = indexed.Samples(data, 8, seed=1)
+    return docs, [samples.sample(0, i) for i in range(samples.per_epoch)]
+
+
 READERS: list[Reader] = [
     Reader("imagenet jpeg", "n0_0.JPEG", _jpeg, _decode, workloads=("resnet",)),
     Reader("imagenet png named JPEG", "n0_1.JPEG", _png, _decode, workloads=("resnet",)),
@@ -614,6 +638,13 @@ READERS: list[Reader] = [
                     ("a 1x1x1 volume", lambda: _float_volume(shape=(1, 1, 1))),
                     ("NaN spacing in the header", lambda: _float_volume(pixdim=(float("nan"), 0.7, 0.7))),
                     ("spacing that resamples to terabytes", lambda: _float_volume(pixdim=(1e12, 1e12, 1e12))))),
+    Reader("megatron indexed dataset .idx", "c4.idx", lambda: _megatron_pair()[0],
+           lambda p: _read_megatron(p, 1), workloads=("llama31_8b",),
+           damaged=(("truncated index", lambda: _megatron_pair()[0][:-5]),
+                    ("an empty index", lambda: b""))),
+    Reader("megatron indexed dataset .bin", "c4.bin", lambda: _megatron_pair()[1],
+           lambda p: _read_megatron(p, 0), workloads=("llama31_8b",),
+           damaged=(("truncated tokens", lambda: _megatron_pair()[1][:-3]),)),
     Reader("minigo target network", "target.pt", _minigo_network, _read_minigo_network, workloads=("minigo",)),
     Reader("criteo day.gz", "day_0.gz", _gz(_criteo_day), _parse_gz_day, workloads=("dlrm",)),
     Reader("mlperf log header", "result_0.txt", _mlperf_log, _log_header),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -25,6 +25,7 @@ from trainperf.spec import (
     Metric,
     MLPerf,
     ModelParts,
+    Parallelism,
     Recipe,
     RuntimeContext,
     Workload,
@@ -339,4 +340,22 @@ class EpochCountedHyperparameters(Regression):
     def build(self, recipe: FakeRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         parts = super().build(recipe, ctx, assets)
         parts.epoch_hyperparameters = lambda steps: {"remain_steps": 3 * steps, "decay_interval": steps // 2}
+        return parts
+
+
+# -- the parallelism capability: a workload saying how its model is distributed ------------------------
+@dataclass(frozen=True)
+class Recorded(Parallelism):
+    """A parallelism of the test's own: its engine (registered by the test) records what it was given."""
+
+    engine: ClassVar[str] = "recorded"
+    label: str = "x"
+
+
+class Distributed(Regression):
+    """Declares its own parallelism record; the runtime must apply it through the registered engine."""
+
+    def build(self, recipe: FakeRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
+        parts = super().build(recipe, ctx, assets)
+        parts.parallel = Recorded(label="mine")
         return parts

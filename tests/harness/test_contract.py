@@ -484,3 +484,39 @@ def test_logged_metadata_and_epoch_counted_hyperparameters_reach_the_log(tmp_pat
     assert keys.count("remain_steps") == 1 and keys.index("remain_steps") > keys.index("run_start")
     assert next(r["value"] for r in records if r["key"] == "remain_steps") == 12
     assert next(r["value"] for r in records if r["key"] == "decay_interval") == 2
+
+
+# -- the parallelism capability ----------------------------------------------------------------------
+def test_a_workloads_parallelism_is_applied_by_its_engine_and_only_once(tmp_path, monkeypatch):
+    from trainperf.runtime import parallel
+    from trainperf.runtime.parallel import Engine
+
+    seen = []
+
+    class Recording(Engine):
+        def check(self, spec, recipe, ctx):
+            seen.append(("check", spec.label))
+
+        def apply(self, spec, parts, recipe, ctx):
+            seen.append(("apply", spec.label, type(parts.model).__name__))
+            return parts
+
+    monkeypatch.setitem(parallel.ENGINES, "recorded", Recording())
+    result, _ = _run(tmp_path, fakes.Distributed(scores=[0.5, 0.95]))
+    assert result.status == "success"
+    assert seen == [("check", "mine"), ("apply", "mine", "Linear")]
+
+
+def test_ddp_and_torchrec_are_two_answers_of_the_same_capability():
+    from trainperf.runtime import parallel
+    from trainperf.spec import DataParallel, FullyShard, ShardedTables
+
+    assert isinstance(parallel.engine_for(None), parallel.DDPEngine)  # a workload that says nothing
+    assert isinstance(parallel.engine_for(DataParallel()), parallel.DDPEngine)
+    assert isinstance(parallel.engine_for(ShardedTables()), parallel.TorchRecEngine)
+    assert type(parallel.engine_for(FullyShard())).__name__ == "FSDPEngine"
+    with pytest.raises(TrainperfError, match="parallelism 'recorded': no engine for it"):
+        parallel.engine_for(fakes.Recorded())
+    with pytest.raises(TrainperfError, match="compile and cuda_graphs do not apply"):
+        parallel.engine_for(ShardedTables()).check(ShardedTables(), fakes.fake_recipe(compile=True),
+                                                   RuntimeContext.create("cpu"))

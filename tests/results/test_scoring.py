@@ -254,3 +254,45 @@ def test_score_flags_runs_timed_on_a_busy_machine(tmp_path):
     result = scoring.score_folder(folder, rcp=False)
     assert [bool(r.busy) for r in result.runs] == [False, True, False]
     assert "1 run(s) timed on a busy machine" in result.note
+
+
+@needs_fixtures
+def test_a_scaling_json_multiplies_the_score_as_the_official_summarizer_does(tmp_path):
+    folder = tmp_path / "results" / "sys" / "resnet"
+    shutil.copytree(FIXTURES / "dgxa100_ngc21.05_mxnet" / "resnet", folder)
+    plain = scoring.score_folder(folder, rcp=False)
+    (folder / "scaling.json").write_text('{"scaling_factor": 1.25}')
+    _, official_score = _official(folder, "resnet")
+    ours = scoring.score_folder(folder, rcp=False)
+    assert ours.scaling == 1.25 and ours.scaling_source == "scaling.json" and ours.unscaled == plain.score
+    assert ours.score == pytest.approx(official_score, rel=1e-12) == pytest.approx(1.25 * plain.score)
+    assert "multiplied by 1.2500, its scaling.json" in ours.note
+    (folder / "scaling.json").write_text('{"scaling": 2}')
+    with pytest.raises(TrainperfError, match=r"scaling.json: expected JSON \{\"scaling_factor\""):
+        scoring.score_folder(folder, rcp=False)
+
+
+@needs_fixtures
+def test_without_a_scaling_json_the_rcp_checkers_factor_is_computed_and_said(tmp_path, monkeypatch):
+    from mlperf_logging.rcp_checker import rcp_checker
+
+    folder = tmp_path / "results" / "sys" / "resnet"
+    shutil.copytree(FIXTURES / "dgxa100_ngc21.05_mxnet" / "resnet", folder)
+    # v1.0 results tables applied no RCP normalisation (scaling.json came with v4.0): none here either,
+    # though today's checker computes 1.0044 for these runs.
+    real = scoring.score_folder(folder)
+    assert real.scaling == 1.0 and real.scaling_source == "none"
+    assert not (folder / "scaling.json").exists()  # asked without set_scaling: nothing written
+    monkeypatch.setattr(scoring, "SCALING_FROM", (1, 0, 0))  # as if these were a 4.0+ round's logs
+    computed = scoring.score_folder(folder)
+    assert computed.scaling == pytest.approx(1.0043956, rel=1e-6) and computed.scaling_source == "rcp_checker"
+    assert computed.score == pytest.approx(computed.scaling * real.score)
+
+    def faster(*args, **kwargs):
+        assert kwargs["set_scaling"] is False
+        return True, "RCP found", 1.1
+
+    monkeypatch.setattr(rcp_checker, "check_directory", faster)
+    ours = scoring.score_folder(folder)
+    assert ours.scaling_source == "rcp_checker" and ours.score == pytest.approx(1.1 * real.score)
+    assert "the folder has no scaling.json" in ours.note

@@ -77,7 +77,8 @@ def _state_bytes(parts: ModelParts, device: torch.device) -> tuple[int, int]:
     moments = _moments(parts.optimizer)
     total = resident = 0
     for p in parts.model.parameters():
-        size = p.numel() * p.element_size()
+        local = p.to_local() if hasattr(p, "to_local") else p  # a sharded DTensor: this process's shard
+        size = local.numel() * local.element_size()
         total += size * (1 + (0 if id(p) in sparse else 1 + moments))
         if p.device == device:
             resident += size  # already allocated: the device's free memory no longer counts them
@@ -89,7 +90,7 @@ def estimate(workload: Workload, recipe: Recipe, ctx: RuntimeContext, parts: Mod
     (the Transformer's 8,192 per GPU), probed at two samples' worth."""
     tokens = recipe.BATCH_UNIT == "tokens"
     probe_units = PROBE * (TOKENS_PER_SAMPLE if tokens else 1)
-    probe_recipe = dataclasses.replace(recipe, global_batch_size=probe_units * ctx.world_size)
+    probe_recipe = dataclasses.replace(recipe, global_batch_size=probe_units * ctx.data_world)
     batch = workload.synthetic_batch(probe_recipe, ctx, parts.model)
     units = probe_units if tokens else max(1, workload.batch_samples(batch))
     seen: dict[int, int] = {}
@@ -117,7 +118,7 @@ def check_fits(workload: Workload, recipe: Recipe, ctx: RuntimeContext, parts: M
     """Raise BatchTooLarge (one line, with the largest batch that fits) when a step at the recipe's
     batch would need more memory than the device has free."""
     found = estimate(workload, recipe, ctx, parts)
-    per_device = recipe.global_batch_size // max(1, ctx.world_size)
+    per_device = recipe.global_batch_size // max(1, ctx.data_world)
     need = found.need(per_device)
     if found.available_bytes is not None and need > found.available_bytes:
         fits = found.largest_batch() or 0
@@ -131,5 +132,5 @@ def check_fits(workload: Workload, recipe: Recipe, ctx: RuntimeContext, parts: M
             f"{activations} of activations per {unit}), {ctx.device} has "
             f"{found.available_bytes / 2**30:.1f} GiB free: "
             + (f"a batch of at most {fits:,} per device fits (--set global_batch_size="
-               f"{fits * max(1, ctx.world_size)})" if fits else "no batch fits"), fits)
+               f"{fits * max(1, ctx.data_world)})" if fits else "no batch fits"), fits)
     return found

@@ -22,7 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from trainperf import devices
 from trainperf.bench import memory as memory_estimate
-from trainperf.runtime import distributed, environment, speedups
+from trainperf.runtime import distributed, environment, parallel, speedups
 from trainperf.runtime.step import TrainStep
 from trainperf.spec import Assets, EpochView, ModelParts, Recipe, Workload, bare_model
 
@@ -148,6 +148,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
     torch.manual_seed(0)
     assets = Assets(workload.assets(recipe, data_dir))
     parts = speedups.assemble(workload, recipe, ctx, assets)
+    ctx = parallel.data_context(parts, ctx)  # tensor parallelism's processes share their rows
 
     def make_step(model_parts: ModelParts, spe: int) -> TrainStep:
         return TrainStep(model_parts, spe, recipe, dev, ctx=ctx, split=workload.split_batch,

@@ -56,6 +56,11 @@ class BenchmarkScore:
     note: str = ""
     rcp: str | None = None
     eval_samples: int | None = None  # tells a mini result from a full one
+    # The RCP normalisation (v4.0+): a submission converging faster than the reference within the allowed
+    # speedup has its olympic mean multiplied by RCP mean / its mean, as the official results table does.
+    scaling: float = 1.0
+    scaling_source: str = "none"  # "scaling.json", "rcp_checker" (computed here: the folder has none) or "none"
+    unscaled: float | None = None  # the olympic mean before the factor
 
     @property
     def converged(self) -> int:
@@ -220,9 +225,56 @@ def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True,
     if busy:
         notes.append(f"{busy} run(s) timed on a busy machine: their times are not figures")
     result.note = "; ".join(notes)
+    factor = read_scaling(folder)
+    if factor is not None:
+        result.scaling, result.scaling_source = factor, "scaling.json"
     if rcp:
-        result.rcp = rcp_verdict(folder, ruleset, first["division"], keys.rcp_in_samples(benchmark, first["workload"]))
+        result.rcp, norm = rcp_check(folder, ruleset, first["division"],
+                                     keys.rcp_in_samples(benchmark, first["workload"]))
+        if factor is None and norm is not None and norm != 1.0 and _version(ruleset) >= SCALING_FROM:
+            result.scaling, result.scaling_source = norm, "rcp_checker"
+    if result.scaling != 1.0:
+        result.unscaled = result.score
+        if result.score is not None:
+            result.score *= result.scaling
+        where = ("its scaling.json" if result.scaling_source == "scaling.json" else
+                 "the RCP checker's normalisation (the folder has no scaling.json; the official package checker "
+                 "would write it)")
+        notes.append(f"score multiplied by {result.scaling:.4f}, {where}")
+        result.note = "; ".join(notes)
+    elif (rcp and factor is None and first["division"] == "closed" and _version(ruleset) >= SCALING_FROM
+          and (result.rcp or "").startswith("pass")):
+        notes.append("no RCP scaling: the RCP checker applies none to these runs")
+        result.note = "; ".join(notes)
     return result
+
+
+# The rounds whose results tables multiply the olympic mean by the RCP normalisation (scaling.json).
+SCALING_FROM = (4, 0, 0)
+
+
+def _version(ruleset: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in ruleset.split("."))
+    except ValueError:
+        return (0,)
+
+
+def read_scaling(folder: Path) -> float | None:
+    """The factor of a result folder's scaling.json (what the RCP checker writes with set_scaling and the
+    official summarizer multiplies into the olympic mean); None without one."""
+    import json
+
+    path = folder / "scaling.json"
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))["scaling_factor"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise TrainperfError(f"{path}: expected JSON {{\"scaling_factor\": <number>}}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise TrainperfError(f"{path}: scaling_factor {value!r}, expected a positive number")
+    return float(value)
 
 
 def _busy_runs(folder: Path, result: BenchmarkScore) -> int:
@@ -246,18 +298,25 @@ def _busy_runs(folder: Path, result: BenchmarkScore) -> int:
 def rcp_verdict(folder: Path, ruleset: str, division: str | None, train_samples: bool = False) -> str:
     """The official rcp_checker's verdict on convergence speed (closed division only); with
     `train_samples`, convergence is read from the train_samples records (the checker's bert mode)."""
+    return rcp_check(folder, ruleset, division, train_samples)[0]
+
+
+def rcp_check(folder: Path, ruleset: str, division: str | None, train_samples: bool = False
+              ) -> tuple[str, float | None]:
+    """(verdict, normalisation factor) of the official rcp_checker, as its package checker runs it but
+    without writing scaling.json into the folder (set_scaling off); the factor is None where it cannot run."""
     if division != "closed":
-        return "n/a (open division)"
+        return "n/a (open division)", None
     from mlperf_logging.rcp_checker import rcp_checker
 
     try:
         with _quiet():
             # The pruned RCPs are what the official CLI checks by default.
-            ok, message, _norm = rcp_checker.check_directory(str(folder), "training", ruleset, False, train_samples,
-                                                             rcp_pass="pruned_rcps")
+            ok, message, norm = rcp_checker.check_directory(str(folder), "training", ruleset, False, train_samples,
+                                                            rcp_pass="pruned_rcps", set_scaling=False)
     except Exception as exc:  # noqa: BLE001 - the checker fails in many ways when it has no RCPs
-        return f"n/a (the rcp_checker could not run: {type(exc).__name__} {exc})"
-    return f"{'pass' if ok else 'fail'}: {message}"
+        return f"n/a (the rcp_checker could not run: {type(exc).__name__} {exc})", None
+    return f"{'pass' if ok else 'fail'}: {message}", (float(norm) if ok else None)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Model-parallel embedding tables on TorchRec: the runtime's other way of distributing a model.
 
-A workload whose ModelParts say `model_parallel` builds its tables as TorchRec
+A workload whose ModelParts' `parallel` is `ShardedTables()` builds its tables as TorchRec
 EmbeddingBagCollections on the meta device, with their optimizer applied in the backward pass
 (FBGEMM fuses it into the table-batched kernels). Here they are sharded across the process group by
 TorchRec's DistributedModelParallel, with the plan TorchRec's planner chooses for the devices and
@@ -24,7 +24,7 @@ import torch
 
 from trainperf import devices, optional
 from trainperf.errors import TrainperfError
-from trainperf.spec import Assets, ModelParts, Recipe, RuntimeContext, Workload
+from trainperf.spec import Assets, ModelParts, Recipe, RuntimeContext, ShardedTables, Workload
 
 RESERVED = 0.15  # of each device's memory, kept out of the tables' plan
 
@@ -233,7 +233,7 @@ def plan_for(workload: Workload, recipe: Recipe, devices_count: int, local_devic
     ctx = RuntimeContext(device=torch.device("cpu"))
     with _quiet():
         parts = workload.build(recipe, ctx, Assets(workload.assets(recipe, None)))
-    if not parts.model_parallel:
+    if not isinstance(parts.parallel, ShardedTables):
         raise TrainperfError(f"{workload.name}: no model-parallel embedding tables with these settings")
     topo = topology(devices_count, local_devices, "cuda", device_bytes, host_bytes)
     rows = describe(plan(parts.model, topo, batch_size), parts.model)

@@ -92,7 +92,7 @@ def check_supported(workload: Workload, recipe: Recipe, device: torch.device) ->
 def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
     """What a workload builds, made ready to train: built, memory layout applied, wrapped in DDP with
     several processes, compiled (the training model and the evaluation forward) when asked."""
-    from trainperf.runtime import distributed
+    from trainperf.runtime import parallel
 
     check_supported(workload, recipe, ctx.device)
     workload.check_recipe(recipe)
@@ -101,22 +101,21 @@ def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: As
     if parts.eval_forward is None:
         parts.eval_forward = _call_model
     if recipe.channels_last:
-        # Converting the weights is enough: convolutions then run NHWC, and their outputs stay NHWC.
-        parts.model = parts.model.to(memory_format=torch.channels_last)
+        to_channels_last(parts.model)
         if parts.eval_model is not None:
-            parts.eval_model = parts.eval_model.to(memory_format=torch.channels_last)
+            to_channels_last(parts.eval_model)
     if recipe.precision == "fp8":
         to_float8(parts.model)
-    if parts.model_parallel:
-        if recipe.compile or recipe.cuda_graphs:
-            raise TrainperfError(f"{workload.name}: compile and cuda_graphs do not apply to model-parallel "
-                                 "embedding tables (TorchRec's sharded modules)")
-        from trainperf.runtime import recsys
-
-        parts = recsys.shard(parts, ctx, max(1, recipe.global_batch_size // ctx.world_size))
-    else:
-        parts = distributed.wrap_data_parallel(parts, ctx)
-    if recipe.cuda_graphs:
+    spec = parallel.spec_of(parts)
+    engine = parallel.engine_for(spec)
+    try:
+        engine.check(spec, recipe, ctx)
+    except TrainperfError as exc:
+        raise TrainperfError(f"{workload.name}: {exc}") from None
+    parts = engine.apply(spec, parts, recipe, ctx)
+    if engine.compiles_model:
+        pass  # compiled by the engine itself (per block)
+    elif recipe.cuda_graphs:
         # PyTorch's supported capture-and-replay ("reduce-overhead": static shapes, re-capture on change).
         parts.model = torch.compile(parts.model, mode="reduce-overhead")
     elif recipe.compile:
@@ -125,6 +124,19 @@ def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: As
         # The evaluation forward is compiled on its own (it runs the unwrapped module, without DDP).
         parts.eval_forward = torch.compile(parts.eval_forward)
     return parts
+
+
+def to_channels_last(model: torch.nn.Module) -> None:
+    """Every 2-D convolution's weights NHWC and every 3-D one's NDHWC (3D U-Net's; torch refuses
+    channels_last for a 5-D tensor). Converting the weights is enough: convolutions then run channels
+    last, and their outputs stay so."""
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.dim() in (4, 5):
+            layout = torch.channels_last if weight.dim() == 4 else torch.channels_last_3d
+            for tensor in module.parameters(recurse=False):
+                if tensor.dim() == weight.dim():
+                    tensor.data = tensor.data.to(memory_format=layout)
 
 
 def to_float8(model: torch.nn.Module) -> int:
@@ -140,7 +152,33 @@ def to_float8(model: torch.nn.Module) -> int:
 
     before = sum(1 for m in model.modules() if eligible(m, ""))
     convert_to_float8_training(model, module_filter_fn=eligible)
+    for module in model.modules():
+        if type(module).__name__ == "Float8Linear":
+            module.__class__ = _rows_padded(type(module))
     return before
+
+
+_PADDED: dict[type, type] = {}
+FLOAT8_ROWS = 16  # float8 matrix products (torch._scaled_mm) take only multiples of 16 in every dimension
+
+
+def _rows_padded(float8_linear: type) -> type:
+    """torchao's Float8Linear taking any number of rows: the input's rows padded with zeros to a multiple
+    of 16 and the output sliced back. A batch's token count is rarely one (BERT's packed rows times their
+    sequence slots: 75 on the H100 round, refused by _scaled_mm in the weights' gradient); zero rows change
+    neither the product, the gradients, nor the scales (taken from the largest magnitude)."""
+    if float8_linear not in _PADDED:
+        def forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+            shape = x.shape
+            flat = x.reshape(-1, shape[-1])
+            pad = -flat.shape[0] % FLOAT8_ROWS
+            if pad == 0:
+                return float8_linear.forward(self, x)
+            out = float8_linear.forward(self, torch.nn.functional.pad(flat, (0, 0, 0, pad)))
+            return out[:flat.shape[0]].reshape(*shape[:-1], out.shape[-1])
+
+        _PADDED[float8_linear] = type(f"RowsPadded{float8_linear.__name__}", (float8_linear,), {"forward": forward})
+    return _PADDED[float8_linear]
 
 
 def _call_model(model: torch.nn.Module, batch: Any) -> Any:

@@ -63,8 +63,8 @@ class TrainStep:
         if self.ctx is not None and self.ctx.distributed:
             # DDP averages gradients over processes: scaling by world / global units makes the result
             # the gradient of (sum of losses) / (units of the global batch).
-            units = self.ctx.all_reduce_sum(units)
-            world = self.ctx.world_size
+            units = self.ctx.all_reduce_sum(units) / self.ctx.replicas  # a replica group's units count once
+            world = self.ctx.data_world
         scale = world / units.clamp(min=1.0)
         return [scale] * len(micro_batches)
 

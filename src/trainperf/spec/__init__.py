@@ -22,7 +22,7 @@ The contract lives in one package, a file per idea; everything is importable fro
 quality.py (Metric), cadence.py (Cadence), recipe.py (Recipe), context.py (RuntimeContext),
 fields.py (a recipe field's interval), batches.py (splitting and counting batches), assets.py (Assets),
 parts.py (ModelParts, DataParts, EvalPartial, EpochView, Logged), scale.py (Scale, DataSource),
-mlperf.py (MLPerf), workload.py (Workload), results.py (Evaluation, RunResult).
+mlperf.py (MLPerf), parallel.py (Parallelism), workload.py (Workload), results.py (Evaluation, RunResult).
 """
 
 from trainperf.spec.assets import Assets
@@ -31,6 +31,7 @@ from trainperf.spec.cadence import Cadence
 from trainperf.spec.context import RuntimeContext, bare_model, uncompiled
 from trainperf.spec.fields import Count, Counts, Fraction, Positive, Share
 from trainperf.spec.mlperf import MLPerf
+from trainperf.spec.parallel import DataParallel, FullyShard, Parallelism, ShardedTables
 from trainperf.spec.parts import DataParts, EpochView, EvalPartial, Logged, ModelParts
 from trainperf.spec.quality import EPOCH_NUM_STYLES, SCALES, Metric, Quality, Target
 from trainperf.spec.recipe import R, Recipe
@@ -39,8 +40,9 @@ from trainperf.spec.scale import DataSource, Scale
 from trainperf.spec.workload import Workload
 
 __all__ = [
-    "EPOCH_NUM_STYLES", "SCALES", "Assets", "Cadence", "Count", "Counts", "DataParts", "DataSource", "EpochView",
-    "EvalPartial", "Evaluation", "Fraction", "Logged", "MLPerf", "Metric", "ModelParts", "Positive", "Quality", "R",
-    "Recipe", "RunResult", "RuntimeContext", "Scale", "Share", "Target", "Workload", "bare_model", "count_samples",
-    "per_epoch_schedule", "split_batch", "uncompiled",
+    "EPOCH_NUM_STYLES", "R", "SCALES", "Assets", "Cadence", "Count", "Counts", "DataParallel", "DataParts",
+    "DataSource", "EpochView", "EvalPartial", "Evaluation", "Fraction", "FullyShard", "Logged", "MLPerf", "Metric",
+    "ModelParts", "Parallelism", "Positive", "Quality", "Recipe", "RunResult", "RuntimeContext", "Scale",
+    "ShardedTables", "Share", "Target", "Workload", "bare_model", "count_samples", "per_epoch_schedule",
+    "split_batch", "uncompiled",
 ]

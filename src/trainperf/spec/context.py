@@ -30,6 +30,23 @@ class RuntimeContext:
     seed: int = 0
     # Whether this process joined a process group (a launcher started it), even a group of one.
     grouped: bool = False
+    # Consecutive processes that hold one data shard between them (a tensor-parallel group splits each
+    # batch's computation, not its rows): the data is sharded over `data_world` = world_size / replicas.
+    replicas: int = 1
+
+    @property
+    def data_rank(self) -> int:
+        """This process's share of the data: the same for the processes of one replica group."""
+        return self.rank // self.replicas
+
+    @property
+    def data_world(self) -> int:
+        return max(1, self.world_size // self.replicas)
+
+    @property
+    def data_leader(self) -> bool:
+        """The process of its replica group that speaks for it (its evaluation totals count once)."""
+        return self.rank % self.replicas == 0
 
     @property
     def is_main(self) -> bool:
@@ -51,7 +68,8 @@ class RuntimeContext:
 
     def stream_seed(self, stream: str, per_rank: bool = False) -> int:
         """A 63-bit seed for one named random stream of this run (stable across Python processes)."""
-        key = f"{self.seed}/{stream}" + (f"/rank{self.rank}" if per_rank else "")
+        # Per data shard: the processes of a replica group must draw the same (their rows are the same).
+        key = f"{self.seed}/{stream}" + (f"/rank{self.data_rank}" if per_rank else "")
         return (self.seed * 0x9E3779B1 + zlib.crc32(key.encode())) % (2**63)
 
     def generator(self, stream: str, per_rank: bool = False, device: torch.device | str | None = None
@@ -61,8 +79,9 @@ class RuntimeContext:
         return gen
 
     def shard(self, n: int) -> range:
-        """This rank's contiguous share of n items: every item exactly once across ranks, no padding."""
-        return range(self.rank * n // self.world_size, (self.rank + 1) * n // self.world_size)
+        """This rank's contiguous share of n items: every item exactly once across the data shards (a
+        replica group shares one), no padding."""
+        return range(self.data_rank * n // self.data_world, (self.data_rank + 1) * n // self.data_world)
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.distributed:
@@ -105,10 +124,13 @@ class RuntimeContext:
     def combine(self, partial: EvalPartial) -> dict[str, Any] | None:
         """Merge every rank's share of an evaluation: sums added and tensors concatenated (on every
         rank), objects concatenated on rank 0. Returns the merged dict on rank 0, None elsewhere."""
-        out: dict[str, Any] = {key: self.all_reduce_sum(value) for key, value in partial.sums.items()}
-        out.update({key: self.all_gather_cat(value) for key, value in partial.gathers.items()})
+        # The processes of a replica group evaluated the same share: one of them speaks for it.
+        own = self.data_leader
+        out: dict[str, Any] = {key: self.all_reduce_sum(value if own else torch.zeros_like(value))
+                               for key, value in partial.sums.items()}
+        out.update({key: self.all_gather_cat(value if own else value[:0]) for key, value in partial.gathers.items()})
         for key in sorted(partial.objects):
-            out[key] = self.gather_objects(partial.objects[key])
+            out[key] = self.gather_objects(partial.objects[key] if own else [])
         return out if self.is_main else None
 
     @classmethod

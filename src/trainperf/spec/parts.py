@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from trainperf.spec.parallel import Parallelism
 from trainperf.spec.quality import Quality
 
 
@@ -45,10 +46,10 @@ class ModelParts:
     # data not yet opened at initialisation (GNMT's remain and decay steps, fractions of all the
     # run's iterations in the reference); logged when the data is opened, after run_start.
     epoch_hyperparameters: Callable[[int | None], dict[str, Any]] | None = None
-    # The model holds TorchRec embedding collections (built on the meta device, their optimizer applied
-    # in the backward pass) for the runtime to shard across the processes (DistributedModelParallel,
-    # runtime/recsys.py) instead of replicating the model with DDP; `optimizer` is then the dense one.
-    model_parallel: bool = False
+    # How the runtime distributes the model over the processes (spec/parallel.py): None is data
+    # parallelism (DDP); TorchRec's sharded tables (DLRM) and FSDP2 with tensor parallelism (the LLMs)
+    # are the other answers.
+    parallel: Parallelism | None = None
     # How the runtime distributed the model (the sharding plan), filled by it and kept with the result.
     layout: dict[str, Any] | None = None
 

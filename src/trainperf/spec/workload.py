@@ -50,7 +50,7 @@ class Workload(ABC, Generic[R]):
     # its structure (the same layers, losses and optimizer, so the same operators): a small batch,
     # smaller images or shorter sequences. `bench --count-ops` and the operator budgets use them.
     step_probe: ClassVar[tuple[str, ...]] = ("global_batch_size=2",)
-    # `--set` overrides that give this workload model-parallel embedding tables (ModelParts.model_parallel):
+    # `--set` overrides that give this workload model-parallel embedding tables (ModelParts.parallel):
     # `trainperf plan` applies them. Empty: it has none.
     model_parallel_sets: ClassVar[tuple[str, ...]] = ()
 

@@ -22,6 +22,7 @@ from trainperf.spec import (
     ModelParts,
     RuntimeContext,
     Scale,
+    ShardedTables,
     Workload,
     bare_model,
 )
@@ -124,7 +125,7 @@ class DLRMWorkload(Workload[DLRMRecipe]):
 
     def _build_torchrec(self, recipe: DLRMRecipe, ctx: RuntimeContext, table_sizes: list[int]) -> ModelParts:
         """The tables as one TorchRec collection, their SGD applied inside the backward by FBGEMM (the
-        reference's optimizer), the MLPs with plain SGD; the runtime shards the tables (model_parallel)."""
+        reference's optimizer), the MLPs with plain SGD; the runtime shards the tables (ShardedTables)."""
         optional.require("torchrec", "embeddings=torchrec", optional.TORCHREC)
         from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
@@ -142,7 +143,7 @@ class DLRMWorkload(Workload[DLRMRecipe]):
             dense_x, sparse_x, labels = batch
             return F.binary_cross_entropy_with_logits(model(dense_x, sparse_x).float(), labels)
 
-        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, model_parallel=True,
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, parallel=ShardedTables(),
                           lr_schedule=lambda steps: lr_factor(recipe), eval_forward=click_probability)
 
     def synthetic_batch(self, recipe: DLRMRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:

@@ -1,0 +1,137 @@
+"""FSDP2 with tensor and sequence parallelism: the engine behind spec.FullyShard, composed as torchtitan
+composes it (its `parallelize` functions), from torch.distributed's own pieces:
+
+1. a device mesh of the launched processes, ("dp", "tp") with the tensor-parallel processes adjacent
+   (one node's GPUs share NVLink);
+2. tensor + sequence parallelism over "tp" (`parallelize_module` with the model's own plan);
+3. activation checkpointing of the blocks (torch's checkpoint wrapper: every block, or every other);
+4. `torch.compile` of each block (the recipe's compile switch): small graphs, compiled once and reused;
+5. `fully_shard` of each block, then of the root, over "dp": parameters, gradients and optimizer state
+   sharded, each block's weights gathered just before it runs; in bf16 the gathers carry bf16 weights and
+   the gradients are reduced in fp32 (MixedPrecisionPolicy).
+
+torchtitan itself is not a dependency: its parallelize functions take its own job config and model
+classes, and what they do with torch's APIs is the twenty lines below. What is kept by hand: which
+blocks are checkpointed, and the optimizer rebuilt over the sharded parameters.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainperf.errors import TrainperfError
+from trainperf.runtime.parallel import Engine
+from trainperf.spec import FullyShard, ModelParts, Parallelism, Recipe, RuntimeContext
+
+_WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def _plain(name: str) -> str:
+    for wrapper in _WRAPPERS:
+        name = name.replace(wrapper, "")
+    return name
+
+
+def mesh_shape(world: int, tp: int) -> tuple[int, int]:
+    if world % tp:
+        raise TrainperfError(f"tensor parallelism tp={tp}: the {world} processes are not a multiple of it")
+    return world // tp, tp
+
+
+def _blocks(model: nn.Module) -> nn.ModuleList:
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.ModuleList):
+        raise TrainperfError(f"{type(model).__name__}: FSDP needs the model's repeated blocks as `blocks` "
+                             "(an nn.ModuleList)")
+    return blocks
+
+
+def rebind_optimizer(optimizer: torch.optim.Optimizer, before: dict[int, str], model: nn.Module
+                     ) -> torch.optim.Optimizer:
+    """The same optimizer (class, groups, hyperparameters) over the parameters the model holds now:
+    sharding replaces each parameter by a DTensor of its shard. Before any step, so there is no state."""
+    now = {_plain(name): p for name, p in model.named_parameters()}
+    groups = []
+    for group in optimizer.param_groups:
+        options = {k: v for k, v in group.items() if k != "params"}
+        groups.append({**options, "params": [now[_plain(before[id(p)])] for p in group["params"]]})
+    # The defaults too, where the constructor takes them: some choices act there only (fused kernels).
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    return type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+
+
+class FSDPEngine(Engine):
+    compiles_model = True
+
+    def check(self, spec: Parallelism, recipe: Recipe, ctx: RuntimeContext) -> None:
+        assert isinstance(spec, FullyShard)
+        mesh_shape(ctx.world_size, spec.tp)
+        if recipe.cuda_graphs:
+            raise TrainperfError("cuda_graphs: not with FSDP (its collectives run between the blocks' graphs)")
+        if recipe.precision == "fp16" and ctx.world_size > 1:
+            # torch's GradScaler finds infinities in this process's shard only: ranks would skip different steps.
+            raise TrainperfError("precision=fp16: not with FSDP over several processes (use bf16)")
+        if recipe.precision == "fp8" and spec.tp > 1:
+            raise TrainperfError(f"precision=fp8 with tp={spec.tp}: float8 layers need torchao's own tensor-parallel "
+                                 "styles, not built; use tp=1")
+
+    def replicas(self, spec: Parallelism) -> int:
+        assert isinstance(spec, FullyShard)
+        return spec.tp  # the mesh's tp processes are adjacent ranks
+
+    def apply(self, spec: Parallelism, parts: ModelParts, recipe: Recipe, ctx: RuntimeContext) -> ModelParts:
+        assert isinstance(spec, FullyShard)
+        model = parts.model
+        blocks = _blocks(model)
+        before = {id(p): name for name, p in model.named_parameters()}
+        mesh = self._mesh(spec, ctx)
+        if spec.tp > 1:
+            if mesh is None:
+                raise TrainperfError(f"tensor parallelism tp={spec.tp}: needs launched processes (--nproc)")
+            from torch.distributed.tensor.parallel import parallelize_module
+
+            parallelize_module(model, mesh["tp"], model.tensor_parallel_plan())
+        if spec.checkpointing != "none":
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+            every = 1 if spec.checkpointing == "full" else 2
+            for i in range(0, len(blocks), every):
+                blocks[i] = checkpoint_wrapper(blocks[i], preserve_rng_state=False)
+        if recipe.compile:
+            for i in range(len(blocks)):
+                blocks[i] = torch.compile(blocks[i])
+        if mesh is not None:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            dp = mesh["dp"]
+            # The blocks' float inputs are left as they are: the rotary tables must stay fp32 (a bf16 angle is
+            # off by ~4e-3 at 8,192 positions); autocast runs the blocks' products in bf16 anyway.
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                          cast_forward_inputs=False) \
+                if recipe.precision in ("bf16", "fp8") else MixedPrecisionPolicy()
+            last = len(blocks) - 1
+            for i, block in enumerate(blocks):
+                # The last block's weights are needed again at once by the backward: keep them gathered.
+                fully_shard(block, mesh=dp, mp_policy=policy,
+                            reshard_after_forward=spec.reshard_after_forward and i < last)
+            fully_shard(model, mesh=dp, mp_policy=policy, reshard_after_forward=False)
+        parts.optimizer = rebind_optimizer(parts.optimizer, before, model)
+        parts.layout = {"engine": "fsdp", "mesh": dict(zip(("dp", "tp"), mesh_shape(ctx.world_size, spec.tp),
+                                                              strict=True)),
+                        "checkpointing": spec.checkpointing, "compiled_blocks": bool(recipe.compile),
+                        "summary": [f"FSDP2 over {ctx.world_size // spec.tp} data-parallel processes, "
+                                    f"tensor parallelism over {spec.tp}, activation checkpointing "
+                                    f"{spec.checkpointing}"]}
+        return parts
+
+    @staticmethod
+    def _mesh(spec: FullyShard, ctx: RuntimeContext) -> Any:
+        if not ctx.distributed:
+            return None
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(ctx.device.type, mesh_shape(ctx.world_size, spec.tp), mesh_dim_names=("dp", "tp"))

@@ -1,0 +1,154 @@
+"""Llama 3.1's data: C4 (en) tokenized with the Llama 3.1 tokenizer in Megatron's indexed format, as the
+MLPerf reference's preparation leaves it (mlcommons/training `small_llm_pretraining/nemo`: its README and
+utils/consolidate_data.sh), and the batches and evaluation cut from it.
+
+- training: `c4-train.en_6_text_document.{bin,idx}` (C4 files 00768-00895 merged; the reference's default
+  trains on this one shard), documents back to back, no separator token;
+- validation: `c4-validation-91205-samples.en_text_document.{bin,idx}` (the first 91,205 documents of
+  the validation files: 47,186,855 tokens, enough for 5,760 sequences of 8,192 + 1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainperf.errors import TrainperfError
+from trainperf.spec import DataParts, DataSource, EpochView, EvalPartial, RuntimeContext
+from trainperf.workloads.llama31_8b import indexed
+from trainperf.workloads.llama31_8b.recipes import LlamaRecipe
+from trainperf.workloads.llama31_8b.synthetic import MINI_CORPUS, Corpus
+
+LLAMA31_VOCAB = 128_256
+
+
+class C4(DataSource):
+    """The reference's prepared C4: checked, never downloaded (its preparation needs the Llama 3.1 tokenizer,
+    gated by Meta's license)."""
+
+    def __init__(self, corpus: Corpus = MINI_CORPUS, vocab_size: int = LLAMA31_VOCAB) -> None:
+        self.corpus, self.vocab_size = corpus, vocab_size
+
+    def problems(self, data_dir: Path) -> list[str]:
+        found = []
+        for name in (self.corpus.train, self.corpus.valid):
+            missing = [ext for ext in ("bin", "idx") if not (data_dir / f"{name}.{ext}").is_file()]
+            if missing:
+                found.append(f"{data_dir / name}.{'/'.join(missing)}: missing (prepared by the reference's "
+                             "small_llm_pretraining/nemo preprocessing: C4 en tokenized with Llama 3.1's tokenizer)")
+        return found
+
+    def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        problems = self.problems(data_dir)
+        if problems:
+            raise TrainperfError("; ".join(problems))
+        for name in (self.corpus.train, self.corpus.valid):
+            data = indexed.IndexedDataset(data_dir / name)
+            say(f"{data.bin_path}: {len(data):,} documents, {data.total_tokens:,} tokens of {data.dtype}")
+
+    def eval_set(self, data_dir: Path) -> tuple[Path, int] | None:
+        prefix = data_dir / self.corpus.valid
+        return prefix.with_name(prefix.name + ".idx"), len(indexed.IndexedDataset(prefix))
+
+    def verify(self, data_dir: Path, workers: int, progress: Callable[[int, int, int], None]) -> list[str] | None:
+        problems = self.problems(data_dir)
+        if problems:
+            return problems
+        try:
+            for done, name in enumerate((self.corpus.train, self.corpus.valid), 1):
+                indexed.IndexedDataset(data_dir / name).check_vocabulary(self.vocab_size)
+                progress(done, 2, 0)
+        except TrainperfError as exc:
+            return [str(exc)]
+        return []
+
+
+class _Rows(torch.utils.data.Dataset):
+    """One epoch's samples as a map-style dataset (DataLoader workers cut them in parallel)."""
+
+    def __init__(self, samples: indexed.Samples, epoch: int) -> None:
+        self.samples, self.epoch = samples, epoch
+
+    def __len__(self) -> int:
+        return self.samples.per_epoch
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.from_numpy(self.samples.sample(self.epoch, i))
+
+
+class C4Pipeline:
+    """Training batches (this process's rows of each global batch, in the seed's order) and the evaluation
+    (the validation set's first `eval_samples` sequences, in file order, summed token losses)."""
+
+    def __init__(self, recipe: LlamaRecipe, data_dir: Path, ctx: RuntimeContext, corpus: Corpus,
+                 vocab_size: int) -> None:
+        self.recipe, self.ctx = recipe, ctx
+        train = indexed.IndexedDataset(data_dir / corpus.train)
+        valid = indexed.IndexedDataset(data_dir / corpus.valid)
+        for data in (train, valid):
+            if data.dtype.kind not in "iu":
+                raise TrainperfError(f"{data.idx_path}: token dtype {data.dtype}, expected integers")
+        self.vocab_size = vocab_size
+        self.train = indexed.Samples(train, recipe.seq_len, ctx.stream_seed("samples"))
+        self.valid = indexed.Samples(valid, recipe.seq_len, 0, shuffle=False)
+        if self.valid.per_epoch < recipe.eval_samples:
+            raise TrainperfError(f"{valid.bin_path}: {self.valid.per_epoch:,} sequences of {recipe.seq_len + 1:,} "
+                                 f"tokens, the evaluation needs {recipe.eval_samples:,}")
+        self.steps_per_epoch = self.train.per_epoch // recipe.global_batch_size
+        if self.steps_per_epoch < 1:
+            raise TrainperfError(f"{train.bin_path}: {self.train.per_epoch:,} sequences, fewer than one global "
+                                 f"batch of {recipe.global_batch_size:,}")
+
+    def train_batches(self, view: EpochView) -> Iterator[torch.Tensor]:
+        recipe, ctx = self.recipe, self.ctx
+        # By data shard: the processes of a tensor-parallel group read the same rows.
+        per_rank = recipe.global_batch_size // ctx.data_world
+        rows = [step * recipe.global_batch_size + ctx.data_rank * per_rank + j
+                for step in range(self.steps_per_epoch) for j in range(per_rank)]
+        batches = [rows[i:i + per_rank] for i in range(0, len(rows), per_rank)]
+        cuda = ctx.device.type == "cuda"
+        loader = torch.utils.data.DataLoader(_Rows(self.train, view.epoch), batch_sampler=batches,
+                                             num_workers=recipe.num_workers, pin_memory=cuda,
+                                             persistent_workers=False)
+        for batch in loader:
+            yield batch.to(ctx.device, non_blocking=cuda)
+
+    def evaluate(self, forward: Callable[[Any], Any]) -> EvalPartial:
+        recipe, ctx = self.recipe, self.ctx
+        shard = ctx.shard(recipe.eval_samples)
+        size = recipe.eval_batch_size
+        # Every process runs the same number of forwards (sharded weights are gathered collectively);
+        # a process with fewer sequences repeats its last batch and does not count it.
+        rounds = math.ceil(math.ceil(recipe.eval_samples / ctx.data_world) / size)
+        loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
+        tokens = torch.zeros((), dtype=torch.float64, device=ctx.device)
+        starts = list(range(shard.start, shard.stop, size))
+        for r in range(rounds):
+            counted = r < len(starts)
+            start = starts[r] if counted else (starts[-1] if starts else 0)
+            rows = range(start, min(start + size, shard.stop if starts else start + 1))
+            batch = torch.from_numpy(np.stack([self.valid.sample(0, i) for i in rows])).to(ctx.device)
+            if counted:
+                losses = forward(batch)
+                loss += losses.double().sum()
+                tokens += losses.numel()
+            else:
+                forward(batch)
+        return EvalPartial(metric=log_perplexity, sums={"loss": loss, "tokens": tokens})
+
+
+def log_perplexity(totals: dict[str, Any]) -> float:
+    """The mean next-token cross-entropy over the evaluated tokens (nats): MLPerf's `log perplexity`."""
+    return float(totals["loss"]) / max(1.0, float(totals["tokens"]))
+
+
+def data_parts(recipe: LlamaRecipe, data_dir: Path, ctx: RuntimeContext, corpus: Corpus, vocab_size: int) -> DataParts:
+    pipeline = C4Pipeline(recipe, data_dir, ctx, corpus, vocab_size)
+    return DataParts(train_batches=pipeline.train_batches, steps_per_epoch=pipeline.steps_per_epoch,
+                     train_samples=pipeline.steps_per_epoch * recipe.global_batch_size,
+                     eval_samples=recipe.eval_samples, evaluate=pipeline.evaluate)

@@ -1,0 +1,233 @@
+"""Llama 3.1 (Meta's architecture, in the module layout torchtitan uses): pre-norm decoder blocks of
+grouped-query attention with rotary embeddings (Llama 3.1's frequency scaling) and a SwiGLU feed-forward,
+RMSNorm, untied input and output embeddings, no biases, no dropout.
+
+Attention is `scaled_dot_product_attention` with a causal mask over the whole sequence: the reference
+(NeMo's GPT dataset with its defaults) does not reset attention or positions at document boundaries.
+The heads a module holds are read from its projections' sizes, so the same code runs whole or with its
+projections split over tensor-parallel processes (`tensor_parallel_plan`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    layers: int = 32
+    dim: int = 4096
+    heads: int = 32
+    kv_heads: int = 8
+    ffn_dim: int = 14_336
+    vocab_size: int = 128_256
+    norm_eps: float = 1e-5
+    rope_theta: float = 500_000.0
+    # Llama 3.1's rotary scaling (factor, low- and high-frequency factors, the context it was trained at);
+    # factor 0: none.
+    rope_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_context: int = 8192
+    init_std: float = 0.02
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+    def parameters(self) -> int:
+        """Parameters of the model (embeddings and output layer included)."""
+        kv = self.kv_heads * self.head_dim
+        attention = self.dim * self.dim * 2 + self.dim * kv * 2
+        block = attention + 3 * self.dim * self.ffn_dim + 2 * self.dim
+        return self.layers * block + 2 * self.vocab_size * self.dim + self.dim
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token as torchtitan and Megatron count them for MFU: 6 per parameter
+        outside the input embedding (a lookup), plus attention's 12 x layers x dim x sequence
+        (the QK^T and AV products, forward and backward, over the full causal square)."""
+        return 6.0 * (self.parameters() - self.vocab_size * self.dim) + 12.0 * self.layers * self.dim * seq_len
+
+
+LLAMA31_8B = LlamaConfig()
+LLAMA31_405B = LlamaConfig(layers=126, dim=16_384, heads=128, kv_heads=8, ffn_dim=53_248)
+
+
+def rope_frequencies(config: LlamaConfig) -> torch.Tensor:
+    """The rotary inverse frequencies, rescaled as Llama 3.1 does: wavelengths shorter than the original
+    context / high_freq_factor kept, longer than context / low_freq_factor divided by `factor`, and those
+    between blended smoothly."""
+    dim = config.head_dim
+    freqs = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    if config.rope_factor <= 0:
+        return freqs.float()
+    low_wavelen = config.rope_original_context / config.rope_low_freq_factor
+    high_wavelen = config.rope_original_context / config.rope_high_freq_factor
+    wavelen = 2 * math.pi / freqs
+    smooth = (config.rope_original_context / wavelen - config.rope_low_freq_factor) / (
+        config.rope_high_freq_factor - config.rope_low_freq_factor)
+    blended = (1 - smooth) * freqs / config.rope_factor + smooth * freqs
+    scaled = torch.where(wavelen > low_wavelen, freqs / config.rope_factor, blended)
+    scaled = torch.where(wavelen < high_wavelen, freqs, scaled)
+    return scaled.float()
+
+
+def rotary_tables(config: LlamaConfig, seq_len: int, device: torch.device | str | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every position's angles, [seq_len, head_dim / 2]."""
+    freqs = rope_frequencies(config).to(device)
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), freqs)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate consecutive pairs of x [B, T, H, D] by the positions' angles (Meta's complex-pair layout)."""
+    pairs = x.float().unflatten(-1, (-1, 2))
+    real, imag = pairs[..., 0], pairs[..., 1]
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.wq = nn.Linear(config.dim, config.heads * config.head_dim, bias=False)
+        self.wk = nn.Linear(config.dim, config.kv_heads * config.head_dim, bias=False)
+        self.wv = nn.Linear(config.dim, config.kv_heads * config.head_dim, bias=False)
+        self.wo = nn.Linear(config.heads * config.head_dim, config.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        # -1 heads: the local ones under tensor parallelism (the projections hold a share of them).
+        q = self.wq(x).view(batch, seq, -1, self.head_dim)
+        k = self.wk(x).view(batch, seq, -1, self.head_dim)
+        v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        # Each key/value head serves heads // kv_heads query heads. Repeated here rather than through SDPA's
+        # enable_gqa, which sends torch 2.11's CUDA dispatch to the math kernel (a 16 GiB score matrix at
+        # 8,192 tokens on the H100 round) instead of flash or cuDNN.
+        repeat = q.shape[2] // k.shape[2]
+        if repeat > 1:
+            k, v = k.repeat_interleave(repeat, dim=2), v.repeat_interleave(repeat, dim=2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(config.dim, config.ffn_dim, bias=False)  # gate
+        self.w3 = nn.Linear(config.dim, config.ffn_dim, bias=False)  # up
+        self.w2 = nn.Linear(config.ffn_dim, config.dim, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
+        self.attention = Attention(config)
+        self.ffn_norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
+        self.feed_forward = FeedForward(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, config: LlamaConfig, max_seq_len: int) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
+        self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        cos, sin = rotary_tables(config, max_seq_len)
+        # Not persistent: recomputed from the config, never part of a checkpoint.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) weights, the output projections of each block scaled down by
+        sqrt(2 x layers) (the residual branches' sum keeps unit scale, as Megatron's scaled init does),
+        unit norms."""
+        std = self.config.init_std
+        residual_std = std / math.sqrt(2 * self.config.layers)
+        for name, param in self.named_parameters():
+            if param.dim() == 1:
+                nn.init.ones_(param)
+            elif name.endswith(("wo.weight", "w2.weight")):
+                nn.init.normal_(param, std=residual_std)
+            else:
+                nn.init.normal_(param, std=std)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        seq = tokens.shape[1]
+        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+        x = self.tok_embeddings(tokens)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.output(self.norm(x))
+
+    def tensor_parallel_plan(self) -> dict[str, Any]:
+        """Tensor and sequence parallelism (torch.distributed.tensor.parallel's parallelize_module plan,
+        as Megatron lays it out): the projections into heads and into the feed-forward split by columns, the
+        projections back split by rows, the norms and residual stream split along the sequence between
+        them; the embedding split by vocabulary rows, the output layer by vocabulary columns."""
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            PrepareModuleInput,
+            RowwiseParallel,
+            SequenceParallel,
+        )
+
+        plan: dict[str, Any] = {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate(), use_local_output=True),
+        }
+        for i in range(len(self.blocks)):
+            prefix = f"blocks.{i}."
+            plan.update({
+                prefix + "attention_norm": SequenceParallel(),
+                prefix + "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                                         desired_input_layouts=(Replicate(), None, None)),
+                prefix + "attention.wq": ColwiseParallel(),
+                prefix + "attention.wk": ColwiseParallel(),
+                prefix + "attention.wv": ColwiseParallel(),
+                prefix + "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+                prefix + "ffn_norm": SequenceParallel(),
+                prefix + "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
+                                                            desired_input_layouts=(Replicate(),)),
+                prefix + "feed_forward.w1": ColwiseParallel(),
+                prefix + "feed_forward.w3": ColwiseParallel(),
+                prefix + "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            })
+        return plan
+
+
+def next_token_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of each next token: batch [B, T + 1] of token ids (MLPerf's sequences carry one
+    extra token, the last position's label)."""
+    logits = model(batch[:, :-1])
+    return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+
+
+def token_losses(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """Every next token's cross-entropy [B, T] (the evaluation sums them)."""
+    logits = model(batch[:, :-1])
+    return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten(), reduction="none").view(
+        batch.shape[0], -1)
