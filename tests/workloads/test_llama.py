@@ -259,3 +259,30 @@ def test_fsdp2_on_two_processes_reaches_the_mini_target_with_a_log_that_passes(t
     assert result["layout"]["engine"] == "fsdp" and result["layout"]["mesh"] == {"dp": 2, "tp": 1}
     verdict = check(out / "mlperf_log.txt", "6.0.0")
     assert verdict.valid and verdict.division == "open", verdict.output
+
+
+def test_the_full_scale_reads_the_references_files(tmp_path, capsys):
+    # The reference's two pairs, int32 token ids as its preprocessing writes them for Llama 3.1's vocabulary,
+    # at a toy size: prepare checks them, a run at the full scale trains and evaluates from them.
+    from tests.conftest import read_log
+    from trainperf.cli import main
+
+    rng = np.random.default_rng(0)
+    for name, docs in (("c4-train.en_6_text_document", 60), ("c4-validation-91205-samples.en_text_document", 12)):
+        indexed.write(tmp_path / name, [rng.integers(0, 500, int(n)) for n in rng.integers(5, 60, docs)],
+                      indexed.token_dtype(128_256))
+    assert main(["prepare", "llama31_8b", "--scale", "full", "--data", str(tmp_path)]) == 0
+    assert "int32" in capsys.readouterr().out
+    small = ["model.layers=1", "model.dim=64", "model.heads=4", "model.kv_heads=2", "model.ffn_dim=128",
+             "model.vocab_size=512", "seq_len=32", "global_batch_size=4", "eval_samples=8", "eval_batch_size=4",
+             "eval_every_samples=16", "max_samples=32", "num_workers=1", "precision=fp32", "fused_optimizer=false"]
+    out = tmp_path / "run"
+    code = main(["run", "llama31_8b", "--scale", "full", "--data", str(tmp_path), "--out", str(out), "--quiet",
+                 *[x for s in small for x in ("--set", s)]])
+    assert code == 1  # random tokens: the budget ends it, as a valid log says
+    records = read_log(out / "mlperf_log.txt")
+    evals = [(r["metadata"]["samples_count"], r["value"]) for r in records if r["key"] == "eval_accuracy"]
+    assert [s for s, _ in evals] == [16, 32] and all(5.0 < v < 7.5 for _, v in evals)  # ~ln(512) = 6.2
+    assert next(r["value"] for r in records if r["key"] == "eval_samples") == 8
+    stop = next(r for r in records if r["key"] == "run_stop")
+    assert stop["metadata"]["status"] == "aborted"
