@@ -489,7 +489,7 @@ def test_logged_metadata_and_epoch_counted_hyperparameters_reach_the_log(tmp_pat
 # -- the parallelism capability ----------------------------------------------------------------------
 def test_a_workloads_parallelism_is_applied_by_its_engine_and_only_once(tmp_path, monkeypatch):
     from trainperf.runtime import parallel
-    from trainperf.runtime.parallel import Engine
+    from trainperf.runtime.engine import Engine
 
     seen = []
 

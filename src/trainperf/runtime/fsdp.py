@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from trainperf.errors import TrainperfError
-from trainperf.runtime.parallel import Engine
+from trainperf.runtime.engine import Engine
 from trainperf.spec import FullyShard, ModelParts, Parallelism, Recipe, RuntimeContext
 
 _WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.")

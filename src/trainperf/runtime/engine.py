@@ -1,0 +1,29 @@
+"""What an engine of the contract's parallelism is (runtime/parallel.py looks them up by record): how one
+kind of distribution is checked and applied, and which processes then share data."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from trainperf.spec import ModelParts, Parallelism, Recipe, RuntimeContext
+
+
+class Engine(ABC):
+    """How one kind of parallelism is applied."""
+
+    # Whether `apply` compiles the model itself (per block) when the recipe asks for compile: the
+    # runtime then compiles only the evaluation forward.
+    compiles_model: bool = False
+
+    def check(self, spec: Parallelism, recipe: Recipe, ctx: RuntimeContext) -> None:  # noqa: B027
+        """Refuse in one line a recipe this engine cannot run, before the model is distributed."""
+
+    def replicas(self, spec: Parallelism) -> int:
+        """Consecutive processes that compute on the same rows (a tensor-parallel group): 1 for data
+        parallelism. The data and the evaluation are then sharded over world / replicas."""
+        return 1
+
+    @abstractmethod
+    def apply(self, spec: Parallelism, parts: ModelParts, recipe: Recipe, ctx: RuntimeContext) -> ModelParts:
+        """Distribute `parts.model` over ctx's processes; the optimizer must then train the distributed
+        parameters."""
