@@ -296,3 +296,26 @@ def test_without_a_scaling_json_the_rcp_checkers_factor_is_computed_and_said(tmp
     ours = scoring.score_folder(folder)
     assert ours.scaling_source == "rcp_checker" and ours.score == pytest.approx(1.1 * real.score)
     assert "the folder has no scaling.json" in ours.note
+
+
+def test_a_current_rounds_folder_is_scored_by_the_ruleset_its_workload_declares(tmp_path):
+    # Llama 3.1 8B (rounds 5.1-6.1): the benchmark key names the workload, the workload its ruleset (6.0.0).
+    import torch
+
+    from tests.conftest import write_minimal_closed_log
+    from trainperf.results.compliance import check
+    from trainperf.spec import RuntimeContext
+    from trainperf.workloads.llama31_8b import Llama31Workload
+
+    workload = Llama31Workload()
+    recipe = workload.recipe("full")
+    hyper = workload.mlperf_hyperparameters(recipe, RuntimeContext(device=torch.device("meta")))
+    folder = tmp_path / "results" / "sys" / "llama31_8b"
+    folder.mkdir(parents=True)
+    for i in range(2):
+        write_minimal_closed_log(folder / f"result_{i}.txt", "llama31_8b", recipe.global_batch_size, hyper, 3.29,
+                                 12_288, train_samples=12_288, eval_samples=1_024)
+    assert check(folder / "result_0.txt", None).ruleset == "6.0.0"
+    ours = scoring.score_folder(folder, rcp=False)
+    assert ours.ruleset == "6.0.0" and ours.converged == 2 and ours.required_runs == 10
+    assert "2 of the 10 runs MLPerf requires" in ours.note
