@@ -295,12 +295,6 @@ def _busy_runs(folder: Path, result: BenchmarkScore) -> int:
     return sum(1 for run in result.runs if run.busy)
 
 
-def rcp_verdict(folder: Path, ruleset: str, division: str | None, train_samples: bool = False) -> str:
-    """The official rcp_checker's verdict on convergence speed (closed division only); with
-    `train_samples`, convergence is read from the train_samples records (the checker's bert mode)."""
-    return rcp_check(folder, ruleset, division, train_samples)[0]
-
-
 def rcp_check(folder: Path, ruleset: str, division: str | None, train_samples: bool = False
               ) -> tuple[str, float | None]:
     """(verdict, normalisation factor) of the official rcp_checker, as its package checker runs it but

@@ -113,12 +113,11 @@ def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: As
     except TrainperfError as exc:
         raise TrainperfError(f"{workload.name}: {exc}") from None
     parts = engine.apply(spec, parts, recipe, ctx)
-    if engine.compiles_model:
-        pass  # compiled by the engine itself (per block)
-    elif recipe.cuda_graphs:
+    # An engine that compiles the model itself (per block) leaves only the evaluation forward to compile here.
+    if recipe.cuda_graphs and not engine.compiles_model:
         # PyTorch's supported capture-and-replay ("reduce-overhead": static shapes, re-capture on change).
         parts.model = torch.compile(parts.model, mode="reduce-overhead")
-    elif recipe.compile:
+    elif recipe.compile and not engine.compiles_model:
         parts.model = torch.compile(parts.model)
     if recipe.compile or recipe.cuda_graphs:
         # The evaluation forward is compiled on its own (it runs the unwrapped module, without DDP).

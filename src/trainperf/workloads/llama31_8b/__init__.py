@@ -23,7 +23,6 @@ from trainperf.spec import (
     RuntimeContext,
     Scale,
     Workload,
-    bare_model,
 )
 from trainperf.workloads.llama31_8b import data as llama_data
 from trainperf.workloads.llama31_8b import synthetic
@@ -55,13 +54,11 @@ class Llama31Workload(Workload[LlamaRecipe]):
     metric = Metric("log_perplexity", higher_is_better=False)
     summary = "Llama 3.1 8B pretraining on C4, log perplexity (mini: a 2-layer Llama on a Markov corpus)"
     speedups = frozenset({"precision", "compile", "fused_optimizer", "fp8"})
-    loss_units_name = "tokens"
     sample_name = "sequences"
     # The full shape at a CPU's size: 2 blocks, narrower, a smaller vocabulary, 256 tokens (the same operators).
     step_probe = ("global_batch_size=1", "seq_len=256", "model.layers=2", "model.dim=512", "model.ffn_dim=1792",
                   "model.vocab_size=4096")
     corpus = synthetic.MINI_CORPUS
-    vocab_size = llama_data.LLAMA31_VOCAB
     mini = Scale(MINI, synthetic.MarkovCorpus())
     full = Scale(FULL_RECIPES, llama_data.C4())
 
@@ -96,14 +93,13 @@ class Llama31Workload(Workload[LlamaRecipe]):
     def synthetic_batch(self, recipe: LlamaRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         rows = max(1, recipe.global_batch_size // ctx.data_world)
         gen = torch.Generator(device=ctx.device).manual_seed(0)
-        vocab = bare_model(model).config.vocab_size if hasattr(bare_model(model), "config") else recipe.model.vocab_size
-        return torch.randint(0, vocab, (rows, recipe.seq_len + 1), device=ctx.device, generator=gen)
+        return torch.randint(0, recipe.model.vocab_size, (rows, recipe.seq_len + 1), device=ctx.device, generator=gen)
 
     def synthetic_eval_batch(self, recipe: LlamaRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         return self.synthetic_batch(recipe, ctx, model)[:recipe.eval_batch_size]
 
     def load_data(self, recipe: LlamaRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
-        return llama_data.data_parts(recipe, data_dir, ctx, self.corpus, recipe.model.vocab_size)
+        return llama_data.data_parts(recipe, data_dir, ctx, self.corpus)
 
 
 # What trainperf's registry finds in this package (registry.py reads this line; nothing is imported).

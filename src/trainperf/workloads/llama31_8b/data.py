@@ -85,15 +85,13 @@ class C4Pipeline:
     """Training batches (this process's rows of each global batch, in the seed's order) and the evaluation
     (the validation set's first `eval_samples` sequences, in file order, summed token losses)."""
 
-    def __init__(self, recipe: LlamaRecipe, data_dir: Path, ctx: RuntimeContext, corpus: Corpus,
-                 vocab_size: int) -> None:
+    def __init__(self, recipe: LlamaRecipe, data_dir: Path, ctx: RuntimeContext, corpus: Corpus) -> None:
         self.recipe, self.ctx = recipe, ctx
         train = indexed.IndexedDataset(data_dir / corpus.train)
         valid = indexed.IndexedDataset(data_dir / corpus.valid)
         for data in (train, valid):
             if data.dtype.kind not in "iu":
                 raise TrainperfError(f"{data.idx_path}: token dtype {data.dtype}, expected integers")
-        self.vocab_size = vocab_size
         self.train = indexed.Samples(train, recipe.seq_len, ctx.stream_seed("samples"))
         self.valid = indexed.Samples(valid, recipe.seq_len, 0, shuffle=False)
         if self.valid.per_epoch < recipe.eval_samples:
@@ -147,8 +145,8 @@ def log_perplexity(totals: dict[str, Any]) -> float:
     return float(totals["loss"]) / max(1.0, float(totals["tokens"]))
 
 
-def data_parts(recipe: LlamaRecipe, data_dir: Path, ctx: RuntimeContext, corpus: Corpus, vocab_size: int) -> DataParts:
-    pipeline = C4Pipeline(recipe, data_dir, ctx, corpus, vocab_size)
+def data_parts(recipe: LlamaRecipe, data_dir: Path, ctx: RuntimeContext, corpus: Corpus) -> DataParts:
+    pipeline = C4Pipeline(recipe, data_dir, ctx, corpus)
     return DataParts(train_batches=pipeline.train_batches, steps_per_epoch=pipeline.steps_per_epoch,
                      train_samples=pipeline.steps_per_epoch * recipe.global_batch_size,
                      eval_samples=recipe.eval_samples, evaluate=pipeline.evaluate)
