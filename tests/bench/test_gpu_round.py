@@ -58,3 +58,28 @@ def test_sections_that_do_not_fit_the_budget_are_skipped_and_said_so(tmp_path):
 def test_unknown_sections_are_refused(tmp_path):
     done = _round(tmp_path, "--sections", "env,warp")
     assert done.returncode == 2 and "unknown warp" in done.stderr
+
+
+def test_a_command_the_budget_stops_is_a_skip_not_a_failure(tmp_path, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_round", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    round_ = module.Round(tmp_path, 600, "cpu", quick=True)
+    round_.summary["workloads"] = ["rnnt", "minigo"]
+    stopped = {"rnnt": "timeout", "minigo": 1}
+
+    def fake_run(name, argv, timeout, env=None, shown=None):
+        return {"name": name, "command": name, "exit": stopped[name.removeprefix("bench-")], "seconds": 51.0,
+                "tail": []}
+
+    monkeypatch.setattr(round_, "run", fake_run)
+    section = round_.bench()
+    rows = {r["workload"]: r for r in section["results"]}
+    assert rows["rnnt"] == {"workload": "rnnt", "skipped": "budget (stopped after 51 s)"}
+    assert rows["minigo"] == {"workload": "minigo", "failed": 1}
+    assert section["status"] == "failed"  # minigo's exit 1 is a failure; rnnt's stop alone would not be
+    summary = {**round_.summary, "sections": [{"name": "bench", "status": "failed", "seconds": 60, **section}]}
+    text = module.markdown(summary)
+    assert "| rnnt | budget (stopped after 51 s) |" in text and "| minigo | failed |" in text

@@ -26,21 +26,27 @@ from trainperf.runtime import distributed, environment, parallel, speedups
 from trainperf.runtime.step import TrainStep
 from trainperf.spec import Assets, EpochView, ModelParts, Recipe, Workload, bare_model
 
-# Dense peak TFLOP/s (no sparsity) by GPU name fragment and precision; fp32 without TF32.
+# Dense peak TFLOP/s (no sparsity) by GPU name fragment and precision; fp32 without TF32, tf32 on tensor cores.
 GPU_PEAKS: dict[str, dict[str, float]] = {
-    "H200": {"fp8": 1979.0, "bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
-    "H100 SXM": {"fp8": 1979.0, "bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
-    "H100 NVL": {"fp8": 1671.0, "bf16": 835.0, "fp16": 835.0, "fp32": 60.0},
-    "H100 PCIe": {"fp8": 1513.0, "bf16": 756.0, "fp16": 756.0, "fp32": 51.0},
-    "H100": {"fp8": 1979.0, "bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
-    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
-    "L40S": {"fp8": 733.0, "bf16": 362.0, "fp16": 362.0, "fp32": 91.6},
-    "L4": {"fp8": 242.0, "bf16": 121.0, "fp16": 121.0, "fp32": 30.3},
-    "A10": {"bf16": 125.0, "fp16": 125.0, "fp32": 31.2},
+    "H200": {"fp8": 1979.0, "bf16": 989.0, "fp16": 989.0, "tf32": 494.7, "fp32": 67.0},
+    "H100 SXM": {"fp8": 1979.0, "bf16": 989.0, "fp16": 989.0, "tf32": 494.7, "fp32": 67.0},
+    "H100 NVL": {"fp8": 1671.0, "bf16": 835.0, "fp16": 835.0, "tf32": 417.5, "fp32": 60.0},
+    "H100 PCIe": {"fp8": 1513.0, "bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0},
+    "H100": {"fp8": 1979.0, "bf16": 989.0, "fp16": 989.0, "tf32": 494.7, "fp32": 67.0},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    "L40S": {"fp8": 733.0, "bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6},
+    "L4": {"fp8": 242.0, "bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},
+    "A10": {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2},
     "V100": {"bf16": 0.0, "fp16": 125.0, "fp32": 15.7},
     "T4": {"bf16": 0.0, "fp16": 65.0, "fp32": 8.1},
 }
 
+
+def tf32_allowed() -> bool:
+    """Whether fp32 convolutions or matrix products may run in TF32 (cuDNN allows it for convolutions by
+    default): an fp32 step is then measured against the TF32 peak, else its MFU passes 100 %."""
+    return bool(torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32
+                or torch.get_float32_matmul_precision() != "highest")
 
 
 @dataclass
@@ -114,6 +120,8 @@ def device_peak_tflops(device: torch.device, precision: str) -> tuple[float | No
     name = devices.name(device)
     for fragment, peaks in GPU_PEAKS.items():
         if fragment in name:
+            if precision == "fp32" and peaks.get("tf32") and tf32_allowed():
+                return peaks["tf32"], f"{name}: published dense TF32 peak (fp32 steps may run in TF32)"
             peak = peaks.get(precision) or None
             return peak, f"{name}: published dense {precision} peak"
     return None, f"{name}: peak unknown (not in trainperf's table)"
