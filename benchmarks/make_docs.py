@@ -49,11 +49,13 @@ def workload_table() -> str:
     for name in registry.names():
         w = registry.get(name)
         found = calibration.main(name)
-        ttt = (f"{found.median_s:.1f} s (median; {found.reached}/{found.seeds} seeds)" if found else "not calibrated")
+        ttt = (f"{found.median_s:.1f} s (median; {found.reached}/{found.seeds} seeds)" if found
+               else "not calibrated" if "mini" in w.scales else "full scale only")
         span = f"{found.baseline} → {found.best}" if found and found.baseline else "-"
+        mini = w.metric.describe_target(w.recipe("mini").target) if "mini" in w.scales else "-"
         lines.append(f"| [{title(name)}](docs/workloads/{name}.md) `{name}` | `{w.benchmark}` ({w.mlperf.ruleset}) "
                      f"| {w.metric.name} | {w.metric.describe_target(w.recipe('full').target)} "
-                     f"| {w.metric.describe_target(w.recipe('mini').target)} | {span} | {ttt} |")
+                     f"| {mini} | {span} | {ttt} |")
     return "\n".join(lines) + "\n"
 
 
@@ -68,13 +70,14 @@ def commands_table() -> str:
 
 def workload_summary(name: str) -> str:
     w = registry.get(name)
-    full, mini = w.recipes("full"), w.recipe("mini")
+    full = w.recipes("full")
+    mini = (f"; mini {w.metric.describe_target(w.recipe('mini').target)}" if "mini" in w.scales
+            else " (full scale only)")
     direction = "higher is better" if w.metric.higher_is_better else "lower is better"
     rows = [
         ("what", w.summary), ("MLPerf key", f"`{w.benchmark}`"), ("compliance ruleset", w.mlperf.ruleset),
         ("metric", f"{w.metric.name} ({direction})"),
-        ("targets", f"full {w.metric.describe_target(next(iter(full.values())).target)}; mini "
-                    f"{w.metric.describe_target(mini.target)}"),
+        ("targets", f"full {w.metric.describe_target(next(iter(full.values())).target)}{mini}"),
         ("full recipes (`--recipe`)", ", ".join(f"`{r}`" for r in full)),
         ("runs MLPerf scores", f"{w.mlperf.runs}, the olympic mean dropping {w.mlperf.olympic_drop} at each end"),
         ("speedup switches", ", ".join(sorted(w.speedups)) or "-"),

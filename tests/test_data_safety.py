@@ -32,7 +32,8 @@ REAL_TREES = {
 
 
 def _writes_files(name: str) -> bool:
-    return name != "minigo"  # its training data is self-play, made during the run
+    # MiniGo's training data is self-play, made during the run; a full-scale-only workload generates nothing.
+    return name != "minigo" and "mini" in registry.get(name).scales
 
 
 def _tree(root: Path, files: list[str]) -> dict[str, bytes]:

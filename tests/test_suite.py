@@ -58,6 +58,10 @@ def test_only_names_registered_workloads(tmp_path):
     assert suite.parse_only(None)[0] == "resnet"
     with pytest.raises(TrainperfError, match="unknown workload.*nope"):
         suite.parse_only("resnet,nope")
+    # A full-scale-only workload is in a full round, not in a mini one, and naming it there is refused.
+    assert "llama31_405b" not in suite.parse_only(None) and "llama31_405b" in suite.parse_only(None, "full")
+    with pytest.raises(TrainperfError, match="llama31_405b declare.s. no mini scale"):
+        suite.parse_only("resnet,llama31_405b")
     with pytest.raises(TrainperfError, match="already holds a suite"):
         (tmp_path / "suite.json").write_text("{}")
         suite.run_suite(["ncf"], "mini", 1, tmp_path, 0)

@@ -97,6 +97,12 @@ def name(device: torch.device) -> str:
     return torch.cuda.get_device_name(_indexed(device))
 
 
+def tf32_allowed() -> bool:
+    """Whether fp32 convolutions or matrix products may run in TF32 on tensor cores."""
+    return bool(torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32
+                or torch.get_float32_matmul_precision() != "highest")
+
+
 def names() -> list[str]:
     """The name of every visible GPU."""
     return [torch.cuda.get_device_name(torch.device("cuda", i)) for i in range(count())]

@@ -53,16 +53,20 @@ class SuiteRow:
     busy_runs: int = 0  # runs timed while other processes loaded the machine: their times are not figures
 
 
-def parse_only(text: str | None) -> list[str]:
-    """--only a,b: registered names in registry order; every name is checked."""
+def parse_only(text: str | None, scale: str = "mini") -> list[str]:
+    """--only a,b: registered names in registry order; every name is checked. Without it, every workload
+    that declares the scale (a full-scale-only workload has no mini to run)."""
     known = registry.names()
     if text is None:
-        return known
+        return [n for n in known if scale in registry.get(n).scales]
     wanted = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in wanted if n not in known]
     if unknown or not wanted:
         raise TrainperfError(f"--only {text!r}: unknown workload(s) {', '.join(unknown) or '(none given)'}; "
                              f"known: {', '.join(known)}")
+    lacking = [n for n in wanted if scale not in registry.get(n).scales]
+    if lacking:
+        raise TrainperfError(f"--only {text!r}: {', '.join(lacking)} declare(s) no {scale} scale")
     return [n for n in known if n in wanted]
 
 

@@ -142,7 +142,8 @@ def test_damaged_inputs_met_in_real_files_are_refused_in_one_line(reader: Reader
 def _recipe_fields() -> list[tuple[str, object]]:
     from trainperf import registry
 
-    return [(name, registry.get(name).recipe(scale)) for name in registry.names() for scale in ("mini", "full")]
+    return [(name, registry.get(name).recipe(scale)) for name in registry.names()
+            for scale in registry.get(name).scales]
 
 
 @pytest.mark.parametrize("workload, recipe", _recipe_fields(), ids=lambda v: v if isinstance(v, str) else v.name)

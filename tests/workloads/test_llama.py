@@ -13,6 +13,7 @@ import torch
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from tests.conftest import write_minimal_closed_log
+from trainperf import registry
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
 from trainperf.runtime import distributed
@@ -20,7 +21,15 @@ from trainperf.runtime.fsdp import FSDPEngine
 from trainperf.runtime.step import TrainStep
 from trainperf.spec import FullyShard, RuntimeContext
 from trainperf.workloads.llama31_8b import Llama31Workload, indexed, lr_factor, synthetic
-from trainperf.workloads.llama31_8b.model import LLAMA31_8B, LLAMA31_405B, Llama, LlamaConfig, rope_frequencies
+from trainperf.workloads.llama31_8b.model import (
+    LLAMA31_8B,
+    LLAMA31_405B,
+    MLPERF_405B,
+    Llama,
+    LlamaConfig,
+    rope_frequencies,
+    rotary_tables,
+)
 from trainperf.workloads.llama31_8b.recipes import FULL_405B, FULL_RECIPES, MINI
 
 TINY = LlamaConfig(layers=2, dim=32, heads=4, kv_heads=2, ffn_dim=64, vocab_size=48, rope_original_context=16)
@@ -30,6 +39,13 @@ def test_parameter_counts_are_the_references():
     # Meta's Llama 3.1 8B and 405B: 8,030,261,248 and 405,853,388,800 parameters.
     assert LLAMA31_8B.parameters() == 8_030_261_248
     assert LLAMA31_405B.parameters() == 405_853_388_800
+    # MLPerf's 405B keeps the shape with the Mixtral tokenizer's vocabulary padded to 32,768 (NeMo: a multiple
+    # of 128 x TP): 3,128,950,784 fewer embedding and output weights.
+    assert MLPERF_405B.parameters() == 402_724_438_016
+    assert LLAMA31_405B.parameters() - MLPERF_405B.parameters() == 2 * 16_384 * (128_256 - 32_768)
+    with torch.device("meta"):
+        big = Llama(MLPERF_405B, 8192)
+    assert sum(p.numel() for p in big.parameters()) == 402_724_438_016
     with torch.device("meta"):
         model = Llama(LLAMA31_8B, 8192)
     assert sum(p.numel() for p in model.parameters()) == 8_030_261_248
@@ -69,10 +85,30 @@ def test_the_schedule_warms_up_linearly_then_follows_the_cosine():
         "gbs128": (2e-3, 256, 4)}
 
 
+def test_the_405b_recipes_follow_the_reference():
+    # pretrain_llama31.py: LR 8e-5 x GBS / 1152 to 8e-7, the first evaluation at 18,432 x floor(0.0026 GBS + 12)
+    # samples (step 224 at GBS 1,152), then every 18,432; 5,760 sequences each; the Mixtral vocabulary.
+    recipes = {r.name: (r.base_lr, r.end_lr, r.warmup_steps, r.max_steps, r.eval_first_samples)
+               for r in FULL_405B.values()}
+    assert recipes == {"gbs1152": (8e-5, pytest.approx(8e-7), 8000, 1_200_000, 258_048),
+                       "gbs2304": (1.6e-4, pytest.approx(8e-7), 4000, 600_000, 313_344),
+                       "gbs4608": (3.2e-4, pytest.approx(8e-7), 2000, 300_000, 423_936)}
+    assert all(r.model == MLPERF_405B and r.eval_samples == 5_760 and r.seq_len == 8_192 for r in FULL_405B.values())
+    workload = registry.get("llama31_405b")
+    assert workload.benchmark == "llama31_405b" and workload.scales == ("full",)
+    assert workload.mlperf.runs == 3 and workload.mlperf.full_eval_samples == 5_760
+    assert workload.corpus.trains == ("c4-train.en_6_text_document", "c4-train.en_7_text_document")
+
+
+def test_the_405b_is_full_scale_only_and_says_so():
+    with pytest.raises(TrainperfError, match="--scale mini: llama31_405b declares no mini scale .it has --scale full"):
+        registry.get("llama31_405b").recipe("mini")
+
+
 @pytest.mark.parametrize("name", sorted(FULL_405B))
 def test_the_405b_recipes_pass_its_closed_rules(tmp_path, name):
     recipe = FULL_405B[name]
-    hyper = Llama31Workload().mlperf_hyperparameters(recipe, RuntimeContext(device=torch.device("meta")))
+    hyper = registry.get("llama31_405b").mlperf_hyperparameters(recipe, RuntimeContext(device=torch.device("meta")))
     log = tmp_path / "closed.txt"
     write_minimal_closed_log(log, "llama31_405b", recipe.global_batch_size,
                              {**hyper, "gradient_accumulation_steps": recipe.grad_accum_steps}, recipe.target,
@@ -156,6 +192,20 @@ def test_samples_span_documents_and_share_their_boundary_token(tmp_path):
         indexed.Samples(data, 64, seed=0)
 
 
+def test_a_blend_alternates_its_corpora_as_megatron_does_for_equal_weights(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = indexed.Samples(indexed.IndexedDataset(_corpus(tmp_path / "a")[0]), 4, seed=0, shuffle=False)
+    b_docs = [np.arange(100 + i * 10, 105 + i * 10) for i in range(4)]  # 20 tokens: 4 samples
+    indexed.write(tmp_path / "b" / "c", b_docs, np.dtype(np.uint16))
+    b = indexed.Samples(indexed.IndexedDataset(tmp_path / "b" / "c"), 4, seed=0, shuffle=False)
+    blend = indexed.Blend([a, b])
+    assert blend.per_epoch == 2 * min(a.per_epoch, b.per_epoch) == 8
+    assert [blend.sample(0, k).tolist() for k in range(4)] == [a.sample(0, 0).tolist(), b.sample(0, 0).tolist(),
+                                                              a.sample(0, 1).tolist(), b.sample(0, 1).tolist()]
+    assert indexed.Blend([a]).per_epoch == a.per_epoch
+
+
 def test_the_mini_corpus_floor_and_baseline(tmp_path):
     table = synthetic.successors()
     docs = synthetic.generate_documents(20_000, 1, table)
@@ -172,7 +222,7 @@ def _batch() -> torch.Tensor:
     return torch.randint(0, TINY.vocab_size, (4, 17), generator=torch.Generator().manual_seed(7))
 
 
-def _losses(tp: int, fsdp: bool, steps: int = 20) -> list[float]:
+def _losses(tp: int, fsdp: bool, steps: int = 20, meta_init: bool = False) -> list[float]:
     """20 AdamW steps of a tiny Llama on one global batch of 4 sequences: with FSDP each process trains on
     its rows, with tensor parallelism both on all of them; the global mean loss of each step."""
     ctx = distributed.init_from_env("cpu") if fsdp else RuntimeContext(device=torch.device("cpu"))
@@ -180,10 +230,15 @@ def _losses(tp: int, fsdp: bool, steps: int = 20) -> list[float]:
         workload = Llama31Workload()
         recipe = MINI.with_overrides(["model.layers=2", "model.dim=32", "model.heads=4", "model.kv_heads=2",
                                       "model.ffn_dim=64", "model.vocab_size=48", "seq_len=16", "global_batch_size=4",
-                                      "max_grad_norm=1.0", f"tp={tp}"])
+                                      "max_grad_norm=1.0", f"tp={tp}", f"meta_init={meta_init}"])
         torch.manual_seed(0)
         parts = workload.build(recipe, ctx, {})
+        assert all(p.is_meta for p in parts.model.parameters()) == meta_init
         parts = FSDPEngine().apply(FullyShard(tp=tp), parts, recipe, ctx)
+        model = parts.model
+        assert not any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+        cos, _ = rotary_tables(recipe.model, recipe.seq_len)
+        assert torch.equal(model.rope_cos, cos)
         step = TrainStep(parts, 100, recipe, ctx.device, ctx=ctx)
         batch = _batch()
         if fsdp and tp == 1:
@@ -215,6 +270,26 @@ def test_two_processes_train_as_one(tp):
     for rank in (0, 1):
         # float32 sums in another order (reduce-scatter, sharded matrix products): 20 steps stay within 1e-4.
         assert both[rank] == pytest.approx(alone, rel=1e-4, abs=1e-4), (rank, both[rank], alone)
+
+
+def test_a_model_built_on_the_meta_device_is_initialised_after_sharding():
+    # From the same random state, init_weights after to_empty draws the weights reset_parameters draws.
+    with torch.device("meta"):
+        late = Llama(TINY, 16)
+    late.to_empty(device="cpu")
+    torch.manual_seed(3)
+    late.init_weights()
+    whole = Llama(TINY, 16)
+    torch.manual_seed(3)
+    whole.reset_parameters()
+    assert all(torch.equal(a, b) for a, b in zip(late.state_dict().values(), whole.state_dict().values(), strict=True))
+    assert torch.equal(late.rope_sin, whole.rope_sin)
+    losses = _losses(1, fsdp=False, steps=20, meta_init=True)
+    assert losses[-1] < losses[0] - 0.3
+    # Two processes, each initialising its own shards (on a CPU mesh both draw the same numbers, so the
+    # weights differ from one process's): the buffers are computed again, and it learns.
+    for losses in _launch(_losses, 1, True, 20, True).values():
+        assert losses[-1] < losses[0] - 0.3
 
 
 def test_a_mesh_that_does_not_divide_the_processes_is_refused():
@@ -286,3 +361,53 @@ def test_the_full_scale_reads_the_references_files(tmp_path, capsys):
     assert next(r["value"] for r in records if r["key"] == "eval_samples") == 8
     stop = next(r for r in records if r["key"] == "run_stop")
     assert stop["metadata"]["status"] == "aborted"
+
+
+def test_the_405b_full_scale_blends_its_two_training_files(tmp_path, capsys):
+    # The 405B reference's three pairs, uint16 ids (the Mixtral vocabulary fits), at a toy size: prepare names
+    # the missing file, then checks them; a full-scale run builds on the meta device, trains on both files.
+    from tests.conftest import read_log
+    from trainperf.cli import main
+
+    rng = np.random.default_rng(1)
+    names = {"c4-train.en_6_text_document": 40, "c4-train.en_7_text_document": 40,
+             "c4-validation-91205-samples.en_text_document": 12}
+    for name, docs in names.items():
+        if name != "c4-train.en_7_text_document":
+            indexed.write(tmp_path / name, [rng.integers(0, 500, int(n)) for n in rng.integers(5, 60, docs)],
+                          indexed.token_dtype(32_768))
+    assert main(["prepare", "llama31_405b", "--scale", "full", "--data", str(tmp_path)]) == 2
+    assert "c4-train.en_7_text_document.bin/idx: missing" in capsys.readouterr().err
+    indexed.write(tmp_path / "c4-train.en_7_text_document",
+                  [rng.integers(0, 500, int(n)) for n in rng.integers(5, 60, 40)], indexed.token_dtype(32_768))
+    assert main(["prepare", "llama31_405b", "--scale", "full", "--data", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.count("uint16") == 3
+    small = ["model.layers=1", "model.dim=64", "model.heads=4", "model.kv_heads=2", "model.ffn_dim=128",
+             "model.vocab_size=512", "seq_len=32", "global_batch_size=4", "grad_accum_steps=1", "eval_samples=8",
+             "eval_batch_size=4", "eval_every_samples=16", "eval_first_samples=16", "max_samples=32",
+             "num_workers=1", "precision=fp32", "fused_optimizer=false", "tp=1"]
+    out = tmp_path / "run"
+    code = main(["run", "llama31_405b", "--scale", "full", "--data", str(tmp_path), "--out", str(out), "--quiet",
+                 *[x for s in small for x in ("--set", s)]])
+    assert code == 1  # random tokens: the budget ends it, as a valid log says
+    records = read_log(out / "mlperf_log.txt")
+    assert next(r["value"] for r in records if r["key"] == "submission_benchmark") == "llama31_405b"
+    evals = [(r["metadata"]["samples_count"], r["value"]) for r in records if r["key"] == "eval_accuracy"]
+    assert [s for s, _ in evals] == [16, 32] and all(5.0 < v < 7.5 for _, v in evals)
+
+
+def test_bench_counts_flops_as_torchtitan_and_megatron_do():
+    from trainperf.bench.throughput import describe, run_bench
+
+    workload = registry.get("llama31_8b")
+    recipe = workload.recipe("full").with_overrides(list(workload.step_probe))
+    result = run_bench(workload, recipe, "full", None, True, steps=1, warmup=1, device="cpu")
+    config = recipe.model
+    per_token = 6 * (config.parameters() - config.vocab_size * config.dim) + 12 * config.layers * config.dim * 256
+    assert result.formula_flops_per_sample == per_token * 256
+    assert result.tokens_per_s == pytest.approx(result.samples_per_s * 256)
+    # torch's counter sees the same products; on a CPU it has no formula for the CPU flash-attention kernel
+    # (on a GPU it counts the attention's whole square: 84.1 against 81.9 TFLOP a sequence on the H200).
+    products = 6 * (config.parameters() - config.vocab_size * config.dim) * 256
+    assert result.flops_per_sample == pytest.approx(products, rel=0.01)
+    assert "counted as published" in describe(result)

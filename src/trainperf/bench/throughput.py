@@ -42,13 +42,6 @@ GPU_PEAKS: dict[str, dict[str, float]] = {
 }
 
 
-def tf32_allowed() -> bool:
-    """Whether fp32 convolutions or matrix products may run in TF32 (cuDNN allows it for convolutions by
-    default): an fp32 step is then measured against the TF32 peak, else its MFU passes 100 %."""
-    return bool(torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32
-                or torch.get_float32_matmul_precision() != "highest")
-
-
 @dataclass
 class BenchResult:
     workload: str
@@ -90,6 +83,11 @@ class BenchResult:
     # With --profile: the top operators per step by device and host time (bench/profile.py).
     profile: dict[str, Any] | None = None
     layout: dict[str, Any] | None = None  # how the model was distributed (the sharding plan)
+    # Workload.formula_flops: FLOPs per sample as published MFUs count them, tokens per sample, how; its MFU.
+    formula_flops_per_sample: float | None = None
+    tokens_per_s: float | None = None  # per device
+    formula_how: str | None = None
+    formula_mfu: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,7 +118,9 @@ def device_peak_tflops(device: torch.device, precision: str) -> tuple[float | No
     name = devices.name(device)
     for fragment, peaks in GPU_PEAKS.items():
         if fragment in name:
-            if precision == "fp32" and peaks.get("tf32") and tf32_allowed():
+            # An fp32 step whose convolutions or products may run in TF32 (cuDNN's default for convolutions)
+            # is held to the TF32 peak: against the fp32 one its MFU passed 100 %.
+            if precision == "fp32" and peaks.get("tf32") and devices.tf32_allowed():
                 return peaks["tf32"], f"{name}: published dense TF32 peak (fp32 steps may run in TF32)"
             peak = peaks.get(precision) or None
             return peak, f"{name}: published dense {precision} peak"
@@ -222,6 +222,12 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
     peak, source = device_peak_tflops(dev, recipe.precision)
     peaks = peak_memory(dev)
     ordered = sorted(times)
+    formula = workload.formula_flops(recipe)
+    # `rate` is this process's rows per second; a tensor-parallel group's processes share their rows.
+    per_device = rate / max(1, ctx.world_size // max(1, ctx.data_world))
+    formula_fields = {} if formula is None else {
+        "formula_flops_per_sample": formula[0], "tokens_per_s": per_device * formula[1], "formula_how": formula[2],
+        "formula_mfu": formula[0] * per_device / 1e12 / peak if peak else None}
     return BenchResult(
         workload=workload.name, scale=scale, synthetic=synthetic, batch_size=batch_size, steps=steps,
         warmup=warmup, samples_per_s=rate,
@@ -237,6 +243,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         parameters=sum(p.numel() for p in trainable),
         gradient_bytes=sum(p.numel() * p.element_size() for p in trainable),
         epoch_samples=data.train_samples if data is not None else None, profile=profiled, layout=parts.layout,
+        **formula_fields,
     )
 
 
@@ -266,6 +273,10 @@ def describe(result: BenchResult) -> str:
         f"  model FLOPs: {_flops(result.flops_per_sample)} per sample (forward + backward, torch.utils.flop_counter)",
         f"  achieved: {result.achieved_tflops:.3f} TFLOP/s; peak {result.peak_tflops or 0:.2f} TFLOP/s "
         f"({result.peak_source}); MFU {mfu}",
+        *([f"  counted as published: {_flops(result.formula_flops_per_sample)} per sample "
+           f"({result.formula_how}); {result.tokens_per_s:,.0f} tokens/s per device; MFU "
+           + (f"{result.formula_mfu:.1%}" if result.formula_mfu is not None else "n/a")]
+          if result.formula_flops_per_sample is not None and result.tokens_per_s is not None else []),
         *(f"  sharding: {line}" for line in (result.layout or {}).get("summary", [])),
     ])
 

@@ -208,10 +208,12 @@ def project_scaling(args: argparse.Namespace) -> int:
 
 
 def add_plan(sub: Any) -> None:
-    p = sub.add_parser("plan", help="how TorchRec would shard a workload's embedding tables on N devices (DLRM; "
-                                    "no data, no devices needed)")
-    add_workload(p, help="a workload with model-parallel embedding tables (dlrm)")
-    p.add_argument("--devices", type=positive_int, required=True, help="GPUs in all")
+    p = sub.add_parser("plan", help="how many GPUs a sharded workload needs and in which layout: TorchRec's "
+                                    "table sharding (DLRM), FSDP x TP sizes (Llama); no data, no devices needed")
+    add_workload(p, help="a workload with model-parallel embedding tables (dlrm) or a fully sharded model "
+                         "(llama31_8b, llama31_405b)")
+    p.add_argument("--devices", type=positive_int,
+                   help="GPUs in all (required for tables; for a sharded model, also the need at this count)")
     p.add_argument("--local-devices", type=positive_int, help="GPUs per node (default: up to 8)")
     p.add_argument("--memory", default="80GB", help="memory of each GPU (default: 80GB)")
     p.add_argument("--host-memory", default="256GB",
@@ -229,7 +231,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     workload = registry.get(args.workload)
     if not workload.model_parallel_sets:
-        raise TrainperfError(f"plan {workload.name}: it has no model-parallel embedding tables to shard")
+        return _fsdp_plan(workload, args)
+    if args.devices is None:
+        raise TrainperfError(f"plan {workload.name}: --devices N is required (the GPUs its tables are sharded over)")
     if args.devices < 1 or (args.local_devices is not None and args.local_devices < 1):
         raise TrainperfError("--devices and --local-devices: expected numbers of devices >= 1")
     recipe = jobs.resolve_recipe(workload, "full", args.recipe, [*workload.model_parallel_sets, *args.set])
@@ -246,6 +250,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(recsys.plan_table(result))
     if args.json:
         write_json_atomic(Path(args.json), result)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _fsdp_plan(workload: Any, args: argparse.Namespace) -> int:
+    from trainperf.bench import shardplan
+    from trainperf.files import write_json_atomic
+    from trainperf.runtime import recsys
+
+    sets = list(args.set) + ([f"global_batch_size={args.batch_size}"] if args.batch_size else [])
+    recipe = jobs.resolve_recipe(workload, "full", args.recipe, sets)
+    memory = recsys.parse_bytes(args.memory, "--memory")
+    rows = shardplan.plan(workload, recipe, memory, args.devices)
+    print(f"{workload.name} {recipe.name}: GPUs of {recsys.size_text(memory)}, global batch "
+          f"{recipe.global_batch_size:,}, one sequence of {getattr(recipe, 'seq_len', '?'):,} tokens per "
+          f"micro-batch; FSDP2 over dp, tensor and sequence parallelism over tp (margin {shardplan.MARGIN}x)")
+    print(shardplan.plan_table(rows, args.devices))
+    if args.json:
+        write_json_atomic(Path(args.json), {"workload": workload.name, "recipe": recipe.name,
+                                            "memory_bytes": memory, "devices": args.devices, "layouts": rows})
         print(f"wrote {args.json}")
     return 0
 

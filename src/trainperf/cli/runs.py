@@ -45,7 +45,6 @@ from trainperf.cli.options import (
 from trainperf.cli.perf import project_scaling
 from trainperf.errors import TrainperfError
 from trainperf.files import folder_lock, remove_stale_partials_around
-from trainperf.spec import SCALES
 
 
 def add_list(sub: Any) -> None:
@@ -62,14 +61,17 @@ def cmd_list(args: argparse.Namespace) -> int:
     wrap = textwrap.TextWrapper(width=width, initial_indent="", subsequent_indent=" " * indent)
     for name in names:
         w = registry.get(name)
-        mini_dir = w.default_data_dir("mini")
-        ready = "ready" if mini_dir is not None and not jobs.data_problems(w, "mini", mini_dir) else "made on first run"
+        if "mini" in w.scales:
+            mini_dir = w.default_data_dir("mini")
+            ready = "mini data " + ("ready" if mini_dir is not None and not jobs.data_problems(w, "mini", mini_dir)
+                                    else "made on first run")
+        else:
+            ready = "full scale only"
         source = f" (installed from {registry.origin(name)})" if registry.origin(name) else ""
         print(wrap.fill(f"{name:<{indent - 2}}  {w.summary}{source}"))
-        targets = [f"{scale} {w.metric.describe_target(w.recipe(scale).target)}" for scale in SCALES
-                   if getattr(w, scale, None) is not None]
+        targets = [f"{scale} {w.metric.describe_target(w.recipe(scale).target)}" for scale in w.scales]
         facts = (f"MLPerf key {w.benchmark} (ruleset {w.mlperf.ruleset}); {w.metric.name}: {', '.join(targets)}; "
-                 f"mini data {ready}")
+                 f"{ready}")
         print(textwrap.fill(facts, width=width, initial_indent=" " * indent, subsequent_indent=" " * indent))
     print(f"\n{len(names)} workloads. Run one: trainperf run {names[0]}   Details: docs/workloads/<name>.md")
     return 0
@@ -271,7 +273,7 @@ def add_suite(sub: Any) -> None:
 def cmd_suite(args: argparse.Namespace) -> int:
     from trainperf import suite
 
-    names = suite.parse_only(args.only)
+    names = suite.parse_only(args.only, args.scale)
     if args.resume and not args.out:
         raise TrainperfError("--resume: name the suite folder to go on with (--out DIR)")
     out_dir = Path(args.out) if args.out else Path("runs") / f"suite-{args.scale}-{stamp()}"

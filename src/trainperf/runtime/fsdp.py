@@ -64,6 +64,19 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer, before: dict[int, str], m
     return type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
 
 
+def materialize(model: nn.Module, device: torch.device) -> None:
+    """A model built on the meta device, sharded: storage for this process's shards (and its buffers) on
+    `device`, then the model's own `init_weights()`. On a GPU, DTensor's random number tracker draws each
+    shard as its part of the whole tensor; on a CPU mesh every shard draws the same numbers (torch's
+    fallback), so a CPU run with meta_init is initialised differently from one without."""
+    init = getattr(model, "init_weights", None)
+    if not callable(init):
+        raise TrainperfError(f"{type(model).__name__}: built on the meta device, but it has no init_weights() "
+                             "to initialise its shards")
+    model.to_empty(device=device)
+    init()
+
+
 class FSDPEngine(Engine):
     compiles_model = True
 
@@ -119,6 +132,8 @@ class FSDPEngine(Engine):
                 fully_shard(block, mesh=dp, mp_policy=policy,
                             reshard_after_forward=spec.reshard_after_forward and i < last)
             fully_shard(model, mesh=dp, mp_policy=policy, reshard_after_forward=False)
+        if any(p.is_meta for p in model.parameters()):
+            materialize(model, ctx.device)
         parts.optimizer = rebind_optimizer(parts.optimizer, before, model)
         parts.layout = {"engine": "fsdp", "mesh": dict(zip(("dp", "tp"), mesh_shape(ctx.world_size, spec.tp),
                                                               strict=True)),

@@ -30,7 +30,9 @@ class Workload(ABC, Generic[R]):
     mlperf: ClassVar[MLPerf]  # how MLPerf scores it: ruleset, runs, olympic drop, full dataset sizes
     # Each scale's recipes and data source (spec.scale); `recipes`, `data_problems`, `prepare`, `sources`,
     # `verify` and `eval_set` dispatch on the scale's name to them.
-    mini: ClassVar[Scale[Any]]
+    # A workload whose rules leave no room for a CPU-sized run (llama31_405b) declares `mini = None`: it
+    # is full scale only, and its code path's mini is another workload's.
+    mini: ClassVar[Scale[Any] | None]
     full: ClassVar[Scale[Any]]
     # Speedup switches that apply to this workload (e.g. channels-last needs a convolutional model);
     # "fp8" says that precision=fp8 does (a model made of Linear layers).
@@ -54,12 +56,19 @@ class Workload(ABC, Generic[R]):
     # `trainperf plan` applies them. Empty: it has none.
     model_parallel_sets: ClassVar[tuple[str, ...]] = ()
 
+    @property
+    def scales(self) -> tuple[str, ...]:
+        """The scales this workload declares, mini first."""
+        return tuple(name for name in SCALES if getattr(self, name, None) is not None)
+
     def scale(self, scale: str) -> Scale[R]:
         if scale not in SCALES:
             raise TrainperfError(f"--scale {scale!r}: expected one of: " + ", ".join(SCALES))
         declared = getattr(self, scale, None)
         if declared is None:
-            raise TrainperfError(f"--scale {scale}: {self.name} declares no {scale} scale")
+            others = ", ".join(f"--scale {name}" for name in self.scales)
+            raise TrainperfError(f"--scale {scale}: {self.name} declares no {scale} scale (it has {others}; "
+                                 f"see docs/workloads/{self.name}.md)")
         return declared
 
     def recipes(self, scale: str) -> dict[str, R]:
@@ -148,6 +157,13 @@ class Workload(ABC, Generic[R]):
     def synthetic_eval_batch(self, recipe: R, ctx: RuntimeContext, model: torch.nn.Module) -> Any:
         """A random batch shaped like the evaluation's batches (for warming up the eval forward)."""
         return self.synthetic_batch(recipe, ctx, model)
+
+    def formula_flops(self, recipe: R) -> tuple[float, int, str] | None:
+        """Training FLOPs of one sample as the field's published MFUs count them (for a transformer, 6 per
+        parameter and token plus attention's), the sample's tokens, and how it is counted: `bench` reports
+        its MFU beside torch's FLOP counter's, so figures compare with torchtitan's and Megatron's. None:
+        the counter's only."""
+        return None
 
     def batch_samples(self, batch: Any) -> int:
         """Samples in one of this workload's batches (see `count_samples` for the default rules)."""

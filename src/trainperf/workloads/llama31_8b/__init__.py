@@ -75,10 +75,12 @@ class Llama31Workload(Workload[LlamaRecipe]):
 
     def build(self, recipe: LlamaRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         # Built and initialised on the device: every process holds the whole model until the engine shards
-        # it (the same seed everywhere: the same weights), never a host copy per process.
-        with torch.device(ctx.device):
+        # it (the same seed everywhere: the same weights), never a host copy per process. With meta_init,
+        # on no device: the engine initialises each shard where it lands (Llama.init_weights).
+        with torch.device("meta" if recipe.meta_init else ctx.device):
             model = Llama(recipe.model, recipe.seq_len)
-            model.reset_parameters()
+            if not recipe.meta_init:
+                model.reset_parameters()
         # Megatron's default: no weight decay on the norms' scales (every 1-D parameter).
         decayed = [p for p in model.parameters() if p.dim() > 1]
         plain = [p for p in model.parameters() if p.dim() <= 1]
@@ -89,6 +91,11 @@ class Llama31Workload(Workload[LlamaRecipe]):
         return ModelParts(model=model, optimizer=optimizer, loss_fn=next_token_loss,
                           lr_schedule=lambda steps: lr_factor(recipe), eval_forward=token_losses,
                           parallel=FullyShard(tp=recipe.tp, checkpointing=recipe.checkpointing))
+
+    def formula_flops(self, recipe: LlamaRecipe) -> tuple[float, int, str] | None:
+        return (recipe.model.flops_per_token(recipe.seq_len) * recipe.seq_len, recipe.seq_len,
+                "6 x parameters outside the input embedding + 12 x layers x width x sequence per token, "
+                "as torchtitan and Megatron count")
 
     def synthetic_batch(self, recipe: LlamaRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         rows = max(1, recipe.global_batch_size // ctx.data_world)

@@ -31,23 +31,29 @@ class C4(DataSource):
     """The reference's prepared C4: checked, never downloaded (its preparation needs the Llama 3.1 tokenizer,
     gated by Meta's license)."""
 
-    def __init__(self, corpus: Corpus = MINI_CORPUS, vocab_size: int = LLAMA31_VOCAB) -> None:
-        self.corpus, self.vocab_size = corpus, vocab_size
+    def __init__(self, corpus: Corpus = MINI_CORPUS, vocab_size: int = LLAMA31_VOCAB,
+                 prepared_by: str = "small_llm_pretraining/nemo preprocessing: C4 en tokenized with Llama 3.1's "
+                                    "tokenizer") -> None:
+        self.corpus, self.vocab_size, self.prepared_by = corpus, vocab_size, prepared_by
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return (*self.corpus.trains, self.corpus.valid)
 
     def problems(self, data_dir: Path) -> list[str]:
         found = []
-        for name in (self.corpus.train, self.corpus.valid):
+        for name in self.files:
             missing = [ext for ext in ("bin", "idx") if not (data_dir / f"{name}.{ext}").is_file()]
             if missing:
                 found.append(f"{data_dir / name}.{'/'.join(missing)}: missing (prepared by the reference's "
-                             "small_llm_pretraining/nemo preprocessing: C4 en tokenized with Llama 3.1's tokenizer)")
+                             f"{self.prepared_by})")
         return found
 
     def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
         problems = self.problems(data_dir)
         if problems:
             raise TrainperfError("; ".join(problems))
-        for name in (self.corpus.train, self.corpus.valid):
+        for name in self.files:
             data = indexed.IndexedDataset(data_dir / name)
             say(f"{data.bin_path}: {len(data):,} documents, {data.total_tokens:,} tokens of {data.dtype}")
 
@@ -60,9 +66,9 @@ class C4(DataSource):
         if problems:
             return problems
         try:
-            for done, name in enumerate((self.corpus.train, self.corpus.valid), 1):
+            for done, name in enumerate(self.files, 1):
                 indexed.IndexedDataset(data_dir / name).check_vocabulary(self.vocab_size)
-                progress(done, 2, 0)
+                progress(done, len(self.files), 0)
         except TrainperfError as exc:
             return [str(exc)]
         return []
@@ -71,7 +77,7 @@ class C4(DataSource):
 class _Rows(torch.utils.data.Dataset):
     """One epoch's samples as a map-style dataset (DataLoader workers cut them in parallel)."""
 
-    def __init__(self, samples: indexed.Samples, epoch: int) -> None:
+    def __init__(self, samples: indexed.Samples | indexed.Blend, epoch: int) -> None:
         self.samples, self.epoch = samples, epoch
 
     def __len__(self) -> int:
@@ -87,19 +93,21 @@ class C4Pipeline:
 
     def __init__(self, recipe: LlamaRecipe, data_dir: Path, ctx: RuntimeContext, corpus: Corpus) -> None:
         self.recipe, self.ctx = recipe, ctx
-        train = indexed.IndexedDataset(data_dir / corpus.train)
+        trains = [indexed.IndexedDataset(data_dir / name) for name in corpus.trains]
         valid = indexed.IndexedDataset(data_dir / corpus.valid)
-        for data in (train, valid):
+        for data in (*trains, valid):
             if data.dtype.kind not in "iu":
                 raise TrainperfError(f"{data.idx_path}: token dtype {data.dtype}, expected integers")
-        self.train = indexed.Samples(train, recipe.seq_len, ctx.stream_seed("samples"))
+        seed = ctx.stream_seed("samples")
+        self.train = indexed.Blend([indexed.Samples(data, recipe.seq_len, seed + 1_000_003 * j)
+                                    for j, data in enumerate(trains)])
         self.valid = indexed.Samples(valid, recipe.seq_len, 0, shuffle=False)
         if self.valid.per_epoch < recipe.eval_samples:
             raise TrainperfError(f"{valid.bin_path}: {self.valid.per_epoch:,} sequences of {recipe.seq_len + 1:,} "
                                  f"tokens, the evaluation needs {recipe.eval_samples:,}")
         self.steps_per_epoch = self.train.per_epoch // recipe.global_batch_size
         if self.steps_per_epoch < 1:
-            raise TrainperfError(f"{train.bin_path}: {self.train.per_epoch:,} sequences, fewer than one global "
+            raise TrainperfError(f"{trains[-1].bin_path}: {self.train.per_epoch:,} sequences, fewer than one global "
                                  f"batch of {recipe.global_batch_size:,}")
 
     def train_batches(self, view: EpochView) -> Iterator[torch.Tensor]:

@@ -163,3 +163,18 @@ class Samples:
             filled += take
             doc += 1
         return out
+
+
+class Blend:
+    """Training samples drawn from several corpora in equal shares, as Megatron's BlendedDataset draws them
+    for equal weights: sample k of an epoch is sample k // n of corpus k % n. One corpus: its samples."""
+
+    def __init__(self, parts: list[Samples]) -> None:
+        if not parts:
+            raise ValueError("Blend: at least one corpus")  # a programming error in a declaration
+        self.parts = parts
+        self.per_epoch = len(parts) * min(part.per_epoch for part in parts)
+
+    def sample(self, epoch: int, i: int) -> np.ndarray:
+        n = len(self.parts)
+        return self.parts[i % n].sample(epoch, i // n)

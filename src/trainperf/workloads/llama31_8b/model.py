@@ -57,6 +57,9 @@ class LlamaConfig:
 
 LLAMA31_8B = LlamaConfig()
 LLAMA31_405B = LlamaConfig(layers=126, dim=16_384, heads=128, kv_heads=8, ffn_dim=53_248)
+# MLPerf's 405B: Meta's shape with the Mixtral 8x22B tokenizer's vocabulary, which NeMo pads to a multiple of
+# 128 x TP (1,024 at TP 8): 32,768 (the reference's README rounds it to 32,000).
+MLPERF_405B = LlamaConfig(layers=126, dim=16_384, heads=128, kv_heads=8, ffn_dim=53_248, vocab_size=32_768)
 
 
 def rope_frequencies(config: LlamaConfig) -> torch.Tensor:
@@ -149,7 +152,7 @@ class Block(nn.Module):
 class Llama(nn.Module):
     def __init__(self, config: LlamaConfig, max_seq_len: int) -> None:
         super().__init__()
-        self.config = config
+        self.config, self.max_seq_len = config, max_seq_len
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
         self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
@@ -173,6 +176,15 @@ class Llama(nn.Module):
             else:
                 nn.init.normal_(param, std=std)
 
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """After a build on the meta device and `to_empty` (each process holding its shard): the rotary
+        tables computed again where they now live, and the weights initialised as `reset_parameters` does."""
+        cos, sin = rotary_tables(self.config, self.max_seq_len, self.rope_cos.device)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+        self.reset_parameters()
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         seq = tokens.shape[1]
         cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
@@ -180,6 +192,25 @@ class Llama(nn.Module):
         for block in self.blocks:
             x = block(x, cos, sin)
         return self.output(self.norm(x))
+
+    def activation_bytes(self, seq_len: int, tp: int, checkpointing: str) -> int:
+        """Bytes autograd keeps for the backward of one sequence under bf16 autocast, as this module computes
+        it (what its saved-tensor hooks see: flash attention keeps nothing quadratic in the sequence; the
+        weights' bf16 casts left out, FSDP's bf16 parameters need none), with tensor and sequence parallelism
+        over `tp` (every saved tensor split `tp` ways). Per token of a block, 34 dim + 8 ffn + 8 + 4 heads bytes:
+        each norm keeps its fp32 input, normalised value and scale (2 x (8 dim + 4)), attention its fp32
+        log-sum-exp per head, each of the five input projections its bf16
+        input (5 x 2 dim), attention its q and repeated k, v (6 dim) and the output projection its input (2
+        dim), the feed-forward its gate, SiLU, up and product (4 x 2 ffn). The head: the final norm (10 dim)
+        and, at the loss's backward, the bf16 logits, the fp32 log-softmax and its gradients (12 bytes a
+        vocabulary entry). A checkpointed block keeps only its fp32 input; one block at a time is recomputed."""
+        c = self.config
+        block = seq_len * (34 * c.dim + 8 * c.ffn_dim + 8 + 4 * c.heads)
+        kept_input = seq_len * 4 * c.dim
+        checkpointed = {"none": 0, "selective": (c.layers + 1) // 2, "full": c.layers}[checkpointing]
+        blocks = (c.layers - checkpointed) * block + checkpointed * kept_input + (block if checkpointed else 0)
+        head = seq_len * (10 * c.dim + 12 * c.vocab_size)
+        return (blocks + head) // tp
 
     def tensor_parallel_plan(self) -> dict[str, Any]:
         """Tensor and sequence parallelism (torch.distributed.tensor.parallel's parallelize_module plan,

@@ -11,7 +11,7 @@ from trainperf.errors import TrainperfError
 from trainperf.spec import Recipe
 from trainperf.spec.fields import Count, Fraction, Positive, Share
 from trainperf.spec.parallel import CHECKPOINTING
-from trainperf.workloads.llama31_8b.model import LLAMA31_8B, LLAMA31_405B, LlamaConfig
+from trainperf.workloads.llama31_8b.model import LLAMA31_8B, MLPERF_405B, LlamaConfig
 
 MAX_STEPS = 1_200_000  # the rules' fixed schedule length (opt_learning_rate_decay_steps = it - warmup)
 EVAL_EVERY_SAMPLES = 12_288
@@ -44,6 +44,9 @@ class LlamaRecipe(Recipe):
     # checkpointing of the blocks.
     tp: Count = 1
     checkpointing: str = "none"
+    # Build the model on the meta device and initialise each process's shard after sharding (the 405B's
+    # 1.6 TB of fp32 weights fit no device whole). Off: built whole on the device, then sharded.
+    meta_init: bool = False
 
     def validate(self) -> None:
         super().validate()
@@ -92,20 +95,24 @@ MINI = LlamaRecipe(
     num_workers=0)
 
 
+END_LR_405B = 8e-7
+
+
 def _405b(gbs: int) -> LlamaRecipe:
-    """The 405B's closed rules (5.0.0-6.0.0): LR 8e-5 x GBS / 1152 decaying to 1 % of it, warmup
-    ceil(8000 x 1152 / GBS) steps, the cosine over ceil(1.2M x 1152 / GBS) steps, evaluation of 5,760
-    sequences every 18,432 samples, the first floor(0.0026 x GBS + 12) evaluations skipped (the
-    reference's config.sh and argparse defaults)."""
+    """The 405B's closed rules (5.0.0-6.0.0) and reference (large_language_model_pretraining/nemo,
+    pretrain_llama31.py): LR 8e-5 x GBS / 1152 decaying to 8e-7, warmup ceil(8000 x 1152 / GBS) steps, the
+    cosine over ceil(1.2M x 1152 / GBS) steps, evaluation of 5,760 sequences every 18,432 samples from
+    18,432 x floor(0.0026 x GBS + 12) samples on (258,048 at GBS 1,152)."""
     warmup = math.ceil(8000 * 1152 / gbs)
-    skipped = math.floor(0.0026 * gbs + 12)
+    first = math.floor(0.0026 * gbs + 12)
+    base_lr = round(8e-5 * gbs / 1152, 8)
     return LlamaRecipe(
         name=f"gbs{gbs}", global_batch_size=gbs, grad_accum_steps=max(1, gbs // 8), max_epochs=0, target=5.6,
-        eval_every=1, eval_first=1, eval_every_samples=18_432, eval_first_samples=(skipped + 1) * 18_432,
-        log_epoch_num="samples", max_samples=(skipped + 40) * 18_432, max_grad_norm=1.0, model=LLAMA31_405B,
-        base_lr=round(8e-5 * gbs / 1152, 8),
-        end_lr_fraction=0.01, warmup_steps=warmup, max_steps=math.ceil(1_200_000 * 1152 / gbs),
-        eval_samples=5_760, precision="bf16", fused_optimizer=True, tp=8, checkpointing="full")
+        eval_every=1, eval_first=1, eval_every_samples=18_432, eval_first_samples=first * 18_432,
+        log_epoch_num="samples", max_samples=(first + 40) * 18_432, max_grad_norm=1.0, model=MLPERF_405B,
+        base_lr=base_lr, end_lr_fraction=END_LR_405B / base_lr, warmup_steps=warmup,
+        max_steps=math.ceil(1_200_000 * 1152 / gbs),
+        eval_samples=5_760, precision="bf16", fused_optimizer=True, tp=8, checkpointing="full", meta_init=True)
 
 
 FULL_405B = {r.name: r for r in (_405b(1152), _405b(2304), _405b(4608))}

@@ -41,6 +41,12 @@ class Corpus:
     valid_tokens: int = 120_000
     train: str = "c4-train.en_6_text_document"
     valid: str = "c4-validation-91205-samples.en_text_document"
+    # Further training files blended with `train` in equal shares (the 405B reference's en_6 and en_7).
+    more_train: tuple[str, ...] = ()
+
+    @property
+    def trains(self) -> tuple[str, ...]:
+        return (self.train, *self.more_train)
 
 
 MINI_CORPUS = Corpus()

@@ -1,0 +1,143 @@
+"""How many GPUs a fully sharded model needs, and in which layout: for each tensor-parallel size and
+activation checkpointing, the smallest data-parallel group whose per-GPU memory fits, from the model's
+parameter count (built on the meta device: nothing allocated) and its own count of what one sequence
+keeps for the backward (`activation_bytes(seq_len, tp, checkpointing)`).
+
+Per GPU of N = dp x tp, with FSDP2 over dp and tensor/sequence parallelism over tp (runtime/fsdp.py):
+- sharded state, 16 bytes a parameter over N: the fp32 weights, their fp32 gradients, AdamW's two moments;
+- gathered for compute: two blocks' bf16 weights (the one running and the one prefetched) and one block's
+  fp32 gradient before its reduce-scatter, over tp; the parameters outside the blocks (embeddings, output
+  layer: FSDP's root unit) in bf16 with their fp32 gradient, over tp;
+- the activations of one micro-batch of one sequence (the references' micro-batch);
+all times bench.memory's MARGIN (allocator slack, temporaries, the CUDA context). Pipeline parallelism is
+not built (the 405B reference adds PP 9 and CP 4 to spread the activations of its 126 blocks)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainperf.bench.memory import MARGIN
+from trainperf.errors import TrainperfError
+from trainperf.spec import Assets, FullyShard, Recipe, RuntimeContext, Workload, bare_model
+from trainperf.spec.parallel import CHECKPOINTING
+
+TP_SIZES = (1, 2, 4, 8)  # within one node's NVLink domain, as tensor parallelism is run
+STATE_BYTES = 16  # fp32 weight + fp32 gradient + two fp32 AdamW moments
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    checkpointing: str
+    dp: int
+    state: int  # bytes per GPU, each part before the margin
+    gathered: int
+    activations: int
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp
+
+    @property
+    def need(self) -> int:
+        return int((self.state + self.gathered + self.activations) * MARGIN)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the plan reads from the model: parameters in all, of its largest block, outside its blocks."""
+
+    parameters: int
+    block: int
+    outside: int
+    model: torch.nn.Module
+    seq_len: int
+
+
+def shape_of(workload: Workload, recipe: Recipe) -> Shape:
+    """The full-scale model built on the meta device (no memory, no data): its FullyShard spec checked."""
+    meta = torch.device("meta")
+    with meta:
+        parts = workload.build(recipe, RuntimeContext(device=meta), Assets())
+    if not isinstance(parts.parallel, FullyShard):
+        raise TrainperfError(f"plan {workload.name}: its model is not fully sharded (FSDP); nothing to lay out")
+    model = bare_model(parts.model)
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, torch.nn.ModuleList) or not hasattr(model, "activation_bytes"):
+        raise TrainperfError(f"plan {workload.name}: {type(model).__name__} needs `blocks` and "
+                             "`activation_bytes(seq_len, tp, checkpointing)` for a memory plan")
+    sizes = [sum(p.numel() for p in block.parameters()) for block in blocks]
+    total = sum(p.numel() for p in model.parameters())
+    return Shape(total, max(sizes), total - sum(sizes), model, int(recipe.seq_len))
+
+
+def layout(shape: Shape, tp: int, checkpointing: str, dp: int) -> Layout:
+    gpus = dp * tp
+    state = shape.parameters * STATE_BYTES // gpus
+    gathered = (shape.block * (2 * 2 + 4) + shape.outside * (2 + 4)) // tp
+    activations = int(shape.model.activation_bytes(shape.seq_len, tp, checkpointing))
+    return Layout(tp, checkpointing, dp, state, gathered, activations)
+
+
+def data_parallel_sizes(global_batch: int) -> list[int]:
+    """Every dp that divides the global batch (each replica takes an equal share)."""
+    return [d for d in range(1, global_batch + 1) if global_batch % d == 0]
+
+
+def plan(workload: Workload, recipe: Recipe, memory: int, devices: int | None = None) -> list[dict[str, Any]]:
+    """One row per (tp, checkpointing) the model's shape allows: the fewest GPUs that fit `memory` each
+    (None: none up to the global batch), and, with `devices`, the need at that count."""
+    shape = shape_of(workload, recipe)
+    rows = []
+    for tp in TP_SIZES:
+        try:
+            workload.check_recipe(dataclasses.replace(recipe, tp=tp))
+        except TrainperfError:
+            continue  # a size the heads or the feed-forward do not split by
+        for checkpointing in CHECKPOINTING:
+            fewest = next((candidate for dp in data_parallel_sizes(recipe.global_batch_size)
+                           if (candidate := layout(shape, tp, checkpointing, dp)).need <= memory), None)
+            row: dict[str, Any] = {"tp": tp, "checkpointing": checkpointing,
+                                   "fewest": dataclasses.asdict(fewest) | {"gpus": fewest.gpus, "need": fewest.need}
+                                   if fewest else None}
+            if devices is not None:
+                if devices % tp or recipe.global_batch_size % (devices // tp):
+                    row["at_devices"] = None
+                else:
+                    at = layout(shape, tp, checkpointing, devices // tp)
+                    row["at_devices"] = dataclasses.asdict(at) | {"gpus": at.gpus, "need": at.need,
+                                                                 "fits": at.need <= memory}
+            rows.append(row)
+    return rows
+
+
+def _gib(count: int) -> str:
+    return f"{count / 2**30:,.1f}"
+
+
+def plan_table(rows: list[dict[str, Any]], devices: int | None) -> str:
+    head = "| tp | checkpointing | fewest GPUs (dp x tp) | GiB per GPU: state + gathered + activations, x margin |"
+    rule = "|---|---|---|---|"
+    if devices is not None:
+        head += f" at {devices} GPUs |"
+        rule += "---|"
+    lines = [head, rule]
+    for row in rows:
+        fewest = row["fewest"]
+        if fewest:
+            cell = (f"{fewest['gpus']:,} ({fewest['dp']} x {fewest['tp']})",
+                    f"{_gib(fewest['state'])} + {_gib(fewest['gathered'])} + {_gib(fewest['activations'])} "
+                    f"→ {_gib(fewest['need'])}")
+        else:
+            cell = ("does not fit", "-")
+        line = f"| {row['tp']} | {row['checkpointing']} | {cell[0]} | {cell[1]} |"
+        if devices is not None:
+            at = row.get("at_devices")
+            line += (" not a layout of them |" if at is None
+                     else f" {_gib(at['need'])} GiB {'fits' if at['fits'] else 'does not fit'} |")
+        lines.append(line)
+    return "\n".join(lines)
