@@ -61,6 +61,8 @@ BENCH: dict[str, dict[str, Any]] = {
     "minigo": {"batch": 2048},
     # 8 B parameters with Adam's state outgrow one GPU: four of its 32 blocks at the full width and sequence.
     "llama31_8b": {"batch": 1, "sets": ["model.layers=4"]},
+    # The 70B's frozen bf16 base, 8 of its 80 blocks at full width with their adapters (one sequence of 8,192).
+    "llama2_70b_lora": {"batch": 1, "sets": ["model.layers=8"]},
 }
 # The ladder: each rung adds one switch to the one before.
 LADDER = (("fp32", []), ("+ channels-last", ["--channels-last"]), ("+ bf16", ["--precision", "bf16"]),

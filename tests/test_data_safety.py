@@ -28,6 +28,7 @@ REAL_TREES = {
     "gnmt": ["train.tok.clean.bpe.32000.en", "newstest2014.tok.bpe.32000.de"],
     "transformer": ["wmt32k-train-00001-of-00100", "newstest2014.de"],
     "llama31_8b": ["c4-train.en_6_text_document.bin", "c4-train.en_6_text_document.idx"],
+    "llama2_70b_lora": ["data/train-00000-of-00001.parquet", "base/model.safetensors"],
 }
 
 

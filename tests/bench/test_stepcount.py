@@ -46,6 +46,7 @@ BUDGETS: dict[str, Budget] = {
     "minigo": Budget(ops=330),
     "llama31_8b": Budget(ops=700),  # 638: no sync (the causal mask is SDPA's, the loss a plain mean)
     "llama31_405b": Budget(ops=1_050),  # 967: llama31_8b's step with each block recomputed in the backward
+    "llama2_70b_lora": Budget(ops=1_020),  # 929: the frozen base's step recomputed, with the adapters' products
 }
 
 

@@ -601,6 +601,56 @@ def _read_megatron(path: Path, beside: int) -> object:
     return docs, [samples.sample(0, i) for i in range(samples.per_epoch)]
 
 
+@cache
+def _govreport_parquet() -> bytes:
+    from trainperf.workloads.llama2_70b_lora import data as gov
+    from trainperf.workloads.llama2_70b_lora import synthetic
+
+    folder = Path(tempfile.mkdtemp())
+    ids, labels, _ = synthetic.samples(6, 5)
+    gov.write_rows(folder / "rows.parquet", ids, labels)
+    return (folder / "rows.parquet").read_bytes()
+
+
+def _read_govreport(path: Path) -> object:
+    from trainperf.workloads.llama2_70b_lora import data as gov
+    from trainperf.workloads.llama2_70b_lora import synthetic
+
+    ids, labels = gov.read_rows(path, synthetic.VOCAB, synthetic.SEQ_LEN)
+    return gov.stack(ids, labels, list(range(len(ids))), synthetic.SEQ_LEN)
+
+
+@cache
+def _lora_base() -> bytes:
+    import torch
+
+    from trainperf.workloads.llama2_70b_lora import hf
+    from trainperf.workloads.llama31_8b.model import Llama, LlamaConfig
+
+    folder = Path(tempfile.mkdtemp())
+    config = LlamaConfig(layers=1, dim=16, heads=2, kv_heads=1, ffn_dim=32, vocab_size=24, rope_factor=0.0,
+                         rope_theta=10_000.0, rope_original_context=8)
+    torch.manual_seed(0)
+    hf.write(Llama(config, 8), config, folder, dtype=torch.float32)
+    (folder / "config.json").replace(_LORA_CONFIG)
+    return (folder / "model.safetensors").read_bytes()
+
+
+_LORA_CONFIG = Path(tempfile.mkdtemp()) / "config.json"
+
+
+def _read_lora_base(path: Path) -> object:
+    from trainperf.workloads.llama2_70b_lora import hf
+    from trainperf.workloads.llama31_8b.model import Llama
+
+    _lora_base()
+    (path.parent / "config.json").write_bytes(_LORA_CONFIG.read_bytes())
+    checkpoint = hf.Checkpoint(path.parent)
+    model = Llama(checkpoint.config, 8)
+    checkpoint.load_into(model)
+    return model
+
+
 READERS: list[Reader] = [
     Reader("imagenet jpeg", "n0_0.JPEG", _jpeg, _decode, workloads=("resnet",)),
     Reader("imagenet png named JPEG", "n0_1.JPEG", _png, _decode, workloads=("resnet",)),
@@ -645,6 +695,10 @@ READERS: list[Reader] = [
     Reader("megatron indexed dataset .bin", "c4.bin", lambda: _megatron_pair()[1],
            lambda p: _read_megatron(p, 0), workloads=("llama31_8b", "llama31_405b"),
            damaged=(("truncated tokens", lambda: _megatron_pair()[1][:-3]),)),
+    Reader("govreport parquet rows", "train-00000-of-00001.parquet", _govreport_parquet, _read_govreport,
+           workloads=("llama2_70b_lora",), budget=0.5),
+    Reader("hugging face safetensors checkpoint", "model.safetensors", _lora_base, _read_lora_base,
+           workloads=("llama2_70b_lora",), budget=0.5),
     Reader("minigo target network", "target.pt", _minigo_network, _read_minigo_network, workloads=("minigo",)),
     Reader("criteo day.gz", "day_0.gz", _gz(_criteo_day), _parse_gz_day, workloads=("dlrm",)),
     Reader("mlperf log header", "result_0.txt", _mlperf_log, _log_header),

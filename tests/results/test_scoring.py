@@ -319,3 +319,31 @@ def test_a_current_rounds_folder_is_scored_by_the_ruleset_its_workload_declares(
     ours = scoring.score_folder(folder, rcp=False)
     assert ours.ruleset == "6.0.0" and ours.converged == 2 and ours.required_runs == 10
     assert "2 of the 10 runs MLPerf requires" in ours.note
+
+
+def test_a_llama2_70b_lora_folder_scores_as_the_official_summarizer_with_its_scaling(tmp_path):
+    # LoRA fine-tuning (rounds 4.0-6.1): 10 runs, the olympic mean, scaling.json multiplied in.
+    import torch
+
+    from tests.conftest import write_minimal_closed_log
+    from trainperf import registry
+    from trainperf.spec import RuntimeContext
+
+    workload = registry.get("llama2_70b_lora")
+    recipe = workload.recipe("full")
+    hyper = workload.mlperf_hyperparameters(recipe, RuntimeContext(device=torch.device("meta")))
+    hyper = {**hyper, "gradient_accumulation_steps": 1}
+    folder = tmp_path / "results" / "sys" / "llama2_70b_lora"
+    folder.mkdir(parents=True)
+    for i in range(10):
+        write_minimal_closed_log(folder / f"result_{i}.txt", "llama2_70b_lora", recipe.global_batch_size, hyper,
+                                 0.92, 3_072, train_samples=3_901, eval_samples=173)
+    plain = scoring.score_folder(folder, rcp=False)
+    assert plain.ruleset == "6.0.0" and plain.converged == 10 and plain.required_runs == 10
+    (folder / "scaling.json").write_text('{"scaling_factor": 1.1}')
+    with contextlib.redirect_stdout(io.StringIO()):
+        _, _, official_score, _, _ = official._compute_strong_score_standalone(
+            "llama2_70b_lora", "sys", False, str(folder), "training", "6.0.0", return_full_scores=True)
+    ours = scoring.score_folder(folder, rcp=False)
+    assert ours.scaling == 1.1 and ours.score == pytest.approx(official_score, rel=1e-12)
+    assert ours.score == pytest.approx(1.1 * plain.score)

@@ -4,10 +4,12 @@ parameter count (built on the meta device: nothing allocated) and its own count 
 keeps for the backward (`activation_bytes(seq_len, tp, checkpointing)`).
 
 Per GPU of N = dp x tp, with FSDP2 over dp and tensor/sequence parallelism over tp (runtime/fsdp.py):
-- sharded state, 16 bytes a parameter over N: the fp32 weights, their fp32 gradients, AdamW's two moments;
+- sharded state over N: 16 bytes a trained parameter (its fp32 weight and gradient, AdamW's two moments),
+  a frozen one's weight as stored (LoRA's base: bf16, no gradient, no optimizer state);
 - gathered for compute: two blocks' bf16 weights (the one running and the one prefetched) and one block's
-  fp32 gradient before its reduce-scatter, over tp; the parameters outside the blocks (embeddings, output
-  layer: FSDP's root unit) in bf16 with their fp32 gradient, over tp;
+  fp32 gradient of its trained parameters before its reduce-scatter, over tp; the parameters outside the
+  blocks (embeddings, output layer: FSDP's root unit) in bf16 with the fp32 gradient of the trained ones,
+  over tp;
 - the activations of one micro-batch of one sequence (the references' micro-batch);
 all times bench.memory's MARGIN (allocator slack, temporaries, the CUDA context). Pipeline parallelism is
 not built (the 405B reference adds PP 9 and CP 4 to spread the activations of its 126 blocks)."""
@@ -49,13 +51,24 @@ class Layout:
 
 @dataclass(frozen=True)
 class Shape:
-    """What the plan reads from the model: parameters in all, of its largest block, outside its blocks."""
+    """What the plan reads from the model: parameters in all, of its largest block, outside its blocks (and
+    of each, those trained), the bytes of the frozen ones as stored."""
 
     parameters: int
     block: int
     outside: int
     model: torch.nn.Module
     seq_len: int
+    trained: int = -1  # -1: all
+    block_trained: int = -1
+    outside_trained: int = -1
+    frozen_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        for name, whole in (("trained", self.parameters), ("block_trained", self.block),
+                            ("outside_trained", self.outside)):
+            if getattr(self, name) < 0:
+                object.__setattr__(self, name, whole)
 
 
 def shape_of(workload: Workload, recipe: Recipe) -> Shape:
@@ -71,14 +84,19 @@ def shape_of(workload: Workload, recipe: Recipe) -> Shape:
         raise TrainperfError(f"plan {workload.name}: {type(model).__name__} needs `blocks` and "
                              "`activation_bytes(seq_len, tp, checkpointing)` for a memory plan")
     sizes = [sum(p.numel() for p in block.parameters()) for block in blocks]
+    trained_sizes = [sum(p.numel() for p in block.parameters() if p.requires_grad) for block in blocks]
     total = sum(p.numel() for p in model.parameters())
-    return Shape(total, max(sizes), total - sum(sizes), model, int(recipe.seq_len))
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
+    largest = max(range(len(sizes)), key=lambda i: sizes[i])
+    return Shape(total, sizes[largest], total - sum(sizes), model, int(recipe.seq_len), trained,
+                 trained_sizes[largest], trained - sum(trained_sizes), frozen_bytes)
 
 
 def layout(shape: Shape, tp: int, checkpointing: str, dp: int) -> Layout:
     gpus = dp * tp
-    state = shape.parameters * STATE_BYTES // gpus
-    gathered = (shape.block * (2 * 2 + 4) + shape.outside * (2 + 4)) // tp
+    state = (shape.trained * STATE_BYTES + shape.frozen_bytes) // gpus
+    gathered = (shape.block * 2 * 2 + shape.block_trained * 4 + shape.outside * 2 + shape.outside_trained * 4) // tp
     activations = int(shape.model.activation_bytes(shape.seq_len, tp, checkpointing))
     return Layout(tp, checkpointing, dp, state, gathered, activations)
 
@@ -95,7 +113,9 @@ def plan(workload: Workload, recipe: Recipe, memory: int, devices: int | None = 
     rows = []
     for tp in TP_SIZES:
         try:
-            workload.check_recipe(dataclasses.replace(recipe, tp=tp))
+            candidate = dataclasses.replace(recipe, tp=tp)
+            candidate.validate()
+            workload.check_recipe(candidate)
         except TrainperfError:
             continue  # a size the heads or the feed-forward do not split by
         for checkpointing in CHECKPOINTING:

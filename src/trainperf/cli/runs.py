@@ -183,6 +183,21 @@ def cmd_make_phase1(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_make_lora_base(sub: Any) -> None:
+    p = sub.add_parser("make-lora-base", help="train the LoRA mini's base model (shipped in the package)")
+    add_steps(p, steps=800, warmup=None, what="language-model training ")
+    add_seed(p, default=1, help="random seed (default: 1, the shipped base's)")
+    add_out(p, "folder for config.json, model.safetensors, base.json (default: the package's)")
+    p.set_defaults(func=cmd_make_lora_base)
+
+
+def cmd_make_lora_base(args: argparse.Namespace) -> int:
+    workload = registry.get("llama2_70b_lora")
+    out = Path(args.out) if args.out else Path(sys.modules[type(workload).__module__].__file__).parent / "mini" / "base"
+    workload.make_base(out, args.steps, lambda line: print(line, flush=True), seed=args.seed)
+    return 0
+
+
 def add_check(sub: Any) -> None:
     p = sub.add_parser("check", help="run the official MLPerf compliance checker on a log")
     p.add_argument("log", help="an MLPerf log (mlperf_log.txt, result_N.txt)")

@@ -106,13 +106,21 @@ class Attention(nn.Module):
         self.wk = nn.Linear(config.dim, config.kv_heads * config.head_dim, bias=False)
         self.wv = nn.Linear(config.dim, config.kv_heads * config.head_dim, bias=False)
         self.wo = nn.Linear(config.heads * config.head_dim, config.dim, bias=False)
+        # Low-rank adapters (LoRA fine-tuning, workloads/llama2_70b_lora): one over the three input
+        # projections as one fused q|k|v projection, one over the output projection. None: a plain block.
+        self.qkv_adapter: nn.Module | None = None
+        self.o_adapter: nn.Module | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
+        q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        if self.qkv_adapter is not None:
+            dq, dk, dv = self.qkv_adapter(x).split([q.shape[-1], k.shape[-1], v.shape[-1]], dim=-1)
+            q, k, v = q + dq, k + dk, v + dv
         # -1 heads: the local ones under tensor parallelism (the projections hold a share of them).
-        q = self.wq(x).view(batch, seq, -1, self.head_dim)
-        k = self.wk(x).view(batch, seq, -1, self.head_dim)
-        v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        q = q.view(batch, seq, -1, self.head_dim)
+        k = k.view(batch, seq, -1, self.head_dim)
+        v = v.view(batch, seq, -1, self.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         # Each key/value head serves heads // kv_heads query heads. Repeated here rather than through SDPA's
         # enable_gqa, which sends torch 2.11's CUDA dispatch to the math kernel (a 16 GiB score matrix at
@@ -121,8 +129,10 @@ class Attention(nn.Module):
         if repeat > 1:
             k, v = k.repeat_interleave(repeat, dim=2), v.repeat_interleave(repeat, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(batch, seq, -1)
+        if self.o_adapter is not None:
+            return self.wo(out) + self.o_adapter(out)
+        return self.wo(out)
 
 
 class FeedForward(nn.Module):
@@ -153,6 +163,8 @@ class Llama(nn.Module):
     def __init__(self, config: LlamaConfig, max_seq_len: int) -> None:
         super().__init__()
         self.config, self.max_seq_len = config, max_seq_len
+        # Where init_weights takes the weights from (a checkpoint with `load_into(model)`); None: drawn.
+        self.weights_source: Any = None
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
         self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
@@ -183,7 +195,13 @@ class Llama(nn.Module):
         cos, sin = rotary_tables(self.config, self.max_seq_len, self.rope_cos.device)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
-        self.reset_parameters()
+        if self.weights_source is not None:
+            self.weights_source.load_into(self)
+        else:
+            self.reset_parameters()
+        for module in self.modules():
+            if getattr(module, "adapter", False):
+                module.reset_parameters()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         seq = tokens.shape[1]

@@ -1,0 +1,217 @@
+"""A Hugging Face-format Llama checkpoint (config.json + safetensors shards, with
+model.safetensors.index.json when sharded) read into the shared Llama, and written from it (the mini's
+shipped base).
+
+Names: `model.layers.{i}.self_attn.{q,k,v,o}_proj` (or the MLPerf checkpoint's fused `qkv_proj`, q then k
+then v rows), `mlp.{gate,up,down}_proj`, `input_layernorm`, `post_attention_layernorm`,
+`model.embed_tokens`, `model.norm`, `lm_head`. Hugging Face's conversion permutes the rows of q and k so
+that its rotary embedding can rotate halves; this Llama rotates interleaved pairs as Meta's code does, so
+those rows are permuted back on reading (and forth on writing).
+
+Tensors are read one at a time from the memory-mapped shards (safetensors' lazy slices): a process of a
+sharded model holds one whole tensor at a time (the largest, the embeddings: 0.5 GB in bf16 for Llama 2
+70B), keeps its shard and drops the rest. Anything missing or of the wrong shape or dtype is one line
+naming the file."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainperf.errors import TrainperfError
+from trainperf.files import write_json_atomic
+from trainperf.workloads.llama31_8b.model import LlamaConfig
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+DTYPES = {"torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16, "torch.float32": torch.float32,
+          "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+
+
+def read_config(folder: Path) -> LlamaConfig:
+    """config.json as a LlamaConfig (Llama 2: no rotary scaling)."""
+    path = folder / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        scaling = raw.get("rope_scaling") or {}
+        config = LlamaConfig(
+            layers=int(raw["num_hidden_layers"]), dim=int(raw["hidden_size"]), heads=int(raw["num_attention_heads"]),
+            kv_heads=int(raw.get("num_key_value_heads") or raw["num_attention_heads"]),
+            ffn_dim=int(raw["intermediate_size"]), vocab_size=int(raw["vocab_size"]),
+            norm_eps=float(raw.get("rms_norm_eps", 1e-5)), rope_theta=float(raw.get("rope_theta", 10_000.0)),
+            rope_factor=float(scaling.get("factor", 0.0)) if scaling.get("rope_type", scaling.get("type")) == "llama3"
+            else 0.0,
+            rope_low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
+            rope_high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
+            rope_original_context=int(scaling.get("original_max_position_embeddings",
+                                                  raw.get("max_position_embeddings", 4096))))
+        if raw.get("tie_word_embeddings"):
+            raise TrainperfError(f"{path}: tie_word_embeddings is true; Llama's input and output embeddings are untied")
+    except OSError as exc:
+        raise TrainperfError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise TrainperfError(f"{path}: not a Llama config.json ({type(exc).__name__}: {_one_line(exc)})") from None
+    return config
+
+
+def _permute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Meta's row order -> Hugging Face's (each head's interleaved pairs split into two halves)."""
+    rows, cols = w.shape
+    return w.view(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    rows, cols = w.shape
+    return w.view(heads, 2, rows // heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def hf_names(config: LlamaConfig) -> Iterator[tuple[str, str]]:
+    """(this Llama's parameter name, Hugging Face's) for every base parameter."""
+    yield "tok_embeddings.weight", "model.embed_tokens.weight"
+    for i in range(config.layers):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        for a, b in (("attention.wq", "self_attn.q_proj"), ("attention.wk", "self_attn.k_proj"),
+                     ("attention.wv", "self_attn.v_proj"), ("attention.wo", "self_attn.o_proj"),
+                     ("feed_forward.w1", "mlp.gate_proj"), ("feed_forward.w3", "mlp.up_proj"),
+                     ("feed_forward.w2", "mlp.down_proj"), ("attention_norm", "input_layernorm"),
+                     ("ffn_norm", "post_attention_layernorm")):
+            yield f"{ours}{a}.weight", f"{theirs}{b}.weight"
+    yield "norm.weight", "model.norm.weight"
+    yield "output.weight", "lm_head.weight"
+
+
+class Checkpoint:
+    """The tensors of one checkpoint folder, by Hugging Face name, read lazily from their shards."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.config = read_config(folder)
+        index = folder / INDEX
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+                self.files = {str(name): folder / str(file) for name, file in weight_map.items()}
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise TrainperfError(f"{index}: not a safetensors index ({type(exc).__name__})") from None
+        elif (folder / SINGLE).is_file():
+            self.files = {name: folder / SINGLE for name in self._names(folder / SINGLE)}
+        else:
+            raise TrainperfError(f"{folder}: no {INDEX} nor {SINGLE} (a Hugging Face checkpoint folder)")
+        self._open: dict[Path, Any] = {}
+
+    @staticmethod
+    def _names(path: Path) -> list[str]:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                return list(f.keys())
+        except Exception as exc:  # safetensors raises its own error types for a damaged header
+            raise TrainperfError(f"{path}: not a safetensors file ({type(exc).__name__}: {_one_line(exc)})") from None
+
+    def _file(self, name: str) -> Any:
+        from safetensors import safe_open
+
+        path = self.files[name]
+        if path not in self._open:
+            if not path.is_file():
+                raise TrainperfError(f"{path}: missing (the shard {self.folder / INDEX} names for {name})")
+            try:
+                self._open[path] = safe_open(str(path), framework="pt")
+            except Exception as exc:
+                raise TrainperfError(f"{path}: not a safetensors file ({type(exc).__name__}: "
+                                     f"{_one_line(exc)})") from None
+        return self._open[path]
+
+    def _tensor(self, name: str, shape: tuple[int, ...]) -> Any:
+        if name not in self.files:
+            raise TrainperfError(f"{self.folder}: no tensor {name} in the checkpoint")
+        piece = self._file(name).get_slice(name)
+        found = tuple(piece.get_shape())
+        if found != shape:
+            raise TrainperfError(f"{self.files[name]}: {name} has shape {list(found)}, the config says {list(shape)}")
+        dtype = DTYPES.get(piece.get_dtype())
+        if dtype is None:
+            raise TrainperfError(f"{self.files[name]}: {name} is {piece.get_dtype()}, expected BF16, F16 or F32")
+        return piece
+
+    def full(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """One of this Llama's base tensors, whole, in Meta's row order."""
+        config = self.config
+        q_rows, kv_rows = config.heads * config.head_dim, config.kv_heads * config.head_dim
+        theirs = dict(hf_names(config))[name]
+        module = theirs.split(".")[-2]
+        fused = theirs.replace(f".{module}.", ".qkv_proj.")
+        if module in ("q_proj", "k_proj", "v_proj") and fused in self.files and theirs not in self.files:
+            piece = self._tensor(fused, (q_rows + 2 * kv_rows, config.dim))
+            start = {"q_proj": 0, "k_proj": q_rows, "v_proj": q_rows + kv_rows}[module]
+            tensor = piece[start:start + shape[0]]
+        else:
+            tensor = self._tensor(theirs, shape)[:]
+        if theirs.endswith("q_proj.weight"):
+            tensor = _unpermute(tensor, config.heads)
+        elif theirs.endswith("k_proj.weight"):
+            tensor = _unpermute(tensor, config.kv_heads)
+        return tensor
+
+    def load_into(self, model: nn.Module) -> None:
+        """Copy every base parameter of `model` (plain or a DTensor shard) from the checkpoint."""
+        params = dict(_plain_named(model))
+        for name, _ in hf_names(self.config):
+            if name not in params:
+                raise TrainperfError(f"{self.folder}: the model has no parameter {name} (another shape?)")
+            param = params[name]
+            full = self.full(name, tuple(param.shape))
+            with torch.no_grad():
+                if hasattr(param, "to_local"):
+                    from torch.distributed.tensor import distribute_tensor
+
+                    local = distribute_tensor(full.to(param.dtype), param.device_mesh, param.placements).to_local()
+                    param.to_local().copy_(local)
+                else:
+                    param.copy_(full)
+
+
+def _plain_named(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, p in model.named_parameters():
+        yield name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", ""), p
+
+
+def write(model: nn.Module, config: LlamaConfig, folder: Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """The base of `model` as a Hugging Face checkpoint (one shard), as a conversion would write it."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    params = dict(_plain_named(model))
+    tensors = {}
+    for name, theirs in hf_names(config):
+        tensor = params[name].detach().to(dtype)
+        if theirs.endswith("q_proj.weight"):
+            tensor = _permute(tensor, config.heads)
+        elif theirs.endswith("k_proj.weight"):
+            tensor = _permute(tensor, config.kv_heads)
+        tensors[theirs] = tensor.contiguous()
+    partial = folder / (SINGLE + ".partial")
+    save_file(tensors, str(partial), metadata={"format": "pt"})
+    mask = os.umask(0)
+    os.umask(mask)
+    partial.chmod(0o666 & ~mask)  # safetensors writes owner-only; a checkpoint is as readable as any file
+    partial.replace(folder / SINGLE)
+    write_json_atomic(folder / "config.json", {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": config.dim,
+        "intermediate_size": config.ffn_dim, "num_attention_heads": config.heads,
+        "num_hidden_layers": config.layers, "num_key_value_heads": config.kv_heads, "vocab_size": config.vocab_size,
+        "rms_norm_eps": config.norm_eps, "rope_theta": config.rope_theta, "rope_scaling": None,
+        "max_position_embeddings": config.rope_original_context, "tie_word_embeddings": False,
+        "torch_dtype": str(dtype).removeprefix("torch.")})
+
+
+def _one_line(exc: BaseException) -> str:
+    """A library's message on one line (pyarrow's and safetensors' span several)."""
+    return " ".join(str(exc).split())[:300]
