@@ -66,8 +66,8 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer, before: dict[int, str], m
 
 def materialize(model: nn.Module, device: torch.device) -> None:
     """A model built on the meta device, sharded: storage for this process's shards (and its buffers) on
-    `device`, then the model's own `init_weights()`. On a GPU, DTensor's random number tracker draws each
-    shard as its part of the whole tensor; on a CPU mesh every shard draws the same numbers (torch's
+    `device`, then the model's own `init_weights()`. On a GPU, DTensor's random number tracker is meant to
+    draw each shard as its part of the whole tensor (untested here); on a CPU mesh every shard draws the same numbers (torch's
     fallback), so a CPU run with meta_init is initialised differently from one without."""
     init = getattr(model, "init_weights", None)
     if not callable(init):
@@ -113,7 +113,10 @@ class FSDPEngine(Engine):
 
             every = 1 if spec.checkpointing == "full" else 2
             for i in range(0, len(blocks), every):
-                blocks[i] = checkpoint_wrapper(blocks[i], preserve_rng_state=False)
+                # A block with dropout (LoRA's adapters) must draw the same masks when recomputed, or its
+                # gradients are not those of its forward; without, saving the random state is wasted.
+                random = any(isinstance(m, nn.Dropout) and m.p > 0 for m in blocks[i].modules())
+                blocks[i] = checkpoint_wrapper(blocks[i], preserve_rng_state=random)
         if recipe.compile:
             for i in range(len(blocks)):
                 blocks[i] = torch.compile(blocks[i])

@@ -101,7 +101,8 @@ class LoraWorkload(Workload[LoraRecipe]):
         with torch.device("meta"):
             model = Llama(recipe.model, recipe.seq_len)
         if recipe.precision in ("bf16", "fp8"):
-            model.to(torch.bfloat16)  # the frozen base in bf16, as the reference loads it
+            for param in model.parameters():  # the frozen base in bf16, as the reference loads it; the
+                param.data = param.data.to(torch.bfloat16)  # rotary tables stay fp32
         model.weights_source = checkpoint
         trained = add_adapters(model, recipe.lora_rank, recipe.lora_alpha, recipe.lora_dropout)
         optimizer = torch.optim.AdamW(trained, lr=recipe.base_lr, betas=(recipe.beta1, recipe.beta2), eps=recipe.eps,

@@ -44,9 +44,19 @@ def read_rows(path: Path, vocab_size: int, seq_len: int) -> tuple[list[np.ndarra
         raise TrainperfError(f"{path}: missing") from None
     except Exception as exc:  # pyarrow's errors for a damaged file
         raise TrainperfError(f"{path}: not a parquet file ({type(exc).__name__}: {_one_line(exc)})") from None
+    import pyarrow as pa
+
     missing = [c for c in ("input_ids", "labels") if c not in table.column_names]
     if missing:
         raise TrainperfError(f"{path}: no column {', '.join(missing)} (found {', '.join(table.column_names)})")
+    for name in ("input_ids", "labels"):
+        kind = table.schema.field(name).type
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(kind.value_type) \
+                or (pa.types.is_unsigned_integer(kind.value_type) and kind.value_type.bit_width > 32):
+            raise TrainperfError(f"{path}: column {name} is {kind}, expected lists of integer token ids")
+        column = table.column(name)
+        if column.null_count or any(chunk.values.null_count for chunk in column.chunks):
+            raise TrainperfError(f"{path}: column {name} holds nulls, expected token ids in every row")
     ids, labels = [], []
     for i, (row_ids, row_labels) in enumerate(zip(table.column("input_ids").to_pylist(),
                                                   table.column("labels").to_pylist(), strict=True)):
@@ -62,6 +72,9 @@ def read_rows(path: Path, vocab_size: int, seq_len: int) -> tuple[list[np.ndarra
         if not kept[1:].any() or b[kept].min() < 0 or b[kept].max() >= vocab_size:
             raise TrainperfError(f"{path}: row {i}: labels must be token ids or -100, with one at least "
                                  "after the first position")
+        if (b[kept] != a[kept]).any():
+            raise TrainperfError(f"{path}: row {i}: labels differ from input_ids where kept (Hugging Face's "
+                                 "labels are the ids themselves; the model shifts them)")
         ids.append(a)
         labels.append(b)
     if not ids:

@@ -40,6 +40,9 @@ def read_config(folder: Path) -> LlamaConfig:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         scaling = raw.get("rope_scaling") or {}
+        kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
+        if kind not in (None, "llama3", "default"):
+            raise TrainperfError(f"{path}: rope_scaling of type {kind!r}: Llama's own (llama3) or none only")
         config = LlamaConfig(
             layers=int(raw["num_hidden_layers"]), dim=int(raw["hidden_size"]), heads=int(raw["num_attention_heads"]),
             kv_heads=int(raw.get("num_key_value_heads") or raw["num_attention_heads"]),
@@ -96,9 +99,14 @@ class Checkpoint:
         if index.is_file():
             try:
                 weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-                self.files = {str(name): folder / str(file) for name, file in weight_map.items()}
+                self.files = {str(name): folder / file for name, file in weight_map.items()}
+                bad = [name for name, file in weight_map.items()
+                       if not isinstance(file, str) or Path(file).name != file or file in ("", ".", "..")]
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise TrainperfError(f"{index}: not a safetensors index ({type(exc).__name__})") from None
+            if bad:
+                raise TrainperfError(f"{index}: {bad[0]} maps to {weight_map[bad[0]]!r}, expected a shard's file "
+                                     "name in this folder")
         elif (folder / SINGLE).is_file():
             self.files = {name: folder / SINGLE for name in self._names(folder / SINGLE)}
         else:
@@ -132,7 +140,13 @@ class Checkpoint:
     def _tensor(self, name: str, shape: tuple[int, ...]) -> Any:
         if name not in self.files:
             raise TrainperfError(f"{self.folder}: no tensor {name} in the checkpoint")
-        piece = self._file(name).get_slice(name)
+        handle = self._file(name)
+        if name not in handle.keys():
+            raise TrainperfError(f"{self.files[name]}: no tensor {name}, which {self.folder / INDEX} places there")
+        try:
+            piece = handle.get_slice(name)
+        except Exception as exc:  # safetensors' own error types
+            raise TrainperfError(f"{self.files[name]}: {name}: {_one_line(exc)}") from None
         found = tuple(piece.get_shape())
         if found != shape:
             raise TrainperfError(f"{self.files[name]}: {name} has shape {list(found)}, the config says {list(shape)}")
@@ -172,7 +186,9 @@ class Checkpoint:
                 if hasattr(param, "to_local"):
                     from torch.distributed.tensor import distribute_tensor
 
-                    local = distribute_tensor(full.to(param.dtype), param.device_mesh, param.placements).to_local()
+                    # Every process read the same tensor: each keeps its shard, nothing is scattered.
+                    local = distribute_tensor(full.to(param.dtype), param.device_mesh, param.placements,
+                                              src_data_rank=None).to_local()
                     param.to_local().copy_(local)
                 else:
                     param.copy_(full)

@@ -38,7 +38,8 @@ class LowRank(nn.Module):
 
             full = torch.empty(weight.shape, dtype=weight.dtype, device=weight.to_local().device)
             nn.init.kaiming_uniform_(full, a=math.sqrt(5))
-            weight.to_local().copy_(distribute_tensor(full, weight.device_mesh, weight.placements).to_local())
+            weight.to_local().copy_(distribute_tensor(full, weight.device_mesh, weight.placements,
+                                                      src_data_rank=None).to_local())
         else:
             nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
         nn.init.zeros_(self.lora_b.weight)
