@@ -67,8 +67,9 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer, before: dict[int, str], m
 def materialize(model: nn.Module, device: torch.device) -> None:
     """A model built on the meta device, sharded: storage for this process's shards (and its buffers) on
     `device`, then the model's own `init_weights()`. On a GPU, DTensor's random number tracker is meant to
-    draw each shard as its part of the whole tensor (untested here); on a CPU mesh every shard draws the same numbers (torch's
-    fallback), so a CPU run with meta_init is initialised differently from one without."""
+    draw each shard as its part of the whole tensor (untested here); on a CPU mesh every shard draws the
+    same numbers (torch's fallback), so a CPU run with meta_init is initialised differently from one
+    without."""
     init = getattr(model, "init_weights", None)
     if not callable(init):
         raise TrainperfError(f"{type(model).__name__}: built on the meta device, but it has no init_weights() "
