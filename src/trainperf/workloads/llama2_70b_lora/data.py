@@ -15,7 +15,6 @@ Trainer at the reference's evaluation batch of one)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainperf.errors import TrainperfError
+from trainperf.errors import TrainperfError, shown
 from trainperf.spec import DataParts, EpochView, EvalPartial, RuntimeContext
+from trainperf.workloads.llama31_8b.data import lockstep_rows
 
 TRAIN = "data/train-00000-of-00001.parquet"
 VALID = "data/validation-00000-of-00001.parquet"
@@ -43,7 +43,8 @@ def read_rows(path: Path, vocab_size: int, seq_len: int) -> tuple[list[np.ndarra
     except FileNotFoundError:
         raise TrainperfError(f"{path}: missing") from None
     except Exception as exc:  # pyarrow's errors for a damaged file
-        raise TrainperfError(f"{path}: not a parquet file ({type(exc).__name__}: {_one_line(exc)})") from None
+        raise TrainperfError(f"{path}: not a parquet file ({type(exc).__name__}: "
+                             f"{shown(str(exc), 200)})") from None
     import pyarrow as pa
 
     missing = [c for c in ("input_ids", "labels") if c not in table.column_names]
@@ -154,18 +155,10 @@ class GovReport:
 
     def evaluate(self, forward: Callable[[Any], Any]) -> EvalPartial:
         recipe, ctx = self.recipe, self.ctx
-        shard = ctx.shard(recipe.eval_samples)
-        size = recipe.eval_batch_size
-        # Every process runs the same number of forwards (sharded weights are gathered collectively).
-        rounds = math.ceil(math.ceil(recipe.eval_samples / ctx.data_world) / size)
         loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
         samples = torch.zeros((), dtype=torch.float64, device=ctx.device)
-        starts = list(range(shard.start, shard.stop, size))
-        for r in range(rounds):
-            counted = r < len(starts)
-            start = starts[r] if counted else (starts[-1] if starts else 0)
-            rows = list(range(start, min(start + size, shard.stop if starts else start + 1)))
-            losses = forward(stack(*self.valid, rows, recipe.seq_len).to(ctx.device))
+        for rows, counted in lockstep_rows(ctx, recipe.eval_samples, recipe.eval_batch_size):
+            losses = forward(stack(*self.valid, list(rows), recipe.seq_len).to(ctx.device))
             if counted:
                 loss += losses.double().sum()
                 samples += losses.numel()
@@ -176,8 +169,3 @@ def data_parts(recipe: Any, data_dir: Path, ctx: RuntimeContext) -> DataParts:
     data = GovReport(recipe, data_dir, ctx)
     return DataParts(train_batches=data.train_batches, steps_per_epoch=data.steps_per_epoch,
                      train_samples=len(data.train[0]), eval_samples=recipe.eval_samples, evaluate=data.evaluate)
-
-
-def _one_line(exc: BaseException) -> str:
-    """A library's message on one line (pyarrow's and safetensors' span several)."""
-    return " ".join(str(exc).split())[:300]

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainperf.errors import TrainperfError
+from trainperf.errors import TrainperfError, shown
 from trainperf.files import write_json_atomic
 from trainperf.workloads.llama31_8b.model import LlamaConfig
 
@@ -59,7 +59,8 @@ def read_config(folder: Path) -> LlamaConfig:
     except OSError as exc:
         raise TrainperfError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise TrainperfError(f"{path}: not a Llama config.json ({type(exc).__name__}: {_one_line(exc)})") from None
+        raise TrainperfError(f"{path}: not a Llama config.json ({type(exc).__name__}: "
+                             f"{shown(str(exc), 200)})") from None
     return config
 
 
@@ -121,7 +122,8 @@ class Checkpoint:
             with safe_open(str(path), framework="pt") as f:
                 return list(f.keys())
         except Exception as exc:  # safetensors raises its own error types for a damaged header
-            raise TrainperfError(f"{path}: not a safetensors file ({type(exc).__name__}: {_one_line(exc)})") from None
+            raise TrainperfError(f"{path}: not a safetensors file ({type(exc).__name__}: "
+                                 f"{shown(str(exc), 200)})") from None
 
     def _file(self, name: str) -> Any:
         from safetensors import safe_open
@@ -134,7 +136,7 @@ class Checkpoint:
                 self._open[path] = safe_open(str(path), framework="pt")
             except Exception as exc:
                 raise TrainperfError(f"{path}: not a safetensors file ({type(exc).__name__}: "
-                                     f"{_one_line(exc)})") from None
+                                     f"{shown(str(exc), 200)})") from None
         return self._open[path]
 
     def _tensor(self, name: str, shape: tuple[int, ...]) -> Any:
@@ -146,7 +148,7 @@ class Checkpoint:
         try:
             piece = handle.get_slice(name)
         except Exception as exc:  # safetensors' own error types
-            raise TrainperfError(f"{self.files[name]}: {name}: {_one_line(exc)}") from None
+            raise TrainperfError(f"{self.files[name]}: {name}: {shown(str(exc), 200)}") from None
         found = tuple(piece.get_shape())
         if found != shape:
             raise TrainperfError(f"{self.files[name]}: {name} has shape {list(found)}, the config says {list(shape)}")
@@ -226,8 +228,3 @@ def write(model: nn.Module, config: LlamaConfig, folder: Path, dtype: torch.dtyp
         "rms_norm_eps": config.norm_eps, "rope_theta": config.rope_theta, "rope_scaling": None,
         "max_position_embeddings": config.rope_original_context, "tie_word_embeddings": False,
         "torch_dtype": str(dtype).removeprefix("torch.")})
-
-
-def _one_line(exc: BaseException) -> str:
-    """A library's message on one line (pyarrow's and safetensors' span several)."""
-    return " ".join(str(exc).split())[:300]

@@ -126,18 +126,9 @@ class C4Pipeline:
 
     def evaluate(self, forward: Callable[[Any], Any]) -> EvalPartial:
         recipe, ctx = self.recipe, self.ctx
-        shard = ctx.shard(recipe.eval_samples)
-        size = recipe.eval_batch_size
-        # Every process runs the same number of forwards (sharded weights are gathered collectively);
-        # a process with fewer sequences repeats its last batch and does not count it.
-        rounds = math.ceil(math.ceil(recipe.eval_samples / ctx.data_world) / size)
         loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
         tokens = torch.zeros((), dtype=torch.float64, device=ctx.device)
-        starts = list(range(shard.start, shard.stop, size))
-        for r in range(rounds):
-            counted = r < len(starts)
-            start = starts[r] if counted else (starts[-1] if starts else 0)
-            rows = range(start, min(start + size, shard.stop if starts else start + 1))
+        for rows, counted in lockstep_rows(ctx, recipe.eval_samples, recipe.eval_batch_size):
             batch = torch.from_numpy(np.stack([self.valid.sample(0, i) for i in rows])).to(ctx.device)
             if counted:
                 losses = forward(batch)
@@ -146,6 +137,19 @@ class C4Pipeline:
             else:
                 forward(batch)
         return EvalPartial(metric=log_perplexity, sums={"loss": loss, "tokens": tokens})
+
+
+def lockstep_rows(ctx: RuntimeContext, total: int, size: int) -> Iterator[tuple[range, bool]]:
+    """This process's evaluation rows in batches of `size`, and whether each counts. Every process runs the
+    same number of forwards (sharded weights are gathered collectively): one with fewer rows repeats its
+    last batch and does not count it."""
+    shard = ctx.shard(total)
+    rounds = math.ceil(math.ceil(total / ctx.data_world) / size)
+    starts = list(range(shard.start, shard.stop, size))
+    for r in range(rounds):
+        counted = r < len(starts)
+        start = starts[r] if counted else (starts[-1] if starts else 0)
+        yield range(start, min(start + size, shard.stop if starts else start + 1)), counted
 
 
 def log_perplexity(totals: dict[str, Any]) -> float:
