@@ -274,6 +274,46 @@ def test_fp8_products_see_rows_in_multiples_of_16_whatever_the_batch(monkeypatch
     assert torch.allclose(out.detach(), expected, atol=0.1 * expected.abs().max().item())
 
 
+def test_a_frozen_fp8_layer_gives_torchaos_input_gradient_without_the_weights_or_the_saved_input():
+    # LoRA's base: torchao's Float8Linear would compute the frozen weight's gradient (a third of the backward's
+    # float8 products, thrown away) and keep the layer's input for it.
+    pytest.importorskip("torchao.float8")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Products(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func.__name__.startswith(("mm", "_scaled_mm"))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    frozen, trained = (torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False)) for _ in range(2))
+    trained.load_state_dict(frozen.state_dict())
+    frozen[0].weight.requires_grad_(False)
+    speedups.to_float8(frozen)
+    speedups.to_float8(trained)
+    frozen, trained = frozen[0], trained[0]
+    assert type(frozen).__name__.startswith("Frozen") and not type(trained).__name__.startswith("Frozen")
+    results = {}
+    for name, layer in (("frozen", frozen), ("trained", trained)):
+        x = torch.randn(48, 64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        saved: list[torch.Tensor] = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(t) or t, lambda t: t):
+            out = layer(x)
+        with Products() as products:
+            out.square().sum().backward()
+        results[name] = (out.detach(), x.grad, products.count, saved)
+    assert torch.equal(results["frozen"][0], results["trained"][0])  # torchao's casts and product
+    assert torch.equal(results["frozen"][1], results["trained"][1])
+    assert frozen.weight.grad is None and trained.weight.grad is not None
+    assert (results["frozen"][2], results["trained"][2]) == (1, 2)  # the input's gradient only
+    assert all(t.shape == (64, 32) for t in results["frozen"][3])  # the weight (transposed), not the input
+    assert any(t.shape == (48, 64) for t in results["trained"][3])
+
+
 def test_fp8_where_it_cannot_run_is_one_line(monkeypatch):
     import sys
 

@@ -173,8 +173,8 @@ def test_the_recipes_follow_the_reference_and_the_rules():
         assert (r.lora_rank, r.lora_alpha, r.lora_dropout, r.max_grad_norm, r.weight_decay) == (16, 32, 0.1, 0.3, 1e-4)
         assert (r.beta1, r.beta2, r.eps, r.warmup_steps, r.end_lr_fraction) == (0.9, 0.999, 1e-8, 0, 0.0)
     assert all(r.max_steps == 1_024 and r.seq_len == 8_192 and r.eval_samples == 173 for r in FULL_RECIPES.values())
-    with pytest.raises(TrainperfError, match="tensor parallelism of the LoRA adapters is not built"):
-        MINI.with_overrides(["tp=2"])
+    with pytest.raises(TrainperfError, match="tensor parallelism splits the heads"):
+        MINI.with_overrides(["tp=3"])  # the heads, not the adapters' rank, bound tensor parallelism
 
 
 def _rows_file(tmp_path, damage):
@@ -245,7 +245,7 @@ def test_the_losses_take_the_labelled_tokens_only():
     assert gov.summary_loss(NextToken(), batch).item() == pytest.approx(math.log(2))
 
 
-def _lora_losses(steps: int = 8) -> list[float]:
+def _lora_losses(tp: int = 1, steps: int = 8) -> list[float]:
     from trainperf import registry
     from trainperf.runtime import distributed
     from trainperf.runtime.fsdp import FSDPEngine
@@ -258,14 +258,15 @@ def _lora_losses(steps: int = 8) -> list[float]:
     ctx = distributed.init_from_env("cpu") if fsdp else RuntimeContext(device=torch.device("cpu"))
     try:
         workload = registry.get("llama2_70b_lora")
-        recipe = workload.recipe("mini").with_overrides(["lora_dropout=0.0", "global_batch_size=4"])
+        recipe = workload.recipe("mini").with_overrides(["lora_dropout=0.0", "global_batch_size=4", f"tp={tp}"])
         torch.manual_seed(0)
         parts = workload.build(recipe, ctx, Assets(workload.assets(recipe, None)))
         parts = FSDPEngine().apply(parts.parallel, parts, recipe, ctx)
         step = TrainStep(parts, 100, recipe, ctx.device, ctx=ctx)
         ids, labels, _ = synthetic.samples(4, 99)
         batch = gov.stack(ids, labels, [0, 1, 2, 3], synthetic.SEQ_LEN)
-        if fsdp:
+        data_parallel = fsdp and tp == 1  # with tp=2 both processes read every row
+        if data_parallel:
             batch = batch[ctx.rank * 2:(ctx.rank + 1) * 2]
         out = []
         for _ in range(steps):
@@ -279,7 +280,10 @@ def _lora_losses(steps: int = 8) -> list[float]:
             distributed.shutdown()
 
 
-def test_fsdp2_on_two_processes_fine_tunes_as_one():
+@pytest.mark.parametrize("tp", [1, 2], ids=["fsdp2", "tp2"])
+def test_two_processes_fine_tune_as_one(tp):
+    # FSDP2 over two data-parallel processes, or the blocks and their adapters split between two tensor-
+    # parallel ones (A replicated beside q|k|v and split beside the output projection, B the other way).
     import uuid
 
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -287,7 +291,7 @@ def test_fsdp2_on_two_processes_fine_tunes_as_one():
     alone = _lora_losses()
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=uuid.uuid4().hex[:8],
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="spawn")
-    both = elastic_launch(config, _lora_losses)()
+    both = elastic_launch(config, _lora_losses)(tp)
     assert alone[-1] < alone[0] - 0.5  # the adapters learn; the base read from the shipped checkpoint
     for rank in (0, 1):
         assert both[rank] == pytest.approx(alone, rel=1e-4, abs=1e-4), (rank, both[rank], alone)
@@ -397,7 +401,7 @@ def test_a_bf16_base_with_fp32_adapters_runs_outside_autocast():
     ids, labels, _ = synthetic.samples(2, 1)
     loss = gov.summary_loss(model, gov.stack(ids, labels, [0, 1], synthetic.SEQ_LEN))
     loss.backward()
-    assert math.isfinite(loss.item()) and model.blocks[0].attention.o_adapter.lora_b.weight.grad is not None
+    assert math.isfinite(loss.item()) and model.blocks[0].attention.o_adapter.lora_b[0].weight.grad is not None
 
 
 def test_recomputed_blocks_draw_the_adapters_dropout_masks_again():
@@ -426,3 +430,34 @@ def test_recomputed_blocks_draw_the_adapters_dropout_masks_again():
         gov.summary_loss(parts.model, batch).backward()
         grads.append(torch.cat([p.grad.flatten() for p in parts.model.parameters() if p.requires_grad]))
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7)
+
+
+def test_fp8_runs_the_frozen_products_in_float8_and_keeps_the_adapters():
+    pytest.importorskip("torchao.float8")
+    from trainperf import registry
+    from trainperf.runtime import speedups
+    from trainperf.runtime.step import TrainStep
+    from trainperf.spec import Assets, RuntimeContext
+    from trainperf.workloads.llama2_70b_lora import data as gov
+    from trainperf.workloads.llama2_70b_lora import synthetic
+
+    workload = registry.get("llama2_70b_lora")
+    ids, labels, _ = synthetic.samples(4, 3)
+    batch = gov.stack(ids, labels, [0, 1, 2, 3], synthetic.SEQ_LEN)
+    losses = {}
+    for precision in ("bf16", "fp8"):
+        recipe = workload.recipe("mini").with_overrides([f"precision={precision}", "lora_dropout=0.0"])
+        ctx = RuntimeContext(device=torch.device("cpu"))
+        torch.manual_seed(0)
+        parts = speedups.assemble(workload, recipe, ctx, Assets(workload.assets(recipe, None)))
+        kinds = {type(m).__name__ for name, m in parts.model.named_modules() if "adapter" not in name}
+        adapters = {type(m).__name__ for name, m in parts.model.named_modules() if "lora_" in name} - {"ModuleList"}
+        if precision == "fp8":
+            # Every frozen product of the base (7 a block and the output layer) in float8; the adapters as they are.
+            frozen = [m for m in parts.model.modules() if type(m).__name__.startswith("Frozen")]
+            assert len(frozen) == 7 * recipe.model.layers + 1 and "Linear" not in kinds
+            assert adapters == {"Linear"}
+        step = TrainStep(parts, 100, recipe, ctx.device, ctx=ctx)
+        losses[precision] = [float(step(batch)) for _ in range(6)]
+    assert losses["fp8"][0] == pytest.approx(losses["bf16"][0], rel=0.03)
+    assert losses["fp8"][-1] < losses["fp8"][0] - 0.3  # the adapters learn through the float8 base

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from trainperf import devices, optional
+from trainperf import devices
 from trainperf.errors import TrainperfError
 from trainperf.spec import Assets, ModelParts, Recipe, RuntimeContext, Workload, bare_model
 
@@ -139,45 +139,12 @@ def to_channels_last(model: torch.nn.Module) -> None:
 
 
 def to_float8(model: torch.nn.Module) -> int:
-    """Swap the model's Linear layers for torchao's float8 training layers (dynamic tensorwise scaling:
-    inputs and weights in e4m3, gradients in e5m2), where both sizes are multiples of 16 (what float8
-    matrix products take); returns how many were swapped. torchao is an optional extra."""
-    convert_to_float8_training = optional.require("torchao.float8", "precision=fp8",
-                                                  optional.TORCHAO).convert_to_float8_training
+    """Swap the model's Linear layers for torchao's float8 training layers (runtime/float8.py: dynamic
+    tensorwise scaling, inputs and weights in e4m3, gradients in e5m2; frozen weights without gradients);
+    returns how many were swapped."""
+    from trainperf.runtime import float8
 
-    def eligible(module: torch.nn.Module, _name: str) -> bool:
-        return (isinstance(module, torch.nn.Linear) and module.in_features % 16 == 0
-                and module.out_features % 16 == 0)
-
-    before = sum(1 for m in model.modules() if eligible(m, ""))
-    convert_to_float8_training(model, module_filter_fn=eligible)
-    for module in model.modules():
-        if type(module).__name__ == "Float8Linear":
-            module.__class__ = _rows_padded(type(module))
-    return before
-
-
-_PADDED: dict[type, type] = {}
-FLOAT8_ROWS = 16  # float8 matrix products (torch._scaled_mm) take only multiples of 16 in every dimension
-
-
-def _rows_padded(float8_linear: type) -> type:
-    """torchao's Float8Linear taking any number of rows: the input's rows padded with zeros to a multiple
-    of 16 and the output sliced back. A batch's token count is rarely one (BERT's packed rows times their
-    sequence slots: 75 on the H100 round, refused by _scaled_mm in the weights' gradient); zero rows change
-    neither the product, the gradients, nor the scales (taken from the largest magnitude)."""
-    if float8_linear not in _PADDED:
-        def forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-            shape = x.shape
-            flat = x.reshape(-1, shape[-1])
-            pad = -flat.shape[0] % FLOAT8_ROWS
-            if pad == 0:
-                return float8_linear.forward(self, x)
-            out = float8_linear.forward(self, torch.nn.functional.pad(flat, (0, 0, 0, pad)))
-            return out[:flat.shape[0]].reshape(*shape[:-1], out.shape[-1])
-
-        _PADDED[float8_linear] = type(f"RowsPadded{float8_linear.__name__}", (float8_linear,), {"forward": forward})
-    return _PADDED[float8_linear]
+    return float8.convert(model)
 
 
 def _call_model(model: torch.nn.Module, batch: Any) -> Any:

@@ -107,7 +107,9 @@ def stack(ids: list[np.ndarray], labels: list[np.ndarray], rows: list[int], seq_
 
 
 def _token_losses(model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = model(batch[:, 0, :-1])
+    # The whole row in, as Hugging Face's model takes it (the last position's prediction has no label): the
+    # sequence stays a multiple of the tensor-parallel processes that sequence parallelism splits it among.
+    logits = model(batch[:, 0])[:, :-1]
     labels = batch[:, 1, 1:]
     losses = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE,
                              reduction="none").view(labels.shape)

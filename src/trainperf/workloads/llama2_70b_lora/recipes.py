@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from trainperf.errors import TrainperfError
 from trainperf.spec.fields import Count, Fraction, Positive
 from trainperf.workloads.llama2_70b_lora.model import LLAMA2_70B
 from trainperf.workloads.llama2_70b_lora.synthetic import BASE_CONFIG, SEQ_LEN, VALID_ROWS
@@ -48,12 +47,6 @@ class LoraRecipe(LlamaRecipe):
     lora_rank: Count = 16
     lora_alpha: Positive = 32.0
     lora_dropout: Fraction = 0.1
-
-    def validate(self) -> None:
-        super().validate()
-        if self.tp != 1:
-            raise TrainperfError(f"recipe field tp={self.tp}: tensor parallelism of the LoRA adapters is not built; "
-                                 "use tp=1 (FSDP2 shards the frozen base)")
 
 
 def _rcp(gbs: int, lr: float) -> LoraRecipe:

@@ -265,6 +265,10 @@ class Llama(nn.Module):
                 prefix + "feed_forward.w3": ColwiseParallel(),
                 prefix + "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
             })
+            for name in ("qkv_adapter", "o_adapter"):  # LoRA's adapters lay themselves out beside the projections
+                adapter = getattr(self.blocks[i].attention, name)
+                if adapter is not None:
+                    plan.update(adapter.tensor_parallel_plan(prefix + "attention." + name))
         return plan
 
 
