@@ -23,6 +23,7 @@ REAL_TREES = {
     "unet3d": ["data/case_00000/imaging.nii.gz", "data/case_00000/segmentation.nii.gz"],
     "ncf": ["ml-20m/ratings.csv"],
     "dlrm": ["day_0", "day_1"],
+    "dlrm_dcnv2": ["day_0_dense.npy", "day_0_sparse_multi_hot.npz", "day_0_labels.npy"],
     "bert": ["hdf5/eval_10k/eval.tfrecord", "phase1/model.ckpt-28252.index"],
     "rnnt": ["LibriSpeech/dev-clean/84/121123/84-121123-0000.flac"],
     "gnmt": ["train.tok.clean.bpe.32000.en", "newstest2014.tok.bpe.32000.de"],

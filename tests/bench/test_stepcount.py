@@ -46,6 +46,10 @@ BUDGETS: dict[str, Budget] = {
     "minigo": Budget(ops=330),
     "llama31_8b": Budget(ops=700),  # 638: no sync (the causal mask is SDPA's, the loss a plain mean)
     "llama31_405b": Budget(ops=1_050),  # 967: llama31_8b's step with each block recomputed in the backward
+    # 490 ops. In TorchRec's backward, one .item() per dense tensor (25; DLRM's TorchRec path has 16, one per
+    # tensor too: its DDP over the dense part on a CPU group, not yet traced), and one host copy in its sharded
+    # forward, and FBGEMM's batch metadata (in the first steps); torch's per-tensor Adagrad added 25 more (now fused).
+    "dlrm_dcnv2": Budget(ops=540, syncs={"item": 25, "host copy": 2}),
     "llama2_70b_lora": Budget(ops=1_020),  # 929: the frozen base's step recomputed, with the adapters' products
 }
 

@@ -651,6 +651,40 @@ def _read_lora_base(path: Path) -> object:
     return model
 
 
+@cache
+def _multi_hot_day() -> dict[str, bytes]:
+    """A day of 6 rows in the reference's multi-hot layout: its three files' bytes."""
+    from trainperf.workloads.dlrm_dcnv2 import data as mh
+    from trainperf.workloads.dlrm_dcnv2 import synthetic
+
+    folder = Path(tempfile.mkdtemp())
+    dense, sparse, labels, _ = synthetic.Teacher(0).sample(6, np.random.default_rng(0))
+    mh.write_day(folder, 0, dense, sparse, labels)
+    return {path.name: path.read_bytes() for path in mh.day_files(folder, 0)}
+
+
+def _read_multi_hot(path: Path) -> object:
+    from trainperf.workloads.dlrm_dcnv2 import data as mh
+    from trainperf.workloads.dlrm_dcnv2 import synthetic
+
+    for name, content in _multi_hot_day().items():  # the day's other two files, valid
+        if name != path.name:
+            (path.parent / name).write_bytes(content)
+    rows = mh.open_split(path.parent, "train", synthetic.HOTNESS, synthetic.TABLES, 1)
+    return rows.read(0, rows.total)
+
+
+def _stored_member_compressed() -> bytes:
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(_multi_hot_day()["day_0_sparse_multi_hot.npz"])) as source, \
+            zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as target:
+        for info in source.infolist():
+            target.writestr(info.filename, source.read(info.filename))
+    return buffer.getvalue()
+
+
 READERS: list[Reader] = [
     Reader("imagenet jpeg", "n0_0.JPEG", _jpeg, _decode, workloads=("resnet",)),
     Reader("imagenet png named JPEG", "n0_1.JPEG", _png, _decode, workloads=("resnet",)),
@@ -701,6 +735,14 @@ READERS: list[Reader] = [
            workloads=("llama2_70b_lora",), budget=0.5),
     Reader("minigo target network", "target.pt", _minigo_network, _read_minigo_network, workloads=("minigo",)),
     Reader("criteo day.gz", "day_0.gz", _gz(_criteo_day), _parse_gz_day, workloads=("dlrm",)),
+    Reader("multi-hot criteo sparse .npz", "day_0_sparse_multi_hot.npz",
+           lambda: _multi_hot_day()["day_0_sparse_multi_hot.npz"], _read_multi_hot, workloads=("dlrm_dcnv2",),
+           damaged=(("compressed members (np.savez_compressed)", _stored_member_compressed),
+                    ("cut short", lambda: _multi_hot_day()["day_0_sparse_multi_hot.npz"][:-40]))),
+    Reader("multi-hot criteo dense .npy", "day_0_dense.npy", lambda: _multi_hot_day()["day_0_dense.npy"],
+           _read_multi_hot, workloads=("dlrm_dcnv2",)),
+    Reader("multi-hot criteo labels .npy", "day_0_labels.npy", lambda: _multi_hot_day()["day_0_labels.npy"],
+           _read_multi_hot, workloads=("dlrm_dcnv2",)),
     Reader("mlperf log header", "result_0.txt", _mlperf_log, _log_header),
     Reader("mlperf log (check)", "result_0.txt", _mlperf_log, _check_log, budget=0.1),  # the official checker
     Reader("mlperf log (score)", "result_0.txt", _mlperf_log, _score_log),

@@ -347,3 +347,28 @@ def test_a_llama2_70b_lora_folder_scores_as_the_official_summarizer_with_its_sca
     ours = scoring.score_folder(folder, rcp=False)
     assert ours.scaling == 1.1 and ours.score == pytest.approx(official_score, rel=1e-12)
     assert ours.score == pytest.approx(1.1 * plain.score)
+
+
+def test_a_dlrm_dcnv2_folder_scores_as_the_official_summarizer(tmp_path):
+    # DLRM-DCNv2 (rounds 3.0-6.0): 10 runs, the olympic mean; epoch_num a fraction of the epoch.
+    pytest.importorskip("torchrec")
+    import torch
+
+    from tests.conftest import write_minimal_closed_log
+    from trainperf import registry
+    from trainperf.spec import RuntimeContext
+
+    workload = registry.get("dlrm_dcnv2")
+    recipe = workload.recipe("full")
+    hyper = workload.mlperf_hyperparameters(recipe, RuntimeContext(device=torch.device("meta")))
+    folder = tmp_path / "results" / "sys" / "dlrm_dcnv2"
+    folder.mkdir(parents=True)
+    for i in range(10):
+        write_minimal_closed_log(folder / f"result_{i}.txt", "dlrm_dcnv2", recipe.global_batch_size, hyper,
+                                 0.8029, 0.75, train_samples=4_195_197_692, eval_samples=89_137_319)
+    ours = scoring.score_folder(folder, rcp=False)
+    assert ours.ruleset == "6.0.0" and ours.converged == 10 and ours.required_runs == 10
+    with contextlib.redirect_stdout(io.StringIO()):
+        _, _, official_score, _, _ = official._compute_strong_score_standalone(
+            "dlrm_dcnv2", "sys", False, str(folder), "training", "6.0.0", return_full_scores=True)
+    assert ours.score == pytest.approx(official_score, rel=1e-12)

@@ -32,7 +32,7 @@ def to_batch(rows: np.ndarray, device: torch.device,
     return torch.log1p(t[:, 1:1 + dlrm_data.N_DENSE].float()), sparse.long(), t[:, 0].float()
 
 
-def _prefetched(batches: Iterator[Any], depth: int = 4) -> Iterator[Any]:
+def prefetched(batches: Iterator[Any], depth: int = 4) -> Iterator[Any]:
     """Read the next batches from the memory map in a thread while the device trains."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     done = object()
@@ -90,7 +90,7 @@ class CriteoPipeline:
                 start = int(b) * self.batch
                 yield to_batch(self.train[start + self.mine.start:start + self.mine.stop], self.device, self.tables)
 
-        return _prefetched(read()) if self.device.type == "cuda" else read()
+        return prefetched(read()) if self.device.type == "cuda" else read()
 
     def eval_rows(self) -> Iterator[tuple[np.ndarray, int]]:
         """This rank's evaluation batches as (rows, how many of them are real: the rest is padding)."""
