@@ -50,7 +50,8 @@ BUDGETS: dict[str, Budget] = {
     # tensor too: its DDP over the dense part on a CPU group, not yet traced), and one host copy in its sharded
     # forward, and FBGEMM's batch metadata (in the first steps); torch's per-tensor Adagrad added 25 more (now fused).
     "dlrm_dcnv2": Budget(ops=540, syncs={"item": 25, "host copy": 2}),
-    "llama2_70b_lora": Budget(ops=1_170),  # 1,062: the frozen base's step recomputed, the adapters' products (B per q, k, v)
+    # 1,062: the frozen base's step recomputed, the adapters' products (B per q, k, v)
+    "llama2_70b_lora": Budget(ops=1_170),
 }
 
 
