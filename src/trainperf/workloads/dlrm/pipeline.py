@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,20 @@ def prefetched(batches: Iterator[Any], depth: int = 4) -> Iterator[Any]:
         if isinstance(item, BaseException):
             raise item
         yield item
+
+
+def scored(batches: Iterable[tuple[Batch, int]], forward: Callable[[Any], torch.Tensor],
+           device: torch.device) -> EvalPartial:
+    """This process's share of an AUC evaluation: the click probabilities and labels of each batch's real rows
+    (the rest padding), gathered, the AUC taken over all of them."""
+    scores, labels = [], []
+    for batch, real in batches:
+        scores.append(forward(batch)[:real])
+        labels.append(batch[2][:real])
+    empty = torch.zeros(0, device=device)
+    return EvalPartial(metric=lambda t: auc(t["labels"], t["scores"]),
+                       gathers={"scores": torch.cat(scores) if scores else empty,
+                                "labels": torch.cat(labels) if labels else empty})
 
 
 class CriteoPipeline:
@@ -104,15 +118,8 @@ class CriteoPipeline:
             yield rows, real
 
     def evaluate(self, forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
-        scores, labels = [], []
-        for rows, real in self.eval_rows():
-            dense, sparse, label = to_batch(rows, self.device, self.tables)
-            scores.append(forward((dense, sparse, label))[:real])
-            labels.append(label[:real])
-        empty = torch.zeros(0, device=self.device)
-        return EvalPartial(metric=lambda t: auc(t["labels"], t["scores"]),
-                           gathers={"scores": torch.cat(scores) if scores else empty,
-                                    "labels": torch.cat(labels) if labels else empty})
+        batches = ((to_batch(rows, self.device, self.tables), real) for rows, real in self.eval_rows())
+        return scored(batches, forward, self.device)
 
     def parts(self) -> DataParts:
         return DataParts(train_batches=self.train_batches, steps_per_epoch=self.steps,

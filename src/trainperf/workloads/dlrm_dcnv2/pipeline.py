@@ -14,8 +14,7 @@ import torch
 
 from trainperf.errors import TrainperfError
 from trainperf.spec import DataParts, EpochView, EvalPartial, RuntimeContext
-from trainperf.workloads.dlrm.model import auc
-from trainperf.workloads.dlrm.pipeline import prefetched
+from trainperf.workloads.dlrm.pipeline import prefetched, scored
 from trainperf.workloads.dlrm_dcnv2 import data
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -76,14 +75,7 @@ class MultiHotPipeline:
             yield to_batch(rows, self.device), real  # type: ignore[arg-type]
 
     def evaluate(self, forward: Callable[[Any], torch.Tensor]) -> EvalPartial:
-        scores, labels = [], []
-        for batch, real in self.eval_batches():
-            scores.append(forward(batch)[:real])
-            labels.append(batch[2][:real])
-        empty = torch.zeros(0, device=self.device)
-        return EvalPartial(metric=lambda t: auc(t["labels"], t["scores"]),
-                           gathers={"scores": torch.cat(scores) if scores else empty,
-                                    "labels": torch.cat(labels) if labels else empty})
+        return scored(self.eval_batches(), forward, self.device)
 
     def parts(self) -> DataParts:
         return DataParts(train_batches=self.train_batches, steps_per_epoch=self.steps,
