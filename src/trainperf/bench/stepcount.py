@@ -62,10 +62,10 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SKIPPED_FILES = {__file__, contextlib.__file__}
 
 
-def _site() -> str:
+def _site(depth: int = 2) -> str:
     """Where the current operator was called from: the innermost frame outside torch (and this module),
     named relative to the package when it is trainperf's ('workloads/gnmt/model.py:88 (forward)')."""
-    frame = sys._getframe(2)
+    frame = sys._getframe(depth)
     while frame is not None:
         path = frame.f_code.co_filename
         if not path.startswith(_TORCH_DIR) and path not in _SKIPPED_FILES:
@@ -132,8 +132,11 @@ class _Dispatched(TorchDispatchMode):
     """Counts every operator dispatched (forward, backward and the optimizer alike), and the
     synchronisations among them (on tensors `residency` places on the device)."""
 
-    def __init__(self, residency: Residency | None = None) -> None:
+    def __init__(self, residency: Residency | None = None, replays: bool = False) -> None:
         super().__init__()
+        # replays: each step's operators and their output shapes, with where they were called from, kept to
+        # compare two steps (`next_replay`): what CUDA Graphs would replay must be the same work.
+        self.replays: list[list[tuple[str, str, str]]] | None = [[]] if replays else None
         self.ops: Counter[str] = Counter()
         self.kernels = 0
         self.syncs: Counter[str] = Counter()
@@ -152,12 +155,31 @@ class _Dispatched(TorchDispatchMode):
             self.syncs[kind] += 1
             self.sites[f"{kind}: {_site()}"] += 1
         out = func(*args, **kwargs)
+        if self.replays is not None:
+            shapes = ",".join(str(list(t.shape)) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+            self.replays[-1].append((str(func), shapes, _site(2)))
         if on_host:  # what is made of host tensors alone stays on the host
             for tensor in pytree.tree_leaves(out):
                 self.residency.mark_host(tensor)
         for index in _HOST_OUTPUTS.get(func.overloadpacket, ()):
             self.residency.mark_host(out[index])
         return out
+
+
+def first_difference(before: list[tuple[str, str, str]], after: list[tuple[str, str, str]]) -> str | None:
+    """Where two replays of a step part: the first operator that differs in kind or output shapes (what a
+    captured graph could not replay), or one step's extra operators; None when they are the same work."""
+    for (op_a, shapes_a, _), (op_b, shapes_b, site) in zip(before, after, strict=False):
+        if op_a != op_b:
+            return f"{site}: {op_b} where the step before ran {op_a} (another path through the step)"
+        if shapes_a != shapes_b:
+            return f"{site}: {op_b} made {shapes_b} where the step before made {shapes_a}"
+    if len(before) != len(after):
+        longer = after if len(after) > len(before) else before
+        extra = longer[min(len(before), len(after))]
+        return (f"{extra[2]}: {extra[0]} and {abs(len(after) - len(before))} more operators in one step than in "
+                "the other")
+    return None
 
 
 def _on_host(device: Any) -> bool:
@@ -290,6 +312,9 @@ class StepCounts:
     # Where the synchronisations and host-data tensors come from, per step: "kind: file:line (function)".
     sites: dict[str, float] = field(default_factory=dict)
     device: str = "cpu"
+    # Where two counted steps of the same batch did different work (first_difference); None: the same (or one
+    # step counted). A step that differs cannot be captured once and replayed.
+    unstable: str | None = None
 
     @property
     def sync_total(self) -> float:
@@ -356,11 +381,17 @@ def count_step(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: 
     ctx.synchronize()
     residency = Residency(ctx.device)
     residency.add_optimizer(parts.optimizer)
-    mode = _Dispatched(residency)
+    mode = _Dispatched(residency, replays=steps > 1)
     host_data: Counter[str] = Counter()
     with _host_hooks(mode.syncs, host_data, mode.sites, residency), _HostFactories(residency), mode:
-        for _ in range(steps):
+        for i in range(steps):
+            if mode.replays is not None and i:
+                mode.replays.append([])
             step(batch)
+    unstable = None
+    if mode.replays is not None:
+        unstable = next((d for a, b in zip(mode.replays, mode.replays[1:], strict=False)
+                         if (d := first_difference(a, b))), None)
     walls, hosts = [], []
     for _ in range(timed_steps):
         wall, inside = _time_inside_ops(lambda: (step(batch), ctx.synchronize()))
@@ -375,7 +406,7 @@ def count_step(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: 
         step_ms=statistics.median(walls) * 1e3 if walls else None,
         host_ms=statistics.median(hosts) * 1e3 if hosts else None,
         top_ops=[(name, n * per) for name, n in mode.ops.most_common(8)], device=str(ctx.device),
-        sites={site: n * per for site, n in mode.sites.most_common()})
+        sites={site: n * per for site, n in mode.sites.most_common()}, unstable=unstable)
 
 
 def probe(workload: Workload, ctx: RuntimeContext, sets: list[str] | None = None, recipe_name: str | None = None,

@@ -396,6 +396,9 @@ def _count_ops(workload: Any, args: argparse.Namespace, sets: list[str]) -> int:
     print("most dispatched: " + ", ".join(f"{name} {n:g}" for name, n in counts.top_ops))
     for site, n in counts.sites.items():
         print(f"  {n:g} x {site}")
+    if args.steps > 1:  # two counted steps of the same batch: the same work, as a captured graph replays it?
+        print("replays: " + (f"differ at {counts.unstable}" if counts.unstable else
+                             f"the same operators and shapes in each of the {args.steps} counted steps"))
     if args.json:
         write_json_atomic(Path(args.json), counts.to_dict())
         print(f"wrote {args.json}")

@@ -1,0 +1,87 @@
+"""Whether each workload's full-scale forward and loss compile as one graph: torch._dynamo's graph breaks (and
+why), traced at the workload's CPU-sized probe settings (Workload.step_probe) on the synthetic batch, and
+whether the step replays the same work (two counted steps of one batch: trainperf/bench/stepcount.py).
+
+    python benchmarks/graph_breaks.py [--only bert,rnnt] [--markdown]
+
+What `--cuda-graphs` needs of a step, measured without a GPU: one graph (no break) and the same operators and
+shapes every step (CUDA Graphs replay a recording). Tracing uses dynamo's eager backend: no code generation,
+so the figures are the graph's structure, not a compile time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from typing import Any
+
+import torch
+
+from trainperf import registry
+from trainperf.bench import stepcount
+from trainperf.runtime import speedups
+from trainperf.spec import Assets, RuntimeContext
+
+
+def breaks(name: str) -> dict[str, Any]:
+    """Graph breaks of `name`'s loss (forward and loss function) at its probe settings."""
+    workload = registry.get(name)
+    recipe = workload.recipe("full").with_overrides([*workload.step_probe, "compile=false", "cuda_graphs=false",
+                                                      "async_eval=false"])
+    ctx = RuntimeContext(device=torch.device("cpu"))
+    torch.manual_seed(0)
+    parts = speedups.assemble(workload, recipe, ctx, Assets(workload.assets(recipe, None)))
+    batch = workload.synthetic_batch(recipe, ctx, parts.model)
+    parts.model.train()
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(lambda b: parts.loss_fn(parts.model, b))(batch)
+    reasons: dict[str, int] = {}
+    for reason in explained.break_reasons:
+        frame = reason.user_stack[-1] if reason.user_stack else None
+        where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}" if frame is not None else "?"
+        key = f"{where}: {reason.reason.splitlines()[0][:90]}"
+        reasons[key] = reasons.get(key, 0) + 1
+    return {"workload": name, "graphs": explained.graph_count, "breaks": explained.graph_break_count,
+            "reasons": reasons}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated workloads (default: all)")
+    parser.add_argument("--markdown", action="store_true", help="print the table as markdown (docs/gpus.md)")
+    args = parser.parse_args()
+    names = args.only.split(",") if args.only else registry.names()
+    rows = []
+    for name in names:
+        start = time.perf_counter()
+        try:
+            with stepcount.quiet_native_stderr():
+                row = breaks(name)
+                counts = stepcount.probe(registry.get(name), RuntimeContext(device=torch.device("cpu")), steps=2,
+                                         timed_steps=0)
+            row.update(syncs=counts.sync_total, replays="same" if counts.unstable is None else counts.unstable)
+        except Exception as exc:  # noqa: BLE001 - one workload's failure is a row of the table, not the end
+            row = {"workload": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"}
+        row["seconds"] = round(time.perf_counter() - start, 1)
+        rows.append(row)
+        print(row, file=sys.stderr, flush=True)
+        gc.collect()
+    if args.markdown:
+        print("| workload | graphs | graph breaks (where: why) | syncs / step | two steps replay |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            if "error" in r:
+                print(f"| {r['workload']} | - | {r['error']} | - | - |")
+                continue
+            why = "; ".join(f"{n} × {k}" for k, n in r["reasons"].items()) or "-"
+            print(f"| {r['workload']} | {r['graphs']} | {r['breaks']}: {why} | {r['syncs']:g} | {r['replays']} |")
+    else:
+        for r in rows:
+            print(r)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
