@@ -8,8 +8,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainperf import devices
 from trainperf.errors import TrainperfError
@@ -101,14 +104,27 @@ def estimate(workload: Workload, recipe: Recipe, ctx: RuntimeContext, parts: Mod
             seen[storage.data_ptr()] = storage.nbytes()
         return tensor
 
+    # Per sample is what the forward makes and autograd keeps, and the batch itself: not what existed before
+    # it (weights, buffers, optimizer state: FBGEMM's fused Adagrad keeps its accumulator among the lookup's
+    # saved tensors, which counted DLRM-DCNv2's tables' state as activations).
+    made = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves(batch)
+            if isinstance(t, torch.Tensor) and t.device.type != "meta"}
+
+    class Made(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            made.update(t.untyped_storage().data_ptr() for t in pytree.tree_leaves(out)
+                        if isinstance(t, torch.Tensor) and t.device.type != "meta")
+            return out
+
     # The eager module: a compiled or wrapped one would compile (or sync) for a probe-sized batch.
     model = bare_model(parts.model)
     model.train()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), Made():
         loss = parts.loss_fn(model, batch)
     del loss, batch
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved = sum(size for ptr, size in seen.items() if ptr not in params)
+    saved = sum(size for ptr, size in seen.items() if ptr in made and ptr not in params)
     state, resident = _state_bytes(parts, ctx.device)
     free = available(ctx.device)
     return Estimate(state, saved // units, None if free is None else free + resident)
