@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from trainperf import devices
 from trainperf.runtime import speedups
@@ -247,7 +247,10 @@ def _host_hooks(syncs: Counter[str], host_data: Counter[str], sites: Counter[str
                 syncs["host copy"] += 1
                 sites[f"host copy: {_site()}"] += 1
                 if original is torch.Tensor.cpu and tensor.device.type == "cpu":
-                    copy = tensor.clone()  # a distinct host tensor (on a CPU, .cpu() returns the tensor itself)
+                    # A distinct host tensor (on a CPU, .cpu() returns the tensor itself), made outside the
+                    # counting: the copy stands for the transfer, not for operators of the step.
+                    with _disable_current_modes():
+                        copy = tensor.clone()
                     residency.mark_host(copy)
                     return copy
             result = original(tensor, *args, **kwargs)
@@ -410,9 +413,10 @@ def count_step(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: 
 
 
 def probe(workload: Workload, ctx: RuntimeContext, sets: list[str] | None = None, recipe_name: str | None = None,
-          warmup: int = 1, steps: int = 2, timed_steps: int = 2) -> StepCounts:
+          warmup: int = 2, steps: int = 2, timed_steps: int = 2) -> StepCounts:
     """The counts of `workload`'s full-scale step at its `step_probe` settings (then `sets`), built as
-    a synthetic benchmark builds it: no dataset."""
+    a synthetic benchmark builds it: no dataset. Two warm-up steps: the first makes the optimizers' state, the
+    second is where DDP rebuilds its buckets (a broadcast, once: TorchRec's dense part is under DDP)."""
     overrides = [*workload.step_probe, *(sets or [])]
     recipe = workload.recipe("full", recipe_name).with_overrides(overrides)
     workload.check_recipe(recipe)

@@ -179,7 +179,7 @@ def shard(parts: ModelParts, ctx: RuntimeContext, batch_size: int) -> ModelParts
     optimizer the embeddings' fused one (in the backward) with the workload's dense one."""
     import torch.distributed as dist
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
     from torchrec.optim.keyed import KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
@@ -196,8 +196,11 @@ def shard(parts: ModelParts, ctx: RuntimeContext, batch_size: int) -> ModelParts
     layout_rows = describe(chosen, parts.model)
     dense = parts.optimizer
     with _quiet():
+        # The dense part's DDP without static_graph (TorchRec's default): with it, DDP read a flag of every
+        # dense parameter back to the host in each backward (25 synchronisations a step in DLRM-DCNv2's).
         model = DistributedModelParallel(parts.model, env=ShardingEnv.from_process_group(dist.group.WORLD),
-                                         device=ctx.device, plan=chosen, sharders=[EmbeddingBagCollectionSharder()])
+                                         device=ctx.device, plan=chosen, sharders=[EmbeddingBagCollectionSharder()],
+                                         data_parallel_wrapper=DefaultDataParallelWrapper(static_graph=False))
     wrapped = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
                                     lambda _params: dense)
     parts.model = model

@@ -66,8 +66,12 @@ class DLRM(nn.Module):
             from torchrec import KeyedJaggedTensor
 
             # Feature-major ids, one per sample and table (bags of one), as TorchRec's jagged input.
+            # Each feature's share of the values given, known here: TorchRec would otherwise read it back.
+            rows = sparse.shape[0]
             ids = KeyedJaggedTensor(keys=self.features, values=sparse.t().reshape(-1),
-                                    lengths=torch.ones(sparse.numel(), dtype=torch.int32, device=sparse.device))
+                                    lengths=torch.ones(sparse.numel(), dtype=torch.int32, device=sparse.device),
+                                    length_per_key=[rows] * len(self.features), stride=rows,
+                                    offset_per_key=list(range(0, rows * (len(self.features) + 1), rows)))
             pooled = self.embeddings(ids).values().view(sparse.shape[0], len(self.features), self.dim)
             t = torch.cat([x[:, None, :], pooled.to(x.dtype)], dim=1)
         else:

@@ -72,6 +72,9 @@ class DCNv2(nn.Module):
         if self.max_rows:
             values = torch.remainder(values, self.max_rows)
         lengths = self.bag_sizes.repeat_interleave(rows)
-        kjt = KeyedJaggedTensor(keys=self.features, values=values, lengths=lengths)
+        # Each feature's share of the values, known here: TorchRec would otherwise read it back from the device.
+        per_key = [h * rows for h in self.hotness]
+        kjt = KeyedJaggedTensor(keys=self.features, values=values, lengths=lengths, length_per_key=per_key,
+                                offset_per_key=[0, *itertools.accumulate(per_key)], stride=rows)
         return self.net(dense, kjt).squeeze(-1)
 
