@@ -102,34 +102,39 @@ class _Planted:
         return (kept / (1 + scale)).pow(2).mean() + bias * 0
 
 
+class _PlantedWorkload:
+    """What count_step asks of a workload, around given parts and a batch."""
+
+    name = "planted"
+    speedups = frozenset({"precision", "compile", "fused_optimizer"})
+    host_scoring = "thread"
+
+    def __init__(self, parts, make_batch):
+        self.parts, self.make_batch = parts, make_batch
+
+    def check_recipe(self, recipe):
+        pass
+
+    def build(self, recipe, ctx, assets):
+        return self.parts
+
+    def synthetic_batch(self, recipe, ctx, model):
+        return self.make_batch()
+
+    def batch_samples(self, batch):
+        return batch.shape[0]
+
+    def split_batch(self, batch, n):
+        return [batch]
+
+
 def test_the_counter_finds_what_was_planted(monkeypatch):
     planted = _Planted()
     opt = torch.optim.Adam(planted.model.parameters(), lr=0.1)  # its host-side step counters are no syncs
     parts = ModelParts(model=planted.model, optimizer=opt, loss_fn=planted.loss, lr_schedule=lambda s: (lambda k: 1.0))
-
-    class Workload:
-        name = "planted"
-
-        def check_recipe(self, recipe):
-            pass
-
-        def build(self, recipe, ctx, assets):
-            return parts
-
-        def synthetic_batch(self, recipe, ctx, model):
-            return torch.randn(8, 4)
-
-        def batch_samples(self, batch):
-            return batch.shape[0]
-
-        def split_batch(self, batch, n):
-            return [batch]
-
-        speedups = frozenset({"precision", "compile", "fused_optimizer"})
-        host_scoring = "thread"
-
     recipe = _PlantedRecipe(name="p", global_batch_size=8, max_epochs=1, target=1.0, eval_every=1, eval_first=1)
-    counts = stepcount.count_step(Workload(), recipe, CPU, Assets(), [], steps=2, timed_steps=1)
+    counts = stepcount.count_step(_PlantedWorkload(parts, lambda: torch.randn(8, 4)), recipe, CPU, Assets(), [],
+                                  steps=2, timed_steps=1)
     # The boolean-mask index syncs twice: its forward and its backward each turn the mask into indices.
     assert counts.syncs == {"item": 1, "data-dependent shape": 2, "host copy": 1, "device synchronize": 0}
     assert counts.host_data == 1
@@ -160,29 +165,9 @@ def _two_steps(loss_fn):
     model = nn.Linear(4, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     parts = ModelParts(model=model, optimizer=opt, loss_fn=loss_fn, lr_schedule=lambda s: (lambda k: 1.0))
-
-    class Workload:
-        name = "planted"
-        speedups = frozenset()
-        host_scoring = "thread"
-
-        def check_recipe(self, recipe):
-            pass
-
-        def build(self, recipe, ctx, assets):
-            return parts
-
-        def synthetic_batch(self, recipe, ctx, model):
-            return torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
-
-        def batch_samples(self, batch):
-            return batch.shape[0]
-
-        def split_batch(self, batch, n):
-            return [batch]
-
+    workload = _PlantedWorkload(parts, lambda: torch.randn(8, 4, generator=torch.Generator().manual_seed(0)))
     recipe = _PlantedRecipe(name="p", global_batch_size=8, max_epochs=1, target=1.0, eval_every=1, eval_first=1)
-    return stepcount.count_step(Workload(), recipe, CPU, Assets(), [], steps=3, timed_steps=0)
+    return stepcount.count_step(workload, recipe, CPU, Assets(), [], steps=3, timed_steps=0)
 
 
 def test_a_step_that_does_the_same_work_every_time_replays():

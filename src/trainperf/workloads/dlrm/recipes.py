@@ -24,6 +24,15 @@ CRITEO_1TB_TABLE_SIZES = (39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63
                           2208, 11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36)
 
 
+def check_mlps(embedding_dim: int, bottom_mlp: tuple[int, ...], top_mlp: tuple[int, ...]) -> None:
+    """A DLRM's MLPs as its interaction needs them: the bottom one ends at the tables' width (its output is one
+    of the vectors the interaction combines), the top one at the click logit."""
+    if bottom_mlp[-1:] != (embedding_dim,):
+        raise TrainperfError(f"recipe: bottom_mlp must end with embedding_dim={embedding_dim}, got {bottom_mlp}")
+    if top_mlp[-1:] != (1,):
+        raise TrainperfError(f"recipe: top_mlp must end with 1 (the click logit), got {top_mlp}")
+
+
 @dataclass(frozen=True)
 class DLRMRecipe(Recipe):
     LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
@@ -56,11 +65,7 @@ class DLRMRecipe(Recipe):
 
     def validate(self) -> None:
         super().validate()
-        if self.bottom_mlp[-1:] != (self.embedding_dim,):
-            raise TrainperfError(f"recipe: bottom_mlp must end with embedding_dim={self.embedding_dim}, "
-                                 f"got {self.bottom_mlp}")
-        if self.top_mlp[-1:] != (1,):
-            raise TrainperfError(f"recipe: top_mlp must end with 1 (the click logit), got {self.top_mlp}")
+        check_mlps(self.embedding_dim, self.bottom_mlp, self.top_mlp)
         if len(self.table_sizes) != dlrm_data.N_SPARSE:
             raise TrainperfError(f"recipe field table_sizes: {dlrm_data.N_SPARSE} table sizes expected, got "
                                  f"{len(self.table_sizes)}")

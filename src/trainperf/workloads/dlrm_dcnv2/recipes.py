@@ -12,6 +12,7 @@ from typing import ClassVar
 from trainperf.errors import TrainperfError
 from trainperf.spec import Recipe
 from trainperf.spec.fields import Count, Counts, Positive
+from trainperf.workloads.dlrm.recipes import check_mlps
 from trainperf.workloads.dlrm_dcnv2 import synthetic
 from trainperf.workloads.dlrm_dcnv2.data import MULTI_HOT_SIZES, N_SPARSE, TABLE_SIZES
 
@@ -40,11 +41,7 @@ class DCNv2Recipe(Recipe):
 
     def validate(self) -> None:
         super().validate()
-        if self.bottom_mlp[-1:] != (self.embedding_dim,):
-            raise TrainperfError(f"recipe: bottom_mlp must end with embedding_dim={self.embedding_dim}, "
-                                 f"got {self.bottom_mlp}")
-        if self.top_mlp[-1:] != (1,):
-            raise TrainperfError(f"recipe: top_mlp must end with 1 (the click logit), got {self.top_mlp}")
+        check_mlps(self.embedding_dim, self.bottom_mlp, self.top_mlp)
         for name in ("table_sizes", "multi_hot_sizes"):
             if len(getattr(self, name)) != N_SPARSE:
                 raise TrainperfError(f"recipe field {name}: {N_SPARSE} values expected, got {len(getattr(self, name))}")
