@@ -147,3 +147,22 @@ def test_the_launcher_leaves_the_signal_handlers_as_they_were():
     assert distributed.launch_local(2, ["--version"]).code == 0
     assert [signal.getsignal(s) for s in sigs] == before
     assert os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE") == env
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_while_python_exits_ends_the_command_quietly_with_its_code(sig):
+    """A launcher stops the ranks that outlive a failed one with SIGTERM, which may land after the command
+    has returned, inside an exit hook (torch's compile report): no traceback, the command's exit code."""
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent(f"""
+        import atexit, os, signal, sys, time
+        from trainperf.cli import main
+        atexit.register(lambda: (os.kill(os.getpid(), signal.{sig}), time.sleep(30)))
+        sys.argv = ["trainperf", "list"]
+        raise SystemExit(main())
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=25)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "resnet" in proc.stdout

@@ -68,7 +68,39 @@ def stop_on_signals() -> None:
             signal.signal(sig, _interrupt)
 
 
+def _leave_quietly(code: int) -> None:
+    """Once the command has returned, a stop has nothing left to unwind: Python is running its exit
+    hooks (torch's compile-time report among them), and an `Interrupted` raised inside one prints a
+    traceback. A launcher stopping the ranks that outlive a failed one sends SIGTERM just then. From
+    here a signal ends the process at once, with the command's own exit code."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def leave(_signum: int, _frame: object) -> None:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        if signal.getsignal(sig) not in (signal.SIG_IGN, None):
+            signal.signal(sig, leave)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    code = EXIT_INTERNAL
+    try:
+        code = _main(argv)
+        return code
+    except SystemExit as exc:  # --help, --version, a usage error
+        code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
+        raise
+    finally:
+        if argv is None:  # the command itself, not a caller in the same process (tests)
+            _leave_quietly(code)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     stop_on_signals()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
