@@ -1,12 +1,13 @@
-"""Whether each workload's full-scale forward and loss compile as one graph: torch._dynamo's graph breaks (and
-why), traced at the workload's CPU-sized probe settings (Workload.step_probe) on the synthetic batch, and
-whether the step replays the same work (two counted steps of one batch: trainperf/bench/stepcount.py).
+"""Whether each workload's full-scale training step is what `--cuda-graphs` needs, measured without a GPU at
+the workload's CPU-sized probe settings (Workload.step_probe): its model compiled with fullgraph and static
+shapes, forward and backward (trainperf/bench/graphcheck.py: the first break, recompiles over steps of each
+shape bucket), where a break is, every break of the forward and loss and why (torch._dynamo.explain), the
+step's synchronisations and whether two steps of one batch replay the same work (trainperf/bench/stepcount.py).
 
-    python benchmarks/graph_breaks.py [--only bert,rnnt] [--markdown]
+    python benchmarks/graph_breaks.py [--only bert,rnnt] [--steps 3] [--markdown]
 
-What `--cuda-graphs` needs of a step, measured without a GPU: one graph (no break) and the same operators and
-shapes every step (CUDA Graphs replay a recording). Tracing uses dynamo's eager backend: no code generation,
-so the figures are the graph's structure, not a compile time.
+Tracing uses AOTAutograd without code generation (and dynamo's eager backend for the list of breaks): the
+figures are the graphs' structure, not a compile time.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from trainperf import registry
-from trainperf.bench import stepcount
+from trainperf.bench import graphcheck, stepcount
 from trainperf.runtime import speedups
 from trainperf.spec import Assets, RuntimeContext
 
@@ -50,6 +51,7 @@ def breaks(name: str) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated workloads (default: all)")
+    parser.add_argument("--steps", type=int, default=3, help="training steps of each bucket (default 3)")
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown (docs/gpus.md)")
     args = parser.parse_args()
     names = args.only.split(",") if args.only else registry.names()
@@ -57,8 +59,13 @@ def main() -> int:
     for name in names:
         start = time.perf_counter()
         try:
+            ctx = RuntimeContext(device=torch.device("cpu"))
             with stepcount.quiet_native_stderr():
-                row = breaks(name)
+                found = graphcheck.check(registry.get(name), ctx, steps=args.steps)
+                row = breaks(name) if found.broken else {"workload": name, "reasons": {}}
+                row.update(graphs=found.graphs if not found.broken else row["graphs"], broken=found.broken,
+                           recompiles=found.recompiles, buckets=found.buckets,
+                           graphs_supported="cuda_graphs" in registry.get(name).speedups)
                 counts = stepcount.probe(registry.get(name), RuntimeContext(device=torch.device("cpu")), steps=2,
                                          timed_steps=0)
             row.update(syncs=counts.sync_total, replays="same" if counts.unstable is None else counts.unstable)
@@ -69,14 +76,17 @@ def main() -> int:
         print(row, file=sys.stderr, flush=True)
         gc.collect()
     if args.markdown:
-        print("| workload | graphs | graph breaks (where: why) | syncs / step | two steps replay |")
-        print("|---|---|---|---|---|")
+        print(f"| workload | graphs | first break (fullgraph, forward or backward) | forward breaks (where: why) "
+              f"| recompiles over {args.steps} steps | buckets | syncs / step | two steps replay | --cuda-graphs |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             if "error" in r:
-                print(f"| {r['workload']} | - | {r['error']} | - | - |")
+                print(f"| {r['workload']} | - | {r['error']} | - | - | - | - | - | - |")
                 continue
             why = "; ".join(f"{n} × {k}" for k, n in r["reasons"].items()) or "-"
-            print(f"| {r['workload']} | {r['graphs']} | {r['breaks']}: {why} | {r['syncs']:g} | {r['replays']} |")
+            forward = f"{r['breaks']}: {why}" if r["broken"] else "0"
+            print(f"| {r['workload']} | {r['graphs']} | {r['broken'] or '-'} | {forward} | {r['recompiles']} | "
+                  f"{r['buckets']} | {r['syncs']:g} | {r['replays']} | {'yes' if r['graphs_supported'] else 'no'} |")
     else:
         for r in rows:
             print(r)

@@ -121,6 +121,9 @@ class _PlantedWorkload:
     def synthetic_batch(self, recipe, ctx, model):
         return self.make_batch()
 
+    def shape_buckets(self, recipe):
+        return None
+
     def batch_samples(self, batch):
         return batch.shape[0]
 

@@ -120,6 +120,38 @@ def test_batched_loss_equals_torchvisions_per_image_loss(loss_type, which, refer
         model.head.regression_head._loss_type = "l1" if which == "reference" else "giou"
 
 
+@pytest.mark.parametrize("which", ["mini", "reference"])
+def test_static_shapes_give_the_same_losses_and_gradients(which, reference):
+    """--static-shapes: images resized and boxes padded before the model (present marks the real ones) give
+    the losses and parameter gradients of the model's own path, on a batch with an image without boxes; the
+    padded form's shapes depend only on the bucket of the batch's largest box count."""
+    from trainperf.spec import LengthBuckets
+
+    model, size, classes = (M.mini_retinanet(4), 64, 4) if which == "mini" else (reference, 256, 8)
+    if which == "reference":
+        model.transform.min_size, model.transform.max_size, model.transform.fixed_size = (size,), size, (size, size)
+    model.train()
+    generator = torch.Generator().manual_seed(5)
+    images = [torch.rand(3, size + 16 * i, size, generator=generator) for i in range(3)]  # resized by the model
+    targets = _random_targets(generator, [3, 0, 5], size, classes)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def loss_and_grads(images, targets):
+        torch.manual_seed(0)
+        losses = model(images, targets)
+        total = losses["classification"] + losses["bbox_regression"]
+        return [losses["classification"], losses["bbox_regression"], *torch.autograd.grad(total, params)]
+
+    buckets = LengthBuckets((4, 8))
+    static_images, padded = model.static_inputs(images, targets, buckets)
+    assert static_images.shape == (3, 3, size, size) and padded["boxes"].shape == (3, 8, 4)
+    assert padded["present"].sum(1).tolist() == [3, 0, 5]
+    for mine, theirs in zip(loss_and_grads(static_images, padded), loss_and_grads(images, targets), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="longer than the longest bucket"):
+        model.static_inputs(images, _random_targets(generator, [9, 0, 0], size, classes), buckets)
+
+
 def test_reference_configuration(reference):
     body = reference.backbone.body
     # Trainable layers 3: the stem and layer1 frozen, layers 2-4 trained; every BatchNorm frozen.

@@ -343,3 +343,54 @@ def test_an_empty_newstest_is_refused_before_a_run(tmp_path, capsys):
     assert main(["prepare", "transformer", "--scale", "full", "--data", str(root)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "newstest2014.de: the evaluation set is empty (MLPerf's holds 3,003)" in err[0]
+
+
+# -- static shapes (--static-shapes, --cuda-graphs) ---------------------------------------------------
+def test_a_batch_padded_to_its_bucket_has_the_unpadded_loss_and_gradients():
+    """Extra PAD columns and empty rows (source EOS, target PAD) change neither the summed loss nor a gradient."""
+    from trainperf.spec import Assets
+    from trainperf.workloads.common.wmt import parts as P
+
+    recipe = MINI.with_overrides(["dropout=0", "label_smoothing=0.1"])
+    torch.manual_seed(0)
+    parts = TransformerWorkload().build(recipe, RuntimeContext.create("cpu"), Assets({}))
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 12, 5)
+    src = T.Encoded.from_lists([rng.integers(4, 100, n).tolist() for n in lengths])
+    tgt = T.Encoded.from_lists([rng.integers(4, 100, n + 2).tolist() for n in lengths])
+    rows = np.arange(5)
+    results = []
+    for shape in (None, (8, 24)):
+        batch = P.training_batch(src, tgt, rows, torch.device("cpu"), shape=shape)
+        parts.model.zero_grad()
+        loss = parts.loss_fn(parts.model, batch)
+        loss.backward()
+        assert int(parts.loss_units(batch)) == int((lengths + 3).sum())
+        results.append((batch[0].shape, loss.detach(), [p.grad.clone() for p in parts.model.parameters()]))
+    (shape0, loss0, grads0), (shape1, loss1, grads1) = results
+    assert shape0 != shape1 == (8, 24)
+    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads0, grads1, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_static_shapes_batch_every_sentence_once_in_a_few_fixed_shapes(mini_root):
+    from trainperf.spec import EpochView
+
+    workload = TransformerWorkload()
+    recipe = MINI.with_overrides(["static_shapes=true", "bucket_lengths=8,16,24,32,48"])
+    data = workload.load_data(recipe, mini_root, RuntimeContext.create("cpu"))
+    shapes, real = Counter(), 0
+    for src, _, tgt_out in data.train_batches(EpochView(epoch=1, model=None, log=lambda *a, **k: None)):
+        assert src.shape == tgt_out.shape and src.shape[0] == recipe.global_batch_size // src.shape[1]
+        shapes[tuple(src.shape)] += 1
+        real += int((tgt_out != T.PAD).any(1).sum())  # an empty row's target is all PAD
+    assert real == data.train_samples == len(D.load(mini_root).train_src)
+    assert set(length for _, length in shapes) <= {8, 16, 24, 32, 48}
+    assert 1 < len(shapes) <= 5
+    assert workload.shape_buckets(recipe)["lengths"] == [8, 16, 24, 32, 48]
+    assert workload.shape_buckets(MINI) is None
+    with pytest.raises(TrainperfError, match="bucket_lengths: a sequence of"):
+        workload.load_data(recipe.with_overrides(["bucket_lengths=8,16"]), mini_root, RuntimeContext.create("cpu"))
+    with pytest.raises(TrainperfError, match="bucket_lengths"):
+        MINI.with_overrides(["bucket_lengths=16,8"])

@@ -388,6 +388,7 @@ class _TimedLoop:
             steps=self.steps,
             cadence=dataclasses.asdict(self.cadence),
             layout=self._layout,
+            shape_buckets=workload.shape_buckets(recipe),
         )
 
     # -- the timed part -------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 Switches live in the recipe (so `--set`, the CLI flags, `bench`, `scale` and `ablate` all reach them
 and every result records them): precision, channels_last, compile, cuda_graphs, fused_optimizer,
-async_eval, packing. `SWITCHES` is the one list of them. A workload declares which apply to it; asking for one
-it does not support, or one the device cannot run, is a clear error, never a silent no-op.
+async_eval, packing, static_shapes. `SWITCHES` is the one list of them. A workload declares which apply
+to it; asking for one it does not support, or one the device cannot run, is a clear error, never a silent no-op.
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ SWITCHES: tuple[Switch, ...] = (
            choices=("fp32", "bf16", "fp16", "fp8")),
     Switch("fused_optimizer", "--fused-optimizer", "torch's fused optimizer kernels where they exist", False, True,
            "fused_optimizer"),
+    Switch("static_shapes", "--static-shapes", "pad training batches to a few fixed shapes (the workload's "
+           "buckets; padding kept out of the loss) so compiled graphs are reused; on with --cuda-graphs", False, True,
+           "static shapes"),
     Switch("compile", "--compile", "torch.compile the model and the evaluation forward (warmed up before "
            "run_start)", False, True, "compile"),
     Switch("cuda_graphs", "--cuda-graphs", "capture the model's forward/backward as CUDA Graphs and replay them "
@@ -114,12 +117,22 @@ def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: As
         raise TrainperfError(f"{workload.name}: {exc}") from None
     parts = engine.apply(spec, parts, recipe, ctx)
     # An engine that compiles the model itself (per block) leaves only the evaluation forward to compile here.
+    options: dict[str, Any] = {}
+    buckets = workload.shape_buckets(recipe)
+    if buckets is not None:
+        # One graph per bucket, each specialised to its shape (CUDA Graphs record shapes anyway), and room
+        # for all of them before dynamo gives up recompiling and runs eagerly.
+        options["dynamic"] = False
+        shapes = int(buckets.get("shapes", 1))
+        config = torch._dynamo.config
+        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        setattr(config, name, max(getattr(config, name), shapes + 2))
     if recipe.cuda_graphs and not engine.compiles_model:
         # PyTorch's supported capture-and-replay ("reduce-overhead": static shapes, re-capture on change).
-        parts.model = torch.compile(parts.model, mode="reduce-overhead")
+        parts.model = torch.compile(parts.model, mode="reduce-overhead", **options)
     elif recipe.compile and not engine.compiles_model:
-        parts.model = torch.compile(parts.model)
-    if recipe.compile or recipe.cuda_graphs:
+        parts.model = torch.compile(parts.model, **options)
+    if (recipe.compile or recipe.cuda_graphs) and parts.eval_compiles:
         # The evaluation forward is compiled on its own (it runs the unwrapped module, without DDP).
         parts.eval_forward = torch.compile(parts.eval_forward)
     return parts
@@ -193,10 +206,14 @@ def warm_up(workload: Workload, recipe: Recipe, ctx: RuntimeContext, parts: Mode
     eval_model = evaluation_model(parts)
     saved = [(m, copy.deepcopy(m.state_dict())) for m in {id(m): m for m in (parts.model, eval_model)}.values()]
     optim_state = copy.deepcopy(parts.optimizer.state_dict())
-    batch = workload.synthetic_batch(recipe, ctx, parts.model)
+    batches = workload.synthetic_batches(recipe, ctx, parts.model)  # one per shape bucket: a graph each
     step = make_step()
     for _ in range(steps):
-        step(batch)
+        for batch in batches:
+            step(batch)
+    if not parts.eval_compiles:
+        _restore(parts, saved, optim_state)
+        return
     eval_batch = workload.synthetic_eval_batch(recipe, ctx, parts.model)
     forward = evaluate_with(parts, recipe, ctx.device)
     was_training = eval_model.training
@@ -208,6 +225,11 @@ def warm_up(workload: Workload, recipe: Recipe, ctx: RuntimeContext, parts: Mode
     for parts_count in (1, 2, size):
         forward(workload.split_batch(eval_batch, parts_count)[0])
     eval_model.train(was_training)
+    _restore(parts, saved, optim_state)
+
+
+def _restore(parts: ModelParts, saved: list[tuple[torch.nn.Module, dict[str, Any]]], optim_state: dict[str, Any]
+             ) -> None:
     for module, state in saved:
         module.load_state_dict(state)
     parts.optimizer.load_state_dict(optim_state)

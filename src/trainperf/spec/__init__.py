@@ -16,17 +16,20 @@ What the contract can express, and which MLPerf workload needs it:
   logged from inside the timed region;
 - batches that are not dim-0 tensors (lists of images) and losses normalised by tokens;
 - gradient clipping, an after-step hook, a separate evaluation model (EMA weights);
-- an evaluation forward (decoding, sliding windows) compiled and warmed up before run_start.
+- an evaluation forward (decoding, sliding windows) compiled and warmed up before run_start;
+- batches padded to a few fixed shapes (length buckets) for compiled graphs and CUDA Graphs.
 
 The contract lives in one package, a file per idea; everything is importable from `trainperf.spec`:
 quality.py (Metric), cadence.py (Cadence), recipe.py (Recipe), context.py (RuntimeContext),
 fields.py (a recipe field's interval), batches.py (splitting and counting batches), assets.py (Assets),
 parts.py (ModelParts, DataParts, EvalPartial, EpochView, Logged), scale.py (Scale, DataSource),
-mlperf.py (MLPerf), parallel.py (Parallelism), workload.py (Workload), results.py (Evaluation, RunResult).
+mlperf.py (MLPerf), buckets.py (LengthBuckets), parallel.py (Parallelism), workload.py (Workload),
+results.py (Evaluation, RunResult).
 """
 
 from trainperf.spec.assets import Assets
 from trainperf.spec.batches import count_samples, per_epoch_schedule, split_batch
+from trainperf.spec.buckets import LengthBuckets
 from trainperf.spec.cadence import Cadence
 from trainperf.spec.context import RuntimeContext, bare_model, uncompiled
 from trainperf.spec.fields import Count, Counts, Fraction, Positive, Share
@@ -41,8 +44,8 @@ from trainperf.spec.workload import Workload
 
 __all__ = [
     "EPOCH_NUM_STYLES", "R", "SCALES", "Assets", "Cadence", "Count", "Counts", "DataParallel", "DataParts",
-    "DataSource", "EpochView", "EvalPartial", "Evaluation", "Fraction", "FullyShard", "Logged", "MLPerf", "Metric",
-    "ModelParts", "Parallelism", "Positive", "Quality", "Recipe", "RunResult", "RuntimeContext", "Scale",
-    "ShardedTables", "Share", "Target", "Workload", "bare_model", "count_samples", "per_epoch_schedule",
+    "DataSource", "EpochView", "EvalPartial", "Evaluation", "Fraction", "FullyShard", "LengthBuckets", "Logged",
+    "MLPerf", "Metric", "ModelParts", "Parallelism", "Positive", "Quality", "Recipe", "RunResult", "RuntimeContext",
+    "Scale", "ShardedTables", "Share", "Target", "Workload", "bare_model", "count_samples", "per_epoch_schedule",
     "split_batch", "uncompiled",
 ]

@@ -36,6 +36,9 @@ class ModelParts:
     # run without gradients, under the recipe's precision, compiled with --compile and warmed up
     # before run_start. None: model(batch).
     eval_forward: Callable[[torch.nn.Module, Any], Any] | None = None
+    # False: eval_forward is a search on the host around the model (beam search decoding) that compiling
+    # would trace step by step and recompile per output length; it then runs eagerly under --compile.
+    eval_compiles: bool = True
     # The module evaluations score (EMA weights, say) instead of `model`.
     eval_model: torch.nn.Module | None = None
     # after_step(step) runs after every optimizer step (step counts from 1): an EMA update, say.

@@ -55,6 +55,9 @@ class Recipe:
     fused_optimizer: bool = False  # torch's fused optimizer kernels where they exist (else foreach)
     async_eval: bool = False  # score evaluations in the background while training goes on
     packing: bool = False  # several short sequences in one row, attention kept within each (BERT)
+    # Batches padded to the workload's few fixed shapes (Workload.shape_buckets), padding kept out of the loss:
+    # compiled graphs and CUDA Graphs are then reused instead of made again for every new shape.
+    static_shapes: bool = False
     # The compliance ruleset this recipe is written against (blank: the workload's): an RCP point that
     # only a later round's rules allow (Mask R-CNN's BS 8 at LR 0.02/2, a 2.0.0 rule) says so here; the
     # log records it (`trainperf_ruleset`) and check/score/compare then use it.
@@ -76,6 +79,12 @@ class Recipe:
     WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ()
     LR_RULES: ClassVar[tuple[str, ...]] = ("linear", "sqrt", "none")
     WARMUP_RULES: ClassVar[tuple[str, ...]] = ("samples", "steps")
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether training batches are padded to the workload's shape buckets: asked for, or needed by
+        CUDA Graphs (a recording replays one shape)."""
+        return self.static_shapes or self.cuda_graphs
 
     @property
     def cadence(self) -> Cadence:

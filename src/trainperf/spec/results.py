@@ -53,6 +53,8 @@ class RunResult:
     # How busy the machine was while the run was timed (trainperf.runtime.load): `busy` says its time is
     # not a figure.
     machine_load: dict[str, Any] | None = None
+    # The shapes the training batches were padded to (Workload.shape_buckets; None: not bucketed).
+    shape_buckets: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -154,6 +154,18 @@ class Workload(ABC, Generic[R]):
         """A device-resident random batch shaped like this process's training batches (for warm-up,
         compilation and throughput runs; never used for a quality result)."""
 
+    def shape_buckets(self, recipe: R) -> dict[str, Any] | None:
+        """How this run's training batches are padded to a few fixed shapes (`recipe.bucketed`: --static-shapes,
+        or --cuda-graphs, which records one graph per shape) when their natural shapes vary with the data
+        (lengths, image sizes): the buckets and how padding is kept out of the loss, recorded in result.json.
+        None: the batches are not bucketed (their shape is the recipe's, or the data's)."""
+        return None
+
+    def synthetic_batches(self, recipe: R, ctx: RuntimeContext, model: torch.nn.Module) -> list[Any]:
+        """One synthetic batch per shape bucket (see shape_buckets): what a compile check or a warm-up runs
+        so that every graph a run will need is made. Default: the one synthetic batch."""
+        return [self.synthetic_batch(recipe, ctx, model)]
+
     def synthetic_eval_batch(self, recipe: R, ctx: RuntimeContext, model: torch.nn.Module) -> Any:
         """A random batch shaped like the evaluation's batches (for warming up the eval forward)."""
         return self.synthetic_batch(recipe, ctx, model)

@@ -53,7 +53,7 @@ class BertWorkload(Workload[BertRecipe]):
     metric = Metric("mlm_accuracy", higher_is_better=True)
     summary = ("BERT-Large phase 2 from the phase-1 checkpoint, masked-LM accuracy (mini: a small BERT from a "
                "shipped checkpoint on the standard library's docstrings)")
-    speedups = frozenset({"precision", "fp8", "compile", "fused_optimizer", "packing", "async_eval"})
+    speedups = frozenset({"precision", "fp8", "compile", "cuda_graphs", "fused_optimizer", "packing", "async_eval"})
     step_probe = ("global_batch_size=2", "max_seq_length=128", "max_predictions=20", "checkpoint=none")
 
     mini = Scale(MINI, bert_data.MiniCorpus())

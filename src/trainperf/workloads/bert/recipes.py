@@ -57,6 +57,10 @@ class BertRecipe(Recipe):
         if self.model.hidden % self.model.heads:
             raise TrainperfError(f"recipe fields model.hidden={self.model.hidden} and model.heads={self.model.heads}: "
                                  "the hidden size must be divisible by the heads")
+        if self.packing and self.cuda_graphs:
+            raise TrainperfError("cuda_graphs with packing=true: a packed batch's row count changes with the lengths "
+                                 "it packs (no row buckets yet), so every new count would be recorded again; "
+                                 "unpacked rows are all max_seq_length long")
         if self.max_predictions + 3 > self.max_seq_length:
             raise TrainperfError(f"recipe fields max_predictions={self.max_predictions} and max_seq_length="
                                  f"{self.max_seq_length}: a sequence holds [CLS], two [SEP] and at most "

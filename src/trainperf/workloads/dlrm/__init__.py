@@ -66,7 +66,7 @@ class DLRMWorkload(Workload[DLRMRecipe]):
     benchmark = "dlrm"
     metric = Metric("auc", higher_is_better=True)
     summary = "DLRM on Criteo Terabyte, ROC AUC (mini: planted-teacher day files in the raw TSV format)"
-    speedups = frozenset({"precision", "compile", "async_eval"})
+    speedups = frozenset({"precision", "compile", "cuda_graphs", "async_eval"})
     step_probe = ("global_batch_size=128", "max_ind_range=1000")
     model_parallel_sets = ("embeddings=torchrec",)
 

@@ -82,7 +82,7 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
     mlperf = MLPerf(ruleset="1.0.0", runs=10, open_recipes=frozenset({"v0.6-9x9"}))
     metric = Metric("win_rate", higher_is_better=True)
     summary = "MiniGo: self-play RL, win rate against a target model (mini: 5x5 Go, a small network)"
-    speedups = frozenset({"precision", "channels_last", "fused_optimizer"})
+    speedups = frozenset({"precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer"})
     step_probe = ("global_batch_size=8",)
     untimed_evaluation = True
     sample_name = "positions"

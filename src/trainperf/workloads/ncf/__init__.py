@@ -41,7 +41,7 @@ class NCFWorkload(Workload[NCFRecipe]):
     # plus trainperf's own rules file, run by the official checker.
     metric = Metric("hr@10", higher_is_better=True)
     summary = "NeuMF on MovieLens-20m, HR@10 (mini: planted-preference ratings in ml-20m format)"
-    speedups = frozenset({"precision", "compile", "fused_optimizer", "async_eval"})
+    speedups = frozenset({"precision", "compile", "cuda_graphs", "fused_optimizer", "async_eval"})
     step_probe = ("global_batch_size=256",)
     mini = Scale(MINI, ncf_data.PlantedRatings(MINI_USERS, MINI_ITEMS))
     full = Scale(FULL, ncf_data.MovieLens())

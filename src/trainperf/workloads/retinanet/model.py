@@ -20,10 +20,13 @@ from torch.nn import functional as F
 from torchvision.models.detection import RetinaNet
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.backbone_utils import BackboneWithFPN, resnet_fpn_backbone
+from torchvision.models.detection.image_list import ImageList
 from torchvision.models.detection.retinanet import RetinaNetHead
 from torchvision.models.resnet import BasicBlock
 from torchvision.ops import generalized_box_iou_loss, sigmoid_focal_loss
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
+
+from trainperf.spec import LengthBuckets
 
 SCALES = (1.0, 2 ** (1 / 3), 2 ** (2 / 3))
 RATIOS = (0.5, 1.0, 2.0)
@@ -50,9 +53,16 @@ class BatchedRetinaNet(RetinaNet):
 
     BATCHED_BOX_LOSSES = ("l1", "smooth_l1", "giou")
 
-    def forward(self, images: Any, targets: list[dict[str, torch.Tensor]] | None = None) -> Any:
+    def forward(self, images: Any, targets: list[dict[str, torch.Tensor]] | dict[str, torch.Tensor] | None = None
+                ) -> Any:
         if not self.training:
             return super().forward(images, targets)
+        if isinstance(targets, dict):  # static shapes: see `static_inputs`
+            image_list = ImageList(images, [tuple(images.shape[-2:])] * images.shape[0])
+            features = list(self.backbone(images).values())
+            anchors = self.anchor_generator(image_list, features)
+            return self._padded_loss(targets["boxes"], targets["labels"], targets["present"], self.head(features),
+                                     anchors)
         # torchvision's training pass without its per-image `if degenerate_boxes.any()`: a host-device
         # synchronisation for every image of every step. trainperf's readers drop degenerate boxes
         # before they get here (workloads/common/coco/data.py), and resizing keeps boxes non-degenerate.
@@ -61,18 +71,48 @@ class BatchedRetinaNet(RetinaNet):
         head_outputs = self.head(features)
         return self.compute_loss(targets, head_outputs, self.anchor_generator(images, features))
 
+    def static_inputs(self, images: Any, targets: list[dict[str, torch.Tensor]], boxes_per_image: LengthBuckets
+                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """A training batch in shapes that do not change between steps, for a compiled step (--static-shapes,
+        --cuda-graphs): the images normalised and resized to the model's square (torchvision's transform,
+        run before the compiled model: its sizes are the data's), and each image's boxes padded to the
+        bucket of the batch's largest box count, `present` marking the real ones. The loss of this form is
+        the loss of the other (tested)."""
+        image_list, targets = self.transform(images, targets)
+        most = max((len(t["boxes"]) for t in targets), default=0)
+        width = boxes_per_image.length(max(most, 1))
+        batch, device = len(targets), image_list.tensors.device
+        boxes = torch.zeros((batch, width, 4), dtype=image_list.tensors.dtype, device=device)
+        labels = torch.zeros((batch, width), dtype=torch.int64, device=device)
+        present = torch.zeros((batch, width), dtype=torch.bool, device=device)
+        for i, t in enumerate(targets):
+            n = len(t["boxes"])
+            boxes[i, :n] = t["boxes"]
+            labels[i, :n] = t["labels"]
+            present[i, :n] = True
+        return image_list.tensors, {"boxes": boxes, "labels": labels, "present": present}
+
     def compute_loss(self, targets: list[dict[str, torch.Tensor]], head_outputs: dict[str, torch.Tensor],
                      anchors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         regression = self.head.regression_head
         if regression._loss_type not in self.BATCHED_BOX_LOSSES or len({a.shape for a in anchors}) != 1:
             return super().compute_loss(targets, head_outputs, anchors)
+        device, dtype = anchors[0].device, anchors[0].dtype
+        boxes = torch.nn.utils.rnn.pad_sequence([t["boxes"].to(dtype) for t in targets], batch_first=True)
+        labels = torch.nn.utils.rnn.pad_sequence([t["labels"] for t in targets], batch_first=True)
+        present = torch.nn.utils.rnn.pad_sequence(
+            [torch.ones(len(t["boxes"]), dtype=torch.bool, device=device) for t in targets], batch_first=True)
+        return self._padded_loss(boxes, labels, present, head_outputs, anchors)
+
+    def _padded_loss(self, boxes: torch.Tensor, labels: torch.Tensor, present: torch.Tensor,
+                     head_outputs: dict[str, torch.Tensor], anchors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The losses from every image's boxes [B, G, 4] and labels [B, G], padded to G, `present` marking
+        the real ones."""
+        regression = self.head.regression_head
         cls_logits, box_deltas = head_outputs["cls_logits"], head_outputs["bbox_regression"]
         batch, count = cls_logits.shape[:2]
         anchor = torch.stack(anchors)  # [B, A, 4]
-        boxes = torch.nn.utils.rnn.pad_sequence([t["boxes"].to(anchor.dtype) for t in targets], batch_first=True)
-        labels = torch.nn.utils.rnn.pad_sequence([t["labels"] for t in targets], batch_first=True)
-        present = torch.nn.utils.rnn.pad_sequence(
-            [torch.ones(len(t["boxes"]), dtype=torch.bool, device=anchor.device) for t in targets], batch_first=True)
+        boxes = boxes.to(anchor.dtype)
         matches = self._match(boxes, present, anchor) if boxes.shape[1] else torch.full(
             (batch, count), -1, dtype=torch.int64, device=anchor.device)
 

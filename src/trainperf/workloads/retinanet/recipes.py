@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from trainperf.errors import TrainperfError
+from trainperf.spec import LengthBuckets
 from trainperf.spec.fields import Count, Positive
 from trainperf.workloads.common.coco import data as coco
 from trainperf.workloads.common.coco import scoring
@@ -31,6 +32,9 @@ class RetinaNetRecipe(DetectorRecipe):
     max_detections: Count = 300
     width: Count = 32  # mini body width
     fpn_channels: Count = 64  # mini FPN and head width
+    # --static-shapes (and --cuda-graphs): every image's boxes padded to the bucket of the batch's largest box
+    # count (images are one square already), so a step has one of these few shapes.
+    bucket_boxes: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
 
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("retinanet", "mini"),
                                                      "lr_schedule": ("constant", "cosine"),
@@ -40,6 +44,10 @@ class RetinaNetRecipe(DetectorRecipe):
         super().validate()
         if self.base_lr <= 0 or self.warmup_epochs < 0 or not 0 <= self.warmup_factor <= 1:
             raise TrainperfError("recipe: need base_lr > 0, warmup_epochs >= 0, 0 <= warmup_factor <= 1")
+        try:
+            LengthBuckets(self.bucket_boxes)
+        except ValueError as exc:
+            raise TrainperfError(f"recipe field bucket_boxes: {exc}") from None
         if self.num_classes < 1 or self.width < 1 or self.fpn_channels < 16 or self.fpn_channels % 16:
             raise TrainperfError("recipe: need num_classes >= 1, width >= 1 and fpn_channels a multiple of 16 "
                                  "(GroupNorm of 16 groups)")

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainperf.errors import TrainperfError
 from trainperf.optim import kernels
 from trainperf.spec import (
     Assets,
@@ -53,7 +54,8 @@ class TransformerWorkload(Workload[TransformerRecipe]):
     benchmark = "transformer"
     metric = Metric("bleu", higher_is_better=True)
     summary = "Transformer-big on WMT17 en-de, BLEU (mini: a synthetic English -> German-like corpus)"
-    speedups = frozenset({"precision", "fp8", "fused_optimizer", "async_eval"})
+    speedups = frozenset({"precision", "fp8", "fused_optimizer", "async_eval", "static_shapes", "compile",
+                          "cuda_graphs"})
     step_probe = ("global_batch_size=256",)
     host_scoring = "process"  # sacrebleu is pure Python
     loss_units_name = "target tokens"
@@ -96,7 +98,7 @@ class TransformerWorkload(Workload[TransformerRecipe]):
         def forward(model: nn.Module, src: torch.Tensor) -> list[list[int]]:
             return transformer_model.translate(bare_model(model), src, recipe.beam, recipe.alpha, recipe.extra_length)
 
-        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=forward,
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=forward, eval_compiles=False,
                           lr_schedule=lambda steps: lr_factor(recipe),
                           loss_units=lambda batch: (batch[2] != PAD).sum())
 
@@ -104,6 +106,22 @@ class TransformerWorkload(Workload[TransformerRecipe]):
         length = 32  # a typical WMT sentence in subwords
         rows = max(1, recipe.global_batch_size // ctx.world_size // length)
         return wmt_parts.synthetic_training_batch(rows, length, bare_model(model).embed.num_embeddings, ctx.device)
+
+    def shape_buckets(self, recipe: TransformerRecipe) -> dict[str, Any] | None:
+        if not recipe.bucketed:
+            return None
+        return recipe.buckets.describe(
+            rows=f"global_batch_size // length ({recipe.global_batch_size} tokens), shared by the processes",
+            padding="PAD columns; empty rows (source EOS, target PAD); PAD targets are outside the loss")
+
+    def synthetic_batches(self, recipe: TransformerRecipe, ctx: RuntimeContext, model: nn.Module) -> list[Any]:
+        if not recipe.bucketed:
+            return [self.synthetic_batch(recipe, ctx, model)]
+        vocab = bare_model(model).embed.num_embeddings
+        buckets = recipe.buckets
+        return [wmt_parts.synthetic_training_batch(buckets.rows(length, recipe.global_batch_size, ctx.world_size)
+                                                   // ctx.world_size, length, vocab, ctx.device)
+                for length in buckets.lengths]
 
     def synthetic_eval_batch(self, recipe: TransformerRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         return wmt_parts.random_tokens(min(recipe.eval_batch_size, 8), 8, bare_model(model).embed.num_embeddings,
@@ -118,10 +136,24 @@ class TransformerWorkload(Workload[TransformerRecipe]):
         device = ctx.device
         world, rank = ctx.world_size, ctx.rank
         seed = ctx.stream_seed("batches")
+        buckets = recipe.buckets if recipe.bucketed else None
+        if buckets is not None:
+            # Batched by their buckets' lengths: a batch's rows x its bucket then fit the token budget.
+            try:
+                src_len, tgt_len = buckets.of(src_len), buckets.of(tgt_len)
+            except ValueError as exc:
+                raise TrainperfError(f"recipe field bucket_lengths: {exc} in {data_dir}") from None
+
         def epoch_batches(epoch: int) -> list[np.ndarray]:
             rng = np.random.default_rng([seed, epoch])
             found = batching.token_batches(src_len, tgt_len, recipe.global_batch_size, rng, multiple=world)
             return [b for b in found if len(b) >= world]  # a process never gets an empty share
+
+        def shape(rows: np.ndarray) -> tuple[int, int] | None:
+            if buckets is None:
+                return None
+            length = int(max(src_len[rows].max(), tgt_len[rows].max()))
+            return buckets.rows(length, recipe.global_batch_size, world) // world, length
 
         # The cut into batches depends only on the sorted lengths: the same batches' sizes every epoch.
         first = epoch_batches(1)
@@ -130,7 +162,7 @@ class TransformerWorkload(Workload[TransformerRecipe]):
         def train_batches(view: EpochView) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
             for rows in epoch_batches(view.epoch):
                 yield wmt_parts.training_batch(data.train_src, data.train_tgt, batching.shard(rows, rank, world),
-                                               device)
+                                               device, shape=shape(rows))
 
         order = wmt_parts.test_share(data.test_src.lengths, rank, world)
         metric = bleu.metric(data.test_references, self.scorer)

@@ -6,9 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from trainperf.errors import TrainperfError
-from trainperf.spec import (
-    Recipe,
-)
+from trainperf.spec import LengthBuckets, Recipe
 from trainperf.spec.fields import Count, Fraction, Positive
 from trainperf.workloads.transformer import data as transformer_data
 
@@ -38,6 +36,16 @@ class TransformerRecipe(Recipe):
     alpha: Positive = 0.6  # length penalty ((5 + length) / 6) ** alpha
     extra_length: int = 50  # a translation may be this many tokens longer than its source
     eval_batch_size: Count = 128  # test sentences decoded together (each with `beam` hypotheses)
+    # --static-shapes (and --cuda-graphs): a batch is padded to the bucket of its longest side and to that
+    # bucket's rows (global_batch_size // length). Empty: 8 to 256 tokens, 16 buckets (multiples of 8 to 64, then
+    # four a doubling: at most 19 % padding above 64 tokens).
+    bucket_lengths: tuple[int, ...] = ()
+
+    @property
+    def buckets(self) -> LengthBuckets:
+        if self.bucket_lengths:
+            return LengthBuckets(self.bucket_lengths)
+        return LengthBuckets.geometric(8, transformer_data.MAX_LENGTH)
 
     def validate(self) -> None:
         super().validate()
@@ -49,6 +57,13 @@ class TransformerRecipe(Recipe):
             raise TrainperfError("recipe: need 0 <= dropout < 1 and 0 <= label_smoothing < 1")
         if self.base_lr <= 0 or self.warmup_steps < 1:
             raise TrainperfError("recipe: need base_lr > 0 and warmup_steps >= 1")
+        try:
+            buckets = self.buckets
+        except ValueError as exc:
+            raise TrainperfError(f"recipe field bucket_lengths: {exc}") from None
+        if self.global_batch_size < buckets.longest:
+            raise TrainperfError(f"recipe field global_batch_size is in tokens: {self.global_batch_size} cannot hold "
+                                 f"one sentence of the longest bucket ({buckets.longest} tokens)")
         if self.global_batch_size < transformer_data.MAX_LENGTH:
             raise TrainperfError(f"recipe field global_batch_size is in tokens: {self.global_batch_size} cannot hold "
                                  f"one sentence of the longest kept ({transformer_data.MAX_LENGTH} tokens)")

@@ -39,7 +39,7 @@ class UNet3DWorkload(Workload[UNet3DRecipe]):
     summary = ("3D U-Net on KiTS19, mean Dice of kidney and tumour by sliding-window inference (mini: synthetic "
                "CT-like volumes in the reference's layout)")
     sample_name = "patches"
-    speedups = frozenset({"precision", "channels_last", "compile", "fused_optimizer"})
+    speedups = frozenset({"precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer"})
     step_probe = ("global_batch_size=1", "patch=64")
 
     mini = Scale(MINI, synthetic.SyntheticKidneys(MINI.evaluation_cases))

@@ -13,15 +13,37 @@ from trainperf.workloads.common.wmt.text import BOS, EOS, PAD, Encoded, pad_batc
 
 
 def training_batch(src: Encoded, tgt: Encoded, rows: np.ndarray, device: torch.device,
-                   source_lengths: bool = False) -> tuple[Any, ...]:
+                   source_lengths: bool = False, shape: tuple[int, int] | None = None) -> tuple[Any, ...]:
     """(source + EOS, BOS + target, target + EOS), padded, on the device; with `source_lengths`, then
     the sources' lengths as a list of ints: known here on the host, they need no read-back from the
-    device in the step (a packed LSTM wants them on the host), and DDP leaves a list where it is."""
+    device in the step (a packed LSTM wants them on the host), and DDP leaves a list where it is.
+    With `shape` (rows, length): every array padded to it (a shape bucket), the extra rows empty
+    pairs that the loss ignores (see `pad_to`)."""
     arrays = (pad_batch(src, rows, suffix=EOS), pad_batch(tgt, rows, prefix=BOS), pad_batch(tgt, rows, suffix=EOS))
+    if shape is not None:
+        arrays = pad_to(*arrays, shape=shape)
     batch = tuple(torch.from_numpy(a).to(device, non_blocking=True) for a in arrays)
     if source_lengths:
         batch += ((arrays[0] != PAD).sum(1).tolist(),)
     return batch
+
+
+def pad_to(src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray, shape: tuple[int, int]
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A batch padded to `shape` (rows, length) with PAD columns and with empty rows: a source of EOS alone
+    (attention over an all-PAD source would have no key and give NaN) and a target of PAD, which the loss's
+    ignore_index drops, so the padded batch's loss and gradients are the unpadded one's."""
+    rows, length = shape
+    if src.shape[0] > rows or max(src.shape[1], tgt_in.shape[1]) > length:
+        raise ValueError(f"a batch of {src.shape[0]} x {max(src.shape[1], tgt_in.shape[1])} tokens does not fit "
+                         f"its bucket {rows} x {length}")
+    out = []
+    for array, first in ((src, EOS), (tgt_in, BOS), (tgt_out, PAD)):
+        padded = np.full((rows, length), PAD, dtype=array.dtype)
+        padded[:array.shape[0], :array.shape[1]] = array
+        padded[array.shape[0]:, 0] = first
+        out.append(padded)
+    return out[0], out[1], out[2]
 
 
 def test_share(lengths: np.ndarray, rank: int, world: int) -> np.ndarray:
