@@ -4,11 +4,15 @@ batch and sequence length, alternated, medians reported, with each one's model F
 
     python benchmarks/bert_peer.py --device cuda --batch-size 32 --steps 20 --warmup 5     # one GPU
     python benchmarks/bert_peer.py --batch-size 2 --seq 128 --layers 2 --steps 2 --warmup 1 # a CPU check
+    python benchmarks/bert_peer.py --batch-size 2 --seq 128 --predictions 20 --steps 6 --warmup 2 \
+        --precision fp32 --optimizer lamb                                                   # BERT-Large, a CPU
 
 transformers is not a trainperf dependency: `pip install transformers` to run this. trainperf's step
 is its full recipe's (LAMB, the reference's optimizer, multi-tensor by default on a GPU; --packing
 optional); the peer's is what a Hugging Face user writes (AdamW), so the optimizer step differs, as it
-does between the two in practice.
+does between the two in practice; `--optimizer lamb` gives the peer trainperf's LAMB over the same parameter
+groups, so that only the model and the loop differ. `--precision fp32` on a CPU: Hugging Face's model in
+bf16 autocast took 360 s for one backward here (its forward 9.8 s; 3.9 s in fp32).
 """
 
 from __future__ import annotations
@@ -46,8 +50,8 @@ def hf_batch(batch: int, seq: int, vocab: int, predictions: int, device: torch.d
 
 
 def hf_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
-            device: torch.device) -> None:
-    with torch.autocast(device.type, dtype=torch.bfloat16):
+            device: torch.device, precision: str = "bf16") -> None:
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
         loss = model(**batch).loss
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -59,17 +63,23 @@ def hf_rate(args: argparse.Namespace, device: torch.device) -> tuple[float, floa
     """(sequences/s, FLOPs per sequence) of the Hugging Face loop."""
     torch.manual_seed(0)
     model = hf_model(args.layers, args.hidden, args.heads, 30522, args.seq, device)
-    fused = {"fused": True} if device.type == "cuda" else {"foreach": True}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, **fused)
+    if args.optimizer == "lamb":
+        from trainperf.optim import LAMB
+        from trainperf.workloads.bert.model import parameter_groups
+
+        optimizer: torch.optim.Optimizer = LAMB(parameter_groups(model, 0.01), lr=1e-4, foreach=True)
+    else:
+        fused = {"fused": True} if device.type == "cuda" else {"foreach": True}
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, **fused)
     batch = hf_batch(args.batch_size, args.seq, 30522, args.predictions, device)
     with FlopCounterMode(display=False) as counter:
-        hf_step(model, optimizer, batch, device)
+        hf_step(model, optimizer, batch, device, args.precision)
     for _ in range(args.warmup):
-        hf_step(model, optimizer, batch, device)
+        hf_step(model, optimizer, batch, device, args.precision)
     devices.synchronize(device)
     start = time.perf_counter()
     for _ in range(args.steps):
-        hf_step(model, optimizer, batch, device)
+        hf_step(model, optimizer, batch, device, args.precision)
     devices.synchronize(device)
     return args.batch_size * args.steps / (time.perf_counter() - start), counter.get_total_flops() / args.batch_size
 
@@ -86,13 +96,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=3, help="alternating repetitions; medians are reported")
+    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp32"), help="both sides (default bf16)")
+    parser.add_argument("--optimizer", default="adamw", choices=("adamw", "lamb"),
+                        help="the peer's: AdamW (a Hugging Face user's) or trainperf's LAMB (the same as trainperf's)")
     parser.add_argument("--packing", action="store_true", help="trainperf packs short sequences (its option)")
     args = parser.parse_args()
     device = devices.resolve(args.device)
     workload = registry.get("bert")
     sets = [f"global_batch_size={args.batch_size}", f"max_seq_length={args.seq}", f"max_predictions={args.predictions}",
             f"layers={args.layers}", f"hidden={args.hidden}", f"heads={args.heads}", f"intermediate={4 * args.hidden}",
-            "checkpoint=none", "precision=bf16", f"packing={'true' if args.packing else 'false'}"]
+            "checkpoint=none", f"precision={args.precision}", f"packing={'true' if args.packing else 'false'}"]
     recipe = workload.recipe("full").with_overrides(sets)
     theirs, ours, peak_src = [], [], None
     for _ in range(args.reps):
@@ -104,9 +117,10 @@ def main() -> None:
         print(f"Hugging Face {rate:8.2f} sequences/s   trainperf {result.samples_per_s:8.2f} sequences/s", flush=True)
     t, o = statistics.median(theirs), statistics.median(ours)
     peak, source = peak_src
-    print(f"BERT ({args.layers} layers, hidden {args.hidden}), seq {args.seq}, batch {args.batch_size}, bf16, "
-          f"{args.steps} steps after {args.warmup} warm-up, {device}, medians of {args.reps}")
-    for name, rate, per in (("Hugging Face BertForPreTraining (SDPA, AdamW)", t, flops),
+    print(f"BERT ({args.layers} layers, hidden {args.hidden}), seq {args.seq}, batch {args.batch_size}, "
+          f"{args.precision}, {args.steps} steps after {args.warmup} warm-up, {device}, medians of {args.reps}")
+    peer_name = f"Hugging Face BertForPreTraining (SDPA, {'LAMB' if args.optimizer == 'lamb' else 'AdamW'})"
+    for name, rate, per in ((peer_name, t, flops),
                             ("trainperf bench bert (LAMB" + (", packed" if args.packing else "") + ")", o,
                              result.flops_per_sample)):
         mfu = f"MFU {rate * per / 1e12 / peak:.1%}" if peak else f"MFU n/a ({source})"

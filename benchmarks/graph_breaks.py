@@ -61,7 +61,9 @@ def main() -> int:
         try:
             ctx = RuntimeContext(device=torch.device("cpu"))
             with stepcount.quiet_native_stderr():
-                found = graphcheck.check(registry.get(name), ctx, steps=args.steps)
+                workload = registry.get(name)
+                sets = ["static_shapes=true"] if "static_shapes" in workload.speedups else []
+                found = graphcheck.check(workload, ctx, steps=args.steps, sets=sets)
                 row = breaks(name) if found.broken else {"workload": name, "reasons": {}}
                 row.update(graphs=found.graphs if not found.broken else row["graphs"], broken=found.broken,
                            recompiles=found.recompiles, buckets=found.buckets,

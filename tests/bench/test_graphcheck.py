@@ -76,10 +76,12 @@ def test_the_check_names_a_planted_break_and_counts_a_planted_recompile():
 
 GRAPHED = sorted(name for name in registry.names() if "cuda_graphs" in registry.get(name).speedups)
 # A few buckets are enough to show one graph each and no recompile between them (all of them: the benchmark).
-FEWER_BUCKETS = {"transformer": ["bucket_lengths=16,32,256"]}
+FEWER_BUCKETS = {"transformer": ["bucket_lengths=16,32,256"], "gnmt": ["bucket_lengths=16,49"],
+                 "retinanet": ["bucket_boxes=8,16"]}
 
 
 @pytest.mark.slow
+@pytest.mark.compile
 @pytest.mark.parametrize("name", GRAPHED)
 def test_every_workload_offering_cuda_graphs_compiles_one_graph_per_bucket(name):
     workload = registry.get(name)

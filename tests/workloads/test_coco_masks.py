@@ -187,3 +187,32 @@ def test_a_bad_crowd_rle_is_one_line_naming_the_annotation_and_the_file(tmp_path
         C.read_instances(root, "train2017", masks=True)
     text = str(err.value)
     assert "instances_train2017.json: annotation 77: " in text and message in text and "\n" not in text
+
+
+def test_an_evaluations_detections_reach_the_host_in_one_transfer_per_field():
+    """The detectors keep each image's detections on the device until the evaluation ends (DeviceDetections):
+    one .cpu() per field for the whole evaluation, each image's rows given back in order, empty ones too."""
+    import torch
+
+    from trainperf.workloads.common.coco.loading import DeviceDetections
+
+    class Counted(torch.Tensor):
+        moves = 0
+
+        def cpu(self, *args, **kwargs):
+            Counted.moves += 1
+            return super().cpu(*args, **kwargs)
+
+    kept = DeviceDetections()
+    counts = {7: 3, 2: 0, 5: 2}
+    for position, n in counts.items():
+        kept.add(position, boxes=torch.arange(4.0 * n).reshape(n, 4).as_subclass(Counted),
+                 scores=torch.full((n,), float(position)).as_subclass(Counted),
+                 labels=torch.full((n,), position).as_subclass(Counted))
+    found = list(kept.on_host())
+    assert Counted.moves == 3
+    assert [p for p, _ in found] == [7, 2, 5]
+    for (position, fields), n in zip(found, counts.values(), strict=True):
+        assert fields["boxes"].shape == (n, 4) and (fields["scores"] == position).all()
+        assert fields["labels"].tolist() == [position] * n
+    assert found[2][1]["boxes"].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]

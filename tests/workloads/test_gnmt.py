@@ -179,3 +179,52 @@ def test_encoder_packs_as_torchs_unsorted_packing_does():
     y.sum().backward()
     torch.testing.assert_close(ours, y)
     torch.testing.assert_close(ours_grad, x.grad)
+
+
+def test_a_bucketed_batch_trains_as_the_packed_one():
+    """--static-shapes: the encoder unpacked over rows padded to a bucket (the backward direction reversed
+    within each row's length), empty rows added, and the loss normalised by real sentences: the same loss and
+    gradients as the reference's packed batch."""
+    from trainperf.spec import Assets
+    from trainperf.workloads.common.wmt import parts as P
+
+    recipe = MINI.with_overrides(["dropout=0"])
+    torch.manual_seed(0)
+    parts = GNMTWorkload().build(recipe, RuntimeContext.create("cpu"), Assets({}))
+    rng = np.random.default_rng(1)
+    lengths = [3, 9, 5, 9, 1, 4]
+    src = T.Encoded.from_lists([rng.integers(4, 100, n).tolist() for n in lengths])
+    tgt = T.Encoded.from_lists([rng.integers(4, 100, n + 1).tolist() for n in lengths])
+    results = []
+    for shape in (None, (8, 16)):
+        batch = P.training_batch(src, tgt, np.arange(6), torch.device("cpu"), source_lengths=True, shape=shape)
+        assert isinstance(batch[3], torch.Tensor) == (shape is not None)
+        parts.model.zero_grad()
+        loss = parts.loss_fn(parts.model, batch)
+        loss.backward()
+        results.append((batch[0].shape, loss.detach(), [p.grad.clone() for p in parts.model.parameters()]))
+    (shape0, loss0, grads0), (shape1, loss1, grads1) = results
+    assert shape0 == (6, 10) and shape1 == (8, 16)
+    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads0, grads1, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_static_shapes_batches_have_a_few_fixed_shapes(mini_root):
+    from collections import Counter
+
+    from trainperf.spec import EpochView
+
+    workload = GNMTWorkload()
+    recipe = MINI.with_overrides(["static_shapes=true"])
+    data = workload.load_data(recipe, mini_root, RuntimeContext.create("cpu"))
+    shapes, real = Counter(), 0
+    for src, _, tgt_out, lengths in data.train_batches(EpochView(epoch=1, model=None, log=lambda *a, **k: None)):
+        assert src.shape[0] == recipe.global_batch_size and lengths.shape == (src.shape[0],)
+        shapes[tuple(src.shape)] += 1
+        real += int((tgt_out != T.PAD).any(1).sum())
+    assert {length for _, length in shapes} <= set(recipe.bucket_lengths) and len(shapes) > 1
+    assert real == data.train_samples
+    assert workload.shape_buckets(recipe)["lengths"] == list(recipe.bucket_lengths)
+    with pytest.raises(TrainperfError, match="bucket_lengths: the longest bucket"):
+        workload.load_data(recipe.with_overrides(["bucket_lengths=8,16"]), mini_root, RuntimeContext.create("cpu"))

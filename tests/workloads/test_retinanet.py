@@ -125,11 +125,19 @@ def test_static_shapes_give_the_same_losses_and_gradients(which, reference):
     """--static-shapes: images resized and boxes padded before the model (present marks the real ones) give
     the losses and parameter gradients of the model's own path, on a batch with an image without boxes; the
     padded form's shapes depend only on the bucket of the batch's largest box count."""
+    model, size, classes = (M.mini_retinanet(4), 64, 4) if which == "mini" else (reference, 256, 8)
+    transform = model.transform
+    saved = (transform.min_size, transform.max_size, transform.fixed_size)
+    transform.min_size, transform.max_size, transform.fixed_size = (size,), size, (size, size)  # restored below
+    try:
+        _static_equals_the_models_own_path(model, size, classes)
+    finally:
+        transform.min_size, transform.max_size, transform.fixed_size = saved
+
+
+def _static_equals_the_models_own_path(model: torch.nn.Module, size: int, classes: int) -> None:
     from trainperf.spec import LengthBuckets
 
-    model, size, classes = (M.mini_retinanet(4), 64, 4) if which == "mini" else (reference, 256, 8)
-    if which == "reference":
-        model.transform.min_size, model.transform.max_size, model.transform.fixed_size = (size,), size, (size, size)
     model.train()
     generator = torch.Generator().manual_seed(5)
     images = [torch.rand(3, size + 16 * i, size, generator=generator) for i in range(3)]  # resized by the model

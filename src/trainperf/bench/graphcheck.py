@@ -72,6 +72,7 @@ def check(workload: Workload, ctx: RuntimeContext, steps: int = 3, sets: list[st
         return aot_eager(gm, example_inputs)
 
     torch._dynamo.reset()
+    speedups.compile_rnns()  # as a compiled run does
     parts.model = torch.compile(parts.model, backend=counting, fullgraph=True, dynamic=False)
     step = TrainStep(parts, 1000, recipe, ctx.device, ctx=ctx, split=workload.split_batch, count=workload.batch_samples)
     result = GraphCheck(workload=workload.name, buckets=len(batches), steps=steps)

@@ -192,23 +192,29 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         step(next(feed))
     ctx.synchronize()
     devices.reset_peaks(dev)
-    times, waits, samples, units = [], 0.0, 0, 0
+    waits, samples = 0.0, 0
     counted = data.counters if data is not None and data.counters is not None else (lambda: {})
     before = counted()
+    # The loop must not tax the step: no wait for the device between steps (the host queues the next step
+    # while the device runs this one, as in training), step times from device events read at the end, and
+    # loss units summed on the device (reading a count back each step would be a synchronisation).
+    timer = StepTimer(dev)
+    unit_sum: Any = 0
     start = time.perf_counter()
     for _ in range(steps):
         t0 = time.perf_counter()
         current = next(feed)
-        t1 = time.perf_counter()
+        waits += time.perf_counter() - t0
+        timer.start()
         step(current)
-        ctx.synchronize()  # per-step times need finished work; throughput includes these syncs
-        t2 = time.perf_counter()
-        waits += t1 - t0
-        times.append(t2 - t0)
+        timer.stop()
         samples += workload.batch_samples(current)
         if parts.loss_units is not None:
-            units += int(parts.loss_units(current))
+            unit_sum = unit_sum + parts.loss_units(current)
+    ctx.synchronize()
     total = time.perf_counter() - start
+    times = timer.seconds()
+    units = int(unit_sum)
     after = counted()
     profiled = None
     if profile_steps:
@@ -245,6 +251,39 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         epoch_samples=data.train_samples if data is not None else None, profile=profiled, layout=parts.layout,
         **formula_fields,
     )
+
+
+class StepTimer:
+    """Each step's time without waiting for the device between steps: CUDA events recorded around the
+    step and read after the last one (on a CPU, where work finishes in the call, the host's clock)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.pairs: list[tuple[Any, Any]] = []
+        self.host: list[float] = []
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        if self.cuda:
+            begin = torch.cuda.Event(enable_timing=True)
+            begin.record()
+            self.pairs.append((begin, None))
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.pairs[-1] = (self.pairs[-1][0], end)
+        else:
+            self.host.append(time.perf_counter() - self._t0)
+
+    def seconds(self) -> list[float]:
+        """The steps' times, in seconds (call after the device has finished)."""
+        if self.cuda:
+            return [begin.elapsed_time(end) / 1e3 for begin, end in self.pairs]
+        return list(self.host)
 
 
 def _flops(value: float) -> str:

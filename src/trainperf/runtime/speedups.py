@@ -127,6 +127,8 @@ def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: As
         config = torch._dynamo.config
         name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
         setattr(config, name, max(getattr(config, name), shapes + 2))
+    if recipe.compile or recipe.cuda_graphs:
+        compile_rnns()
     if recipe.cuda_graphs and not engine.compiles_model:
         # PyTorch's supported capture-and-replay ("reduce-overhead": static shapes, re-capture on change).
         parts.model = torch.compile(parts.model, mode="reduce-overhead", **options)
@@ -136,6 +138,12 @@ def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: As
         # The evaluation forward is compiled on its own (it runs the unwrapped module, without DDP).
         parts.eval_forward = torch.compile(parts.eval_forward)
     return parts
+
+
+def compile_rnns() -> None:
+    """Let torch.compile trace LSTMs (GNMT, RNN-T) into the graph: by default dynamo breaks the graph at every
+    RNN module, which splits the step into pieces that CUDA Graphs cannot record as one."""
+    torch._dynamo.config.allow_rnn = True
 
 
 def to_channels_last(model: torch.nn.Module) -> None:

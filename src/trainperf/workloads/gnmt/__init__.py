@@ -21,6 +21,7 @@ from trainperf.spec import (
     DataParts,
     EpochView,
     EvalPartial,
+    LengthBuckets,
     Metric,
     MLPerf,
     ModelParts,
@@ -66,7 +67,7 @@ class GNMTWorkload(Workload[GNMTRecipe]):
     benchmark = "gnmt"
     metric = Metric("bleu", higher_is_better=True)
     summary = "GNMT v2 on WMT16 en-de, BLEU (mini: a synthetic English -> German-like corpus, BPE'd as WMT16)"
-    speedups = frozenset({"precision", "fused_optimizer", "async_eval"})
+    speedups = frozenset({"precision", "fused_optimizer", "async_eval", "static_shapes", "compile", "cuda_graphs"})
     step_probe = ("global_batch_size=4",)
     host_scoring = "process"  # sacrebleu and Moses detokenization are pure Python
     loss_units_name = "target tokens"
@@ -102,6 +103,8 @@ class GNMTWorkload(Workload[GNMTRecipe]):
             logits = model(src, tgt_in, src_lengths)
             total = F.cross_entropy(logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD,
                                     label_smoothing=recipe.label_smoothing, reduction="sum")
+            if isinstance(src_lengths, torch.Tensor):  # a bucketed batch: its empty rows are no sentences
+                return total / (tgt_out != PAD).any(1).sum().clamp(min=1)
             return total / src.shape[0]  # the reference normalises by sentences
 
         def forward(model: nn.Module, src: torch.Tensor) -> list[list[int]]:
@@ -117,13 +120,29 @@ class GNMTWorkload(Workload[GNMTRecipe]):
                 raise TrainperfError("gnmt: the LR schedule is in fractions of the run and needs the steps per epoch")
             return lr_factor(recipe, steps_per_epoch)
 
-        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=forward,
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=forward, eval_compiles=False,
                           lr_schedule=schedule, epoch_hyperparameters=epoch_hyperparameters)
 
     def synthetic_batch(self, recipe: GNMTRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         # 30 tokens: a typical WMT16 sentence in BPE tokens.
         return wmt_parts.synthetic_training_batch(recipe.global_batch_size // ctx.world_size, 30,
                                           bare_model(model).embed.num_embeddings, ctx.device, source_lengths=True)
+
+    def shape_buckets(self, recipe: GNMTRecipe) -> dict[str, Any] | None:
+        if not recipe.bucketed:
+            return None
+        return LengthBuckets(recipe.bucket_lengths).describe(
+            rows=f"global_batch_size ({recipe.global_batch_size} sentences), shared by the processes",
+            padding="PAD columns; empty rows (source EOS, target PAD) outside the loss and its sentence count; "
+                    "the encoder unpacked")
+
+    def synthetic_batches(self, recipe: GNMTRecipe, ctx: RuntimeContext, model: nn.Module) -> list[Any]:
+        if not recipe.bucketed:
+            return [self.synthetic_batch(recipe, ctx, model)]
+        return [wmt_parts.synthetic_training_batch(recipe.global_batch_size // ctx.world_size, length,
+                                                   bare_model(model).embed.num_embeddings, ctx.device,
+                                                   source_lengths="tensor")
+                for length in recipe.bucket_lengths]
 
     def synthetic_eval_batch(self, recipe: GNMTRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         return wmt_parts.random_tokens(min(recipe.eval_batch_size, 8), 8, bare_model(model).embed.num_embeddings,
@@ -141,12 +160,21 @@ class GNMTWorkload(Workload[GNMTRecipe]):
             return [b for b in found if len(b) >= world]
 
         first = epoch_batches(1)
+        buckets = LengthBuckets(recipe.bucket_lengths) if recipe.bucketed else None
+        longest = int(max(src_len.max(initial=0), tgt_len.max(initial=0)))
+        if buckets is not None and longest > buckets.longest:
+            raise TrainperfError(f"recipe field bucket_lengths: the longest bucket ({buckets.longest}) is shorter than "
+                                 f"a training sentence of {longest} tokens in {data_dir}")
+
+        def shape(rows: np.ndarray) -> tuple[int, int] | None:
+            if buckets is None:
+                return None
+            return recipe.global_batch_size // world, buckets.length(int(max(src_len[rows].max(), tgt_len[rows].max())))
 
         def train_batches(view: EpochView) -> Iterator[tuple[Any, ...]]:
             for rows in epoch_batches(view.epoch):
                 yield wmt_parts.training_batch(data.train_src, data.train_tgt, batching.shard(rows, rank, world),
-                                               device,
-                                       source_lengths=True)
+                                               device, source_lengths=True, shape=shape(rows))
 
         order = wmt_parts.test_share(data.test_src.lengths, rank, world)
         metric = bleu.metric(data.test_references, "gnmt")

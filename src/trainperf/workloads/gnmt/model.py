@@ -74,6 +74,36 @@ class Encoder(nn.Module):
         return x
 
 
+    def padded(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The same layers over padded rows, without packing (static shapes: --static-shapes, --cuda-graphs):
+        `lengths` a device tensor [B]. A forward LSTM's outputs at real positions do not depend on what follows
+        them; the backward direction runs on each row reversed within its length, its output reversed back.
+        Padded positions hold values the attention's mask never reads: the loss is the packed path's."""
+        for i, lstm in enumerate(self.layers):
+            inp = self.drop(x)
+            out = _bidirectional(lstm, inp, lengths) if lstm.bidirectional else lstm(inp)[0]
+            x = out + x if i >= 2 else out
+        return x
+
+
+def _reverse_within(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Each row's first lengths[b] positions in reverse order, the rest where they are (its own inverse)."""
+    t = torch.arange(x.shape[1], device=x.device)
+    index = torch.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)  # [B, T]
+    return x.gather(1, index[..., None].expand_as(x))
+
+
+def _bidirectional(lstm: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """One bidirectional layer over padded rows: each direction with its own weights (torch.lstm)."""
+    zeros = x.new_zeros(1, x.shape[0], lstm.hidden_size)
+    outputs = []
+    for suffix, rows in (("", x), ("_reverse", _reverse_within(x, lengths))):
+        weights = [getattr(lstm, f"{name}_l0{suffix}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+        out = torch.lstm(rows, (zeros, zeros), weights, True, 1, 0.0, lstm.training, False, True)[0]
+        outputs.append(out if not suffix else _reverse_within(out, lengths))
+    return torch.cat(outputs, dim=-1)
+
+
 class Decoder(nn.Module):
     def __init__(self, hidden: int, dropout: float, attention_scale: float) -> None:
         super().__init__()
@@ -120,17 +150,21 @@ class GNMT(nn.Module):
                             with torch.no_grad():
                                 p[p.shape[0] // 4:p.shape[0] // 2].zero_()
 
-    def encode(self, src: torch.Tensor, lengths: list[int] | None = None
+    def encode(self, src: torch.Tensor, lengths: list[int] | torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (memory [B, S, H], projected keys, mask [B, S]). Without the sources' `lengths` (known on
-        the host where batches are made), they are read back from the device once."""
+        the host where batches are made), they are read back from the device once; given as a device
+        tensor, the encoder runs unpacked (Encoder.padded)."""
         mask = src != PAD
+        if isinstance(lengths, torch.Tensor):  # static shapes: padded rows, no packing
+            memory = self.encoder.padded(self.embed(src), lengths)
+            return memory, self.decoder.attention.key(memory), mask
         if lengths is None:
             lengths = mask.sum(1).tolist()
         memory = self.encoder(self.embed(src), lengths)
         return memory, self.decoder.attention.key(memory), mask
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, src_lengths: list[int] | None = None
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, src_lengths: list[int] | torch.Tensor | None = None
                 ) -> torch.Tensor:
         memory, keys, mask = self.encode(src, src_lengths)
         out, _, _ = self.decoder(self.embed(tgt_in), keys, memory, mask)

@@ -6,9 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from trainperf.errors import TrainperfError
-from trainperf.spec import (
-    Recipe,
-)
+from trainperf.spec import LengthBuckets, Recipe
 from trainperf.spec.fields import Count, Fraction, Positive, Share
 from trainperf.workloads.gnmt import data as gnmt_data
 
@@ -41,9 +39,16 @@ class GNMTRecipe(Recipe):
     coverage: float = 0.1  # coverage penalty weight
     max_decode_length: Count = 150
     eval_batch_size: Count = 128
+    # --static-shapes (and --cuda-graphs): a batch's sentences padded to the bucket of its longest side (BOS
+    # or EOS included; the longest kept is 49), its rows to the batch size, and the encoder run unpacked.
+    bucket_lengths: tuple[int, ...] = (8, 16, 24, 32, 40, 49)
 
     def validate(self) -> None:
         super().validate()
+        try:
+            LengthBuckets(self.bucket_lengths)
+        except ValueError as exc:
+            raise TrainperfError(f"recipe field bucket_lengths: {exc}") from None
         if min(self.hidden, self.beam, self.eval_batch_size, self.buckets, self.max_decode_length) < 1:
             raise TrainperfError("recipe: need hidden, beam, eval_batch_size, buckets, max_decode_length >= 1")
         if not 0 <= self.dropout < 1 or not 0 <= self.label_smoothing < 1 or not 0 < self.remain_fraction <= 1:

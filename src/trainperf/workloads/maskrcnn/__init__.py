@@ -182,16 +182,19 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
         category_ids = np.array(val.category_ids)
 
         def evaluate(forward: Callable[[Any], list[dict[str, torch.Tensor]]]) -> EvalPartial:
-            rows: list[np.ndarray] = []
-            masks: list[np.ndarray] = []
+            kept = coco_loading.DeviceDetections()
             for images, positions in batches():
                 for found, i in zip(forward((images, None, positions)), positions, strict=True):
-                    labels = found["labels"].cpu().numpy()
-                    known = (labels >= 1) & (labels <= len(category_ids))  # classes nobody annotated: unscorable
-                    rows.append(scoring.detection_rows(val.image_ids[i], found["boxes"].float().cpu().numpy()[known],
-                                                       found["scores"].float().cpu().numpy()[known],
-                                                       category_ids[labels[known] - 1]))
-                    masks.append(found["masks"][:, 0].to(torch.float16).cpu().numpy()[known])
+                    kept.add(i, boxes=found["boxes"].float(), scores=found["scores"].float(), labels=found["labels"],
+                             masks=found["masks"][:, 0].to(torch.float16))
+            rows: list[np.ndarray] = []
+            masks: list[np.ndarray] = []
+            for i, found in kept.on_host():
+                labels = found["labels"]
+                known = (labels >= 1) & (labels <= len(category_ids))  # classes nobody annotated: unscorable
+                rows.append(scoring.detection_rows(val.image_ids[i], found["boxes"][known], found["scores"][known],
+                                                   category_ids[labels[known] - 1]))
+                masks.append(found["masks"][known])
             return EvalPartial(metric=metric, objects={"detections": rows, "masks": masks})
 
         return evaluate

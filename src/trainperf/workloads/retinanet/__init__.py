@@ -191,16 +191,17 @@ class RetinaNetWorkload(Detector[RetinaNetRecipe]):
         category_ids = np.array(val.category_ids)
 
         def evaluate(forward: Callable[[Any], list[dict[str, torch.Tensor]]]) -> EvalPartial:
-            rows: list[np.ndarray] = []  # one array per image
+            kept = coco_loading.DeviceDetections()
             for images, positions in batches():
                 for found, i in zip(forward((images, None, positions)), positions, strict=True):
-                    labels = found["labels"].cpu().numpy()
-                    # A model with more classes than the data has (the reference's 264 on a smaller
-                    # tree) may predict classes nobody annotated: they cannot be scored.
-                    known = labels < len(category_ids)
-                    rows.append(scoring.detection_rows(val.image_ids[i], found["boxes"].float().cpu().numpy()[known],
-                                                       found["scores"].float().cpu().numpy()[known],
-                                                       category_ids[labels[known]]))
+                    kept.add(i, boxes=found["boxes"].float(), scores=found["scores"].float(), labels=found["labels"])
+            rows: list[np.ndarray] = []  # one array per image
+            for i, found in kept.on_host():
+                # A model with more classes than the data has (the reference's 264 on a smaller tree) may
+                # predict classes nobody annotated: they cannot be scored.
+                known = found["labels"] < len(category_ids)
+                rows.append(scoring.detection_rows(val.image_ids[i], found["boxes"][known], found["scores"][known],
+                                                   category_ids[found["labels"][known]]))
             return EvalPartial(metric=metric, objects={"detections": rows})
 
         return evaluate

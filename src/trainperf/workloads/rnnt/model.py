@@ -153,9 +153,11 @@ def greedy_decode(model: RNNT, feats: torch.Tensor, frames: torch.Tensor, max_sy
             logits = model.joint_net(enc_proj[:, t] + model.joint_pred(pred))
             best = logits.argmax(-1)
             emit = active & (best != blank)
-            if not bool(emit.any()):
+            if not bool(emit.any()):  # the one read-back of a step: whether any utterance still emits
                 break
-            out[emit, emitted[emit].clamp_max(max_symbols - 1)] = best[emit]
+            # Written by scatter, not a boolean-mask index (which reads the mask's count back, twice).
+            slot = emitted.clamp_max(max_symbols - 1)[:, None]
+            out.scatter_(1, slot, torch.where(emit, best, out.gather(1, slot)[:, 0])[:, None])
             emitted = emitted + emit.long()
             new_pred, new_state = _predict_step(model, torch.where(emit, best, 0)[:, None], state)
             keep = emit[:, None]

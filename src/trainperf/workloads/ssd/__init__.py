@@ -161,20 +161,23 @@ class SSDWorkload(Detector[SSDRecipe]):
         category_ids = np.array(val.category_ids)
 
         def evaluate(forward: Callable[[Any], tuple[torch.Tensor, torch.Tensor]]) -> EvalPartial:
-            rows: list[np.ndarray] = []  # one array per image
+            kept = coco_loading.DeviceDetections()
             for images, positions in batches():
                 loc, conf = forward((images, None, positions))
                 found = ssd_model.postprocess(coder, loc, conf, recipe.score_threshold, recipe.nms_iou,
                                       max_detections=recipe.max_detections)
                 for (boxes, scores, labels), i in zip(found, positions, strict=True):
-                    # A model with more classes than the data has categories (the reference's 81 on a
-                    # smaller tree) may predict classes nobody annotated: they cannot be scored.
-                    known = labels <= len(category_ids)
-                    boxes, scores, labels = boxes[known], scores[known], labels[known]
-                    height, width = val.sizes[i]
-                    scale = torch.tensor([width, height, width, height], device=boxes.device)
-                    rows.append(scoring.detection_rows(val.image_ids[i], (boxes * scale).cpu().numpy(),
-                                                       scores.cpu().numpy(), category_ids[labels.cpu().numpy() - 1]))
+                    kept.add(i, boxes=boxes.float(), scores=scores.float(), labels=labels)
+            rows: list[np.ndarray] = []  # one array per image
+            for i, found in kept.on_host():
+                # A model with more classes than the data has categories (the reference's 81 on a smaller
+                # tree) may predict classes nobody annotated: they cannot be scored.
+                labels = found["labels"]
+                known = labels <= len(category_ids)
+                height, width = val.sizes[i]
+                boxes = found["boxes"][known].astype(np.float64) * np.array([width, height, width, height])
+                rows.append(scoring.detection_rows(val.image_ids[i], boxes, found["scores"][known],
+                                                   category_ids[labels[known] - 1]))
             return EvalPartial(metric=metric, objects={"detections": rows})
 
         return evaluate

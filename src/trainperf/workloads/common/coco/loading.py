@@ -3,11 +3,12 @@ memory or streamed by DataLoader workers, and the synthetic batches of `bench`."
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from trainperf.errors import TrainperfError
@@ -216,3 +217,29 @@ def streamed(train: CocoIndex, val: CocoIndex, ctx: Any, batch: int, workers: in
             yield images(x), positions
 
     return Loaders(train_batches, val_batches, len(train_loader))
+
+
+class DeviceDetections:
+    """An evaluation's detections kept on the device that made them until the evaluation ends, then moved
+    to the host in one transfer per field however many images it scored: on a GPU every `.cpu()` waits for
+    the device, and one per image and field made the detectors' evaluations host-bound."""
+
+    def __init__(self) -> None:
+        self.positions: list[int] = []
+        self.counts: list[int] = []
+        self.fields: dict[str, list[torch.Tensor]] = {}
+
+    def add(self, position: int, **fields: torch.Tensor) -> None:
+        """One image's detections (each field's first dimension: its detections), by its position in val."""
+        self.positions.append(position)
+        self.counts.append(int(next(iter(fields.values())).shape[0]))
+        for name, tensor in fields.items():
+            self.fields.setdefault(name, []).append(tensor)
+
+    def on_host(self) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+        """(position, {field: array}) per image, in the order added, after one transfer per field."""
+        moved = {name: torch.cat(parts).cpu().numpy() for name, parts in self.fields.items()}
+        start = 0
+        for position, count in zip(self.positions, self.counts, strict=True):
+            yield position, {name: array[start:start + count] for name, array in moved.items()}
+            start += count

@@ -18,13 +18,15 @@ def training_batch(src: Encoded, tgt: Encoded, rows: np.ndarray, device: torch.d
     the sources' lengths as a list of ints: known here on the host, they need no read-back from the
     device in the step (a packed LSTM wants them on the host), and DDP leaves a list where it is.
     With `shape` (rows, length): every array padded to it (a shape bucket), the extra rows empty
-    pairs that the loss ignores (see `pad_to`)."""
+    pairs that the loss ignores (see `pad_to`), and the sources' lengths a device tensor."""
     arrays = (pad_batch(src, rows, suffix=EOS), pad_batch(tgt, rows, prefix=BOS), pad_batch(tgt, rows, suffix=EOS))
     if shape is not None:
         arrays = pad_to(*arrays, shape=shape)
     batch = tuple(torch.from_numpy(a).to(device, non_blocking=True) for a in arrays)
     if source_lengths:
-        batch += ((arrays[0] != PAD).sum(1).tolist(),)
+        lengths = (arrays[0] != PAD).sum(1)
+        # A bucketed batch is for a compiled step, whose guards would specialise on every int of a list.
+        batch += (torch.from_numpy(lengths).to(device, non_blocking=True) if shape is not None else lengths.tolist(),)
     return batch
 
 
@@ -75,9 +77,11 @@ def random_tokens(rows: int, length: int, vocab: int, device: torch.device, seed
 
 
 def synthetic_training_batch(rows: int, length: int, vocab: int, device: torch.device,
-                             source_lengths: bool = False) -> tuple[Any, ...]:
+                             source_lengths: bool | str = False) -> tuple[Any, ...]:
     """(source, BOS + target, target) of `rows` random sentences of `length` tokens (and the sources'
-    lengths, as `training_batch`)."""
+    lengths, as `training_batch`: a list, or with "tensor" a device tensor, as a bucketed batch has)."""
     src, tgt = random_tokens(rows, length, vocab, device, 0), random_tokens(rows, length, vocab, device, 1)
     batch = (src, torch.cat([torch.full_like(tgt[:, :1], BOS), tgt[:, :-1]], 1), tgt)
+    if source_lengths == "tensor":
+        return batch + (torch.full((rows,), length, dtype=torch.int64, device=device),)
     return batch + ([length] * rows,) if source_lengths else batch
