@@ -1,6 +1,6 @@
 """A GPU round in one command, for whoever has a GPU for a few minutes.
 
-    python benchmarks/gpu_round.py --out DIR [--budget-min 9] [--sections env,tests,nccl,ladder,bench,counts,suite]
+    python benchmarks/gpu_round.py --out DIR [--budget-min 9] [--sections env,tests,bench,graphs,suite]
 
 Within the budget (sections in order of value; one that no longer fits is recorded as skipped):
   env     the device, driver and software versions
@@ -10,6 +10,8 @@ Within the budget (sections in order of value; one that no longer fits is record
           compile -> CUDA Graphs, one `bench` per rung (throughput, step time, memory, MFU)
   bench   every workload at full scale on synthetic data with the best eager switches, and a
           torch.profiler table of its top operators by device and by host time
+  graphs  every workload offering --cuda-graphs: eager -> --compile -> --cuda-graphs (static shapes where its
+          batches vary), one `bench` per rung
   counts  benchmarks/step_ops.py on the device: operators, synchronisations, host time per step
   pipeline the full ResNet-50 input pipeline on an ImageNet-like JPEG folder (benchmarks/imagenet_like.py):
           the data share of the step with decoding in DataLoader workers and on the device
@@ -43,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ("env", "tests", "nccl", "ladder", "bench", "counts", "pipeline", "peers", "fp8", "suite")
+SECTIONS = ("env", "tests", "nccl", "ladder", "bench", "graphs", "counts", "pipeline", "peers", "fp8", "suite")
 # Per-device batches of one GPU (NVIDIA's per-GPU batches where they publish them; the H100 round of
 # ../shared/gpu used the same), and what each workload needs to fit one 80 GB GPU.
 BENCH: dict[str, dict[str, Any]] = {
@@ -70,10 +72,13 @@ LADDER = (("fp32", []), ("+ channels-last", ["--channels-last"]), ("+ bf16", ["-
           ("+ CUDA Graphs (instead of compile)", ["--cuda-graphs"]))
 FAST_MINIS = "resnet,ncf,dlrm,ssd,transformer,gnmt,bert,unet3d"
 # Seconds each section needs at least (below that it is skipped), and may take at most.
-MIN_S = {"env": 5, "tests": 60, "nccl": 30, "ladder": 60, "bench": 60, "counts": 60, "pipeline": 60, "peers": 60,
-         "fp8": 60, "suite": 60}
-MAX_S = {"env": 30, "tests": 240, "nccl": 120, "ladder": 270, "bench": 300, "counts": 150, "pipeline": 180,
-         "peers": 240, "fp8": 180, "suite": 480}
+# The graphs section: each workload that offers CUDA Graphs, eager, then compiled, then recorded as CUDA Graphs
+# (with static shapes where its batches vary: --cuda-graphs turns them on), at the bench section's batch.
+GRAPH_RUNGS = (("eager", []), ("compile", ["--compile"]), ("CUDA Graphs", ["--cuda-graphs"]))
+MIN_S = {"env": 5, "tests": 60, "nccl": 30, "ladder": 60, "bench": 60, "graphs": 60, "counts": 60, "pipeline": 60,
+         "peers": 60, "fp8": 60, "suite": 60}
+MAX_S = {"env": 30, "tests": 240, "nccl": 120, "ladder": 270, "bench": 300, "graphs": 300, "counts": 150,
+         "pipeline": 180, "peers": 240, "fp8": 180, "suite": 480}
 
 
 class Round:
@@ -245,6 +250,33 @@ class Round:
         return {"commands": commands, "results": rows,
                 "status": "ok" if all("failed" not in r for r in rows) else "failed"}
 
+    def graphs(self) -> dict[str, Any]:
+        from trainperf import registry
+
+        rows, commands = [], []
+        workloads = [w for w in (self.summary.get("workloads") or list(BENCH))
+                     if "cuda_graphs" in registry.get(w).speedups]
+        for workload in workloads:
+            spec = BENCH[workload]
+            batch = "2" if self.quick else str(spec["batch"])
+            base = ["--scale", "full", "--synthetic", "--batch-size", batch, "--steps", "1" if self.quick else "10",
+                    "--warmup", "1" if self.quick else "3", "--precision", "bf16", *_supported_switches(workload)]
+            for item in spec.get("sets", []):
+                base += ["--set", item]
+            for label, added in GRAPH_RUNGS:
+                if self.device == "cpu" and added == ["--cuda-graphs"]:
+                    rows.append({"workload": workload, "rung": label, "skipped": "needs a GPU"})
+                    continue
+                if self.left() < 20:
+                    rows.append({"workload": workload, "rung": label, "skipped": "budget"})
+                    continue
+                ran, result = self._bench(f"graphs-{workload}-{len(rows)}", workload, [*base, *added])
+                commands.append(ran)
+                rows.append({"workload": workload, "rung": label, **_bench_row(result)} if result
+                            else {"workload": workload, "rung": label, **_unfinished(ran)})
+        return {"commands": commands, "results": rows,
+                "status": "ok" if all("failed" not in r for r in rows) else "failed"}
+
     def counts(self) -> dict[str, Any]:
         path = self.out / "work" / "counts.json"
         only = ",".join(self.summary.get("workloads") or BENCH)
@@ -385,6 +417,17 @@ def markdown(summary: dict[str, Any]) -> str:
                              f"| {_num(r['step_time_p50_ms'], '.2f')} "
                              f"| {_num(r['peak_memory_mb'], ',.0f')} | {_num(r['peak_allocated_mb'], ',.0f')} "
                              f"| {_num((r['mfu'] or 0) * 100, '.1f')} % |")
+        elif name == "graphs" and results:
+            lines += ["| workload | rung | samples/s | against eager | step p50 ms |", "|---|---|---|---|---|"]
+            eager: dict[str, float] = {}
+            for r in results:
+                if "samples_per_s" not in r:
+                    lines.append(f"| {r['workload']} | {r['rung']} | {r.get('skipped') or 'failed'} | | |")
+                    continue
+                eager.setdefault(r["workload"], r["samples_per_s"])
+                lines.append(f"| {r['workload']} | {r['rung']} | {_num(r['samples_per_s'])} "
+                             f"| {r['samples_per_s'] / eager[r['workload']]:.2f}x "
+                             f"| {_num(r['step_time_p50_ms'], '.2f')} |")
         elif name == "bench" and results:
             lines += ["| workload | batch | throughput | step p50 ms | peak memory MiB | MFU | switches |",
                       "|---|---|---|---|---|---|---|"]

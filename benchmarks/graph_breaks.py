@@ -48,6 +48,22 @@ def breaks(name: str) -> dict[str, Any]:
             "reasons": reasons}
 
 
+def markdown(rows: list[dict[str, Any]], steps: int) -> str:
+    """The table of docs/gpus.md from the rows (each as printed to stderr while the script runs)."""
+    lines = [f"| workload | graphs | first break (fullgraph, forward or backward) | forward breaks (where: why) "
+             f"| recompiles over {steps} steps | buckets | syncs / step | two steps replay | --cuda-graphs |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['workload']} | - | {r['error']} | - | - | - | - | - | - |")
+            continue
+        why = "; ".join(f"{n} × {k}" for k, n in r["reasons"].items()) or "-"
+        forward = f"{r['breaks']}: {why}" if r["broken"] else "0"
+        lines.append(f"| {r['workload']} | {r['graphs']} | {r['broken'] or '-'} | {forward} | {r['recompiles']} | "
+                     f"{r['buckets']} | {r['syncs']:g} | {r['replays']} | {'yes' if r['graphs_supported'] else 'no'} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated workloads (default: all)")
@@ -78,17 +94,7 @@ def main() -> int:
         print(row, file=sys.stderr, flush=True)
         gc.collect()
     if args.markdown:
-        print(f"| workload | graphs | first break (fullgraph, forward or backward) | forward breaks (where: why) "
-              f"| recompiles over {args.steps} steps | buckets | syncs / step | two steps replay | --cuda-graphs |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        for r in rows:
-            if "error" in r:
-                print(f"| {r['workload']} | - | {r['error']} | - | - | - | - | - | - |")
-                continue
-            why = "; ".join(f"{n} × {k}" for k, n in r["reasons"].items()) or "-"
-            forward = f"{r['breaks']}: {why}" if r["broken"] else "0"
-            print(f"| {r['workload']} | {r['graphs']} | {r['broken'] or '-'} | {forward} | {r['recompiles']} | "
-                  f"{r['buckets']} | {r['syncs']:g} | {r['replays']} | {'yes' if r['graphs_supported'] else 'no'} |")
+        print(markdown(rows, args.steps))
     else:
         for r in rows:
             print(r)

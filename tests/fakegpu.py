@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,6 +156,28 @@ class FakeCuda:
         finally:
             self.stream_stack.pop()
 
+    def event_class(self) -> type:
+        machine = self
+
+        class Event:
+            """A timing event as strict as CUDA's: elapsed_time needs enable_timing and both events recorded."""
+
+            def __init__(self, enable_timing: bool = False, **kwargs: Any) -> None:
+                self.timing, self.at = enable_timing, None
+
+            def record(self, stream: Any = None) -> None:
+                machine.calls.append(("Event.record", machine.current_device()))
+                self.at = time.perf_counter()
+
+            def elapsed_time(self, end: Any) -> float:
+                if not (self.timing and end.timing):
+                    raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+                if self.at is None or end.at is None:
+                    raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+                return (end.at - self.at) * 1e3
+
+        return Event
+
     # -- installing it -------------------------------------------------------------------------
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Replace torch's CUDA entry points (undone with the monkeypatch) and the Generator class."""
@@ -168,6 +191,7 @@ class FakeCuda:
                      "reset_peak_memory_stats", "current_stream", "stream"):
             monkeypatch.setattr(cuda, name, getattr(self, name))
         monkeypatch.setattr(cuda, "Stream", self.stream_class())
+        monkeypatch.setattr(cuda, "Event", self.event_class())
         monkeypatch.setattr(cuda, "set_sync_debug_mode", lambda mode: self.calls.append(("set_sync_debug_mode", mode)))
         monkeypatch.setattr(cuda.nccl, "version", lambda: (2, 27, 3))
         monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91900)

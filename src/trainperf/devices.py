@@ -87,6 +87,15 @@ def activate(device: torch.device) -> None:
         torch.cuda.set_device(_indexed(device))
 
 
+def timing_event(device: torch.device) -> Any:
+    """A CUDA event that records when `device` (the current one: events record on its current stream) reaches
+    it (`record()`; `elapsed_time(other)` in ms once both have passed): a step's device time without waiting
+    for it."""
+    if device.type != "cuda":
+        raise ValueError(f"timing events are CUDA events; {device} is not a CUDA device")
+    return torch.cuda.Event(enable_timing=True)
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for `device`'s queued work (nothing to wait for on a CPU)."""
     if device.type == "cuda":

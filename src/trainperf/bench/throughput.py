@@ -258,6 +258,7 @@ class StepTimer:
     step and read after the last one (on a CPU, where work finishes in the call, the host's clock)."""
 
     def __init__(self, device: torch.device) -> None:
+        self.device = device
         self.cuda = device.type == "cuda"
         self.pairs: list[tuple[Any, Any]] = []
         self.host: list[float] = []
@@ -265,7 +266,7 @@ class StepTimer:
 
     def start(self) -> None:
         if self.cuda:
-            begin = torch.cuda.Event(enable_timing=True)
+            begin = devices.timing_event(self.device)
             begin.record()
             self.pairs.append((begin, None))
         else:
@@ -273,7 +274,7 @@ class StepTimer:
 
     def stop(self) -> None:
         if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
+            end = devices.timing_event(self.device)
             end.record()
             self.pairs[-1] = (self.pairs[-1][0], end)
         else:
