@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from trainperf.errors import TrainperfError
+
 
 @dataclass(frozen=True)
 class LengthBuckets:
@@ -22,6 +24,14 @@ class LengthBuckets:
         if not self.lengths or any(b <= a for a, b in zip(self.lengths, self.lengths[1:], strict=False)) \
                 or self.lengths[0] < 1:
             raise ValueError(f"bucket lengths must be positive and ascending: {self.lengths}")
+
+    @classmethod
+    def from_recipe(cls, field: str, lengths: tuple[int, ...]) -> LengthBuckets:
+        """A recipe field's buckets, or one line naming the field and what is wrong."""
+        try:
+            return cls(tuple(lengths))
+        except ValueError as exc:
+            raise TrainperfError(f"recipe field {field}: {exc}") from None
 
     @classmethod
     def geometric(cls, shortest: int, longest: int, per_doubling: int = 4, multiple: int = 8) -> LengthBuckets:

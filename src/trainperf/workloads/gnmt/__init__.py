@@ -131,7 +131,7 @@ class GNMTWorkload(Workload[GNMTRecipe]):
     def shape_buckets(self, recipe: GNMTRecipe) -> dict[str, Any] | None:
         if not recipe.bucketed:
             return None
-        return LengthBuckets(recipe.bucket_lengths).describe(
+        return LengthBuckets.from_recipe("bucket_lengths", recipe.bucket_lengths).describe(
             rows=f"global_batch_size ({recipe.global_batch_size} sentences), shared by the processes",
             padding="PAD columns; empty rows (source EOS, target PAD) outside the loss and its sentence count; "
                     "the encoder unpacked")
@@ -160,7 +160,7 @@ class GNMTWorkload(Workload[GNMTRecipe]):
             return [b for b in found if len(b) >= world]
 
         first = epoch_batches(1)
-        buckets = LengthBuckets(recipe.bucket_lengths) if recipe.bucketed else None
+        buckets = LengthBuckets.from_recipe("bucket_lengths", recipe.bucket_lengths) if recipe.bucketed else None
         longest = int(max(src_len.max(initial=0), tgt_len.max(initial=0)))
         if buckets is not None and longest > buckets.longest:
             raise TrainperfError(f"recipe field bucket_lengths: the longest bucket ({buckets.longest}) is shorter than "

@@ -45,10 +45,7 @@ class GNMTRecipe(Recipe):
 
     def validate(self) -> None:
         super().validate()
-        try:
-            LengthBuckets(self.bucket_lengths)
-        except ValueError as exc:
-            raise TrainperfError(f"recipe field bucket_lengths: {exc}") from None
+        LengthBuckets.from_recipe("bucket_lengths", self.bucket_lengths)
         if min(self.hidden, self.beam, self.eval_batch_size, self.buckets, self.max_decode_length) < 1:
             raise TrainperfError("recipe: need hidden, beam, eval_batch_size, buckets, max_decode_length >= 1")
         if not 0 <= self.dropout < 1 or not 0 <= self.label_smoothing < 1 or not 0 < self.remain_fraction <= 1:

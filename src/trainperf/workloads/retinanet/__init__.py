@@ -124,7 +124,7 @@ class RetinaNetWorkload(Detector[RetinaNetRecipe]):
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.Adam(trainable, lr=recipe.base_lr, weight_decay=recipe.weight_decay, **impl)
 
-        buckets = LengthBuckets(recipe.bucket_boxes) if recipe.bucketed else None
+        buckets = LengthBuckets.from_recipe("bucket_boxes", recipe.bucket_boxes) if recipe.bucketed else None
 
         def loss_fn(model: nn.Module, batch: tuple[Any, list[dict[str, torch.Tensor]], Any]) -> torch.Tensor:
             images, targets = batch[0], batch[1]
@@ -145,7 +145,7 @@ class RetinaNetWorkload(Detector[RetinaNetRecipe]):
     def shape_buckets(self, recipe: RetinaNetRecipe) -> dict[str, Any] | None:
         if not recipe.bucketed:
             return None
-        return LengthBuckets(recipe.bucket_boxes).describe(
+        return LengthBuckets.from_recipe("bucket_boxes", recipe.bucket_boxes).describe(
             what="boxes per image", images=f"{recipe.image_size} x {recipe.image_size} (resized before the model)",
             padding="boxes marked absent: they match no anchor")
 

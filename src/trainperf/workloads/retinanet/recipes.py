@@ -44,10 +44,7 @@ class RetinaNetRecipe(DetectorRecipe):
         super().validate()
         if self.base_lr <= 0 or self.warmup_epochs < 0 or not 0 <= self.warmup_factor <= 1:
             raise TrainperfError("recipe: need base_lr > 0, warmup_epochs >= 0, 0 <= warmup_factor <= 1")
-        try:
-            LengthBuckets(self.bucket_boxes)
-        except ValueError as exc:
-            raise TrainperfError(f"recipe field bucket_boxes: {exc}") from None
+        LengthBuckets.from_recipe("bucket_boxes", self.bucket_boxes)
         if self.num_classes < 1 or self.width < 1 or self.fpn_channels < 16 or self.fpn_channels % 16:
             raise TrainperfError("recipe: need num_classes >= 1, width >= 1 and fpn_channels a multiple of 16 "
                                  "(GroupNorm of 16 groups)")

@@ -44,7 +44,7 @@ class TransformerRecipe(Recipe):
     @property
     def buckets(self) -> LengthBuckets:
         if self.bucket_lengths:
-            return LengthBuckets(self.bucket_lengths)
+            return LengthBuckets.from_recipe("bucket_lengths", self.bucket_lengths)
         return LengthBuckets.geometric(8, transformer_data.MAX_LENGTH)
 
     def validate(self) -> None:
@@ -57,10 +57,7 @@ class TransformerRecipe(Recipe):
             raise TrainperfError("recipe: need 0 <= dropout < 1 and 0 <= label_smoothing < 1")
         if self.base_lr <= 0 or self.warmup_steps < 1:
             raise TrainperfError("recipe: need base_lr > 0 and warmup_steps >= 1")
-        try:
-            buckets = self.buckets
-        except ValueError as exc:
-            raise TrainperfError(f"recipe field bucket_lengths: {exc}") from None
+        buckets = self.buckets
         if self.global_batch_size < buckets.longest:
             raise TrainperfError(f"recipe field global_batch_size is in tokens: {self.global_batch_size} cannot hold "
                                  f"one sentence of the longest bucket ({buckets.longest} tokens)")
