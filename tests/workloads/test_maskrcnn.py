@@ -20,6 +20,7 @@ from trainperf.workloads.common.coco import data as C
 from trainperf.workloads.common.coco import masks as K
 from trainperf.workloads.maskrcnn import DATA, FULL_RECIPES, MINI, MaskRCNNWorkload, lr_factor, param_groups
 from trainperf.workloads.maskrcnn import model as M
+from trainperf.workloads.maskrcnn import syncfree as S
 
 
 @pytest.fixture(scope="module")
@@ -312,3 +313,123 @@ def test_two_processes_reach_both_targets_and_score_and_report_read_the_runs(tmp
     assert len(Page(html.read_text()).images) == 1  # the convergence figure, a curve per metric
     assert main(["compare", str(tmp_path / "results"), str(tmp_path / "results")]) == 0
     assert "maskrcnn" in capsys.readouterr().out
+
+
+# -- the sync-free training pass (workloads/maskrcnn/syncfree.py) ------------------------------------------------
+def _boxes(generator: torch.Generator, n: int, size: float, clusters: int = 0) -> torch.Tensor:
+    """n random boxes in a size x size image; with clusters, jittered copies of a few (heavy overlaps)."""
+    if clusters:
+        centres = torch.rand(clusters, 2, generator=generator) * size * 0.7 + size * 0.15
+        centre = centres[torch.randint(0, clusters, (n,), generator=generator)] + torch.randn(n, 2, generator=generator)
+        side = 8 + torch.rand(n, 2, generator=generator) * 4
+    else:
+        centre = torch.rand(n, 2, generator=generator) * size
+        side = 2 + torch.rand(n, 2, generator=generator) * size * 0.3
+    return torch.cat([centre - side / 2, centre + side / 2], 1).clamp(0, size)
+
+
+def test_fixed_nms_keeps_what_torchvisions_nms_keeps_and_never_an_overlapping_pair():
+    from torchvision.ops import box_iou, nms
+
+    generator = torch.Generator().manual_seed(0)
+    for clusters in (0, 3, 20):
+        boxes = _boxes(generator, 300, 100.0, clusters)
+        scores = torch.rand(300, generator=generator)
+        order = scores.argsort(descending=True)
+        boxes, scores = boxes[order], scores[order]
+        valid = torch.rand(300, generator=generator) > 0.1
+        expected = torch.zeros(300, dtype=torch.bool)
+        index = valid.nonzero()[:, 0]
+        expected[index[nms(boxes[index], scores[index], 0.5)]] = True
+        kept = S.fixed_nms(boxes[None], valid[None], 0.5, iterations=301)[0]
+        assert torch.equal(kept, expected), clusters
+        # Cut short, it keeps a subset of the answer and still no pair overlapping above the threshold.
+        short = S.fixed_nms(boxes[None], valid[None], 0.5, iterations=1)[0]
+        assert not (short & ~expected).any()
+        iou = box_iou(boxes[short], boxes[short]).fill_diagonal_(0)
+        assert (iou <= 0.5).all()
+    # The default iterations are exact on the clustered case too (chains of the RPN's kind).
+    boxes = _boxes(generator, 300, 100.0, 10)
+    index = torch.arange(300)
+    expected = torch.zeros(300, dtype=torch.bool)
+    expected[nms(boxes, torch.linspace(1, 0, 300), 0.7)] = True
+    assert torch.equal(S.fixed_nms(boxes[None], torch.ones(1, 300, dtype=torch.bool), 0.7)[0], expected)
+
+
+def test_balanced_sampling_fills_fixed_slots_with_the_eligible_only():
+    torch.manual_seed(0)
+    labels = torch.full((3, 50), -1)
+    labels[0, :30] = 1  # more positives than the quota
+    labels[0, 30:40] = 0
+    labels[1, :2] = 1  # few positives: negatives fill the rest
+    labels[1, 2:45] = 0
+    labels[2, :3] = 0  # nothing to sample but three negatives
+    positive, negative, slots, taken = S.balanced_sample(labels, 16, 0.25)
+    assert positive.sum(1).tolist() == [4, 2, 0] and negative.sum(1).tolist() == [10, 14, 3]
+    assert (labels[positive] == 1).all() and (labels[negative] == 0).all()
+    assert slots.shape == taken.shape == (3, 4) and taken.sum(1).tolist() == [4, 2, 0]
+    assert torch.equal(positive.gather(1, slots) & taken, taken)
+    # Uniform over the eligible: every positive of image 0 gets picked over a few draws.
+    picked = torch.zeros(50, dtype=torch.bool)
+    for _ in range(60):
+        picked |= S.balanced_sample(labels, 16, 0.25)[0][0]
+    assert picked[:30].all() and not picked[30:].any()
+
+
+def test_pooling_every_level_equals_multiscale_roialign():
+    from torchvision.ops import MultiScaleRoIAlign
+
+    generator = torch.Generator().manual_seed(1)
+    features = {str(i): torch.randn(2, 4, 64 // 2 ** (i + 2), 96 // 2 ** (i + 2), generator=generator)
+                for i in range(4)}
+    rois = torch.stack([_boxes(generator, 40, 64.0), _boxes(generator, 40, 64.0)])
+    pooler = MultiScaleRoIAlign(["0", "1", "2", "3"], 7, sampling_ratio=2, canonical_scale=56, canonical_level=4)
+    expected = pooler(features, list(rois), [(60, 90), (64, 96)])
+    torch.testing.assert_close(S.pool_levels(pooler, features, rois, (64, 96)), expected)
+
+
+def _targets(generator: torch.Generator, counts: list[int], size: int, classes: int) -> list[dict]:
+    targets = []
+    for n in counts:
+        boxes = _boxes(generator, n, float(size)).round()
+        boxes[:, 2:] = torch.maximum(boxes[:, 2:], boxes[:, :2] + 4).clamp(max=size)
+        masks = torch.zeros(n, size, size, dtype=torch.uint8)
+        for j, (x0, y0, x1, y1) in enumerate(boxes.int().tolist()):
+            masks[j, y0:y1, x0:(x0 + x1) // 2 + 1] = 1
+        targets.append({"boxes": boxes, "labels": torch.randint(1, classes, (n,), generator=generator),
+                        "masks": masks})
+    return targets
+
+
+@pytest.mark.parametrize("counts", [[3, 5], [0, 2]])
+def test_the_sync_free_losses_equal_torchvisions_when_sampling_takes_everything(counts):
+    """With samplers whose quotas exceed the candidates (every positive and negative taken, so no random
+    choice) and NMS run to its fixed point, the five losses and their gradients are torchvision's."""
+    from torchvision.models.detection import MaskRCNN
+    from torchvision.models.detection.roi_heads import RoIHeads
+    from torchvision.models.detection.rpn import RegionProposalNetwork
+
+    torch.manual_seed(0)
+    model = M.mini_maskrcnn(5)
+    model.rpn.fg_bg_sampler.batch_size_per_image = 100_000
+    model.roi_heads.fg_bg_sampler.batch_size_per_image = 100_000
+    model.rpn.nms_iterations = 1001
+    generator = torch.Generator().manual_seed(2)
+    images = torch.rand(2, 3, 64, 64, generator=generator)
+    targets = _targets(generator, counts, 64, 5)
+
+    def losses_and_grads(forward):
+        model.zero_grad()
+        losses = forward()
+        sum(losses.values()).backward()
+        return losses, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    mine, my_grads = losses_and_grads(lambda: model(images, targets))
+    model.rpn.__class__, model.roi_heads.__class__ = RegionProposalNetwork, RoIHeads
+    theirs, their_grads = losses_and_grads(lambda: MaskRCNN.forward(model, images, targets))
+    assert set(mine) == set(theirs)
+    for name in theirs:
+        torch.testing.assert_close(mine[name], theirs[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert len(my_grads) == len(their_grads)
+    for a, b in zip(my_grads, their_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)

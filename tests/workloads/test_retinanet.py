@@ -24,6 +24,7 @@ from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
 from trainperf.spec import Assets, RuntimeContext
 from trainperf.workloads.common.coco import data as C
+from trainperf.workloads.common.coco import matching
 from trainperf.workloads.retinanet import FULL_RECIPES, MINI, RetinaNetWorkload, lr_factor
 from trainperf.workloads.retinanet import model as M
 
@@ -107,16 +108,14 @@ def test_batched_loss_equals_torchvisions_per_image_loss(loss_type, which, refer
     boxes = torch.nn.utils.rnn.pad_sequence([t["boxes"] for t in targets], batch_first=True)
     present = torch.nn.utils.rnn.pad_sequence([torch.ones(len(t["boxes"]), dtype=torch.bool) for t in targets],
                                               batch_first=True)
-    matches = model._match(boxes, present, torch.stack(anchors))
+    matches = matching.match(model.proposal_matcher, boxes, present, torch.stack(anchors))
     assert {-2, -1}.issubset(set(matches.unique().tolist())) and (matches >= 0).any()
     assert (matches[1] == -1).all()  # the image without boxes
-    matcher, strict = model.proposal_matcher, copy.copy(model.proposal_matcher)
+    strict = copy.copy(model.proposal_matcher)
     strict.allow_low_quality_matches = False
-    model.proposal_matcher = strict
     try:
-        assert (model._match(boxes, present, torch.stack(anchors)) != matches).any()  # low-quality matches happened
+        assert (matching.match(strict, boxes, present, torch.stack(anchors)) != matches).any()  # low-quality matches
     finally:
-        model.proposal_matcher = matcher
         model.head.regression_head._loss_type = "l1" if which == "reference" else "giou"
 
 

@@ -22,10 +22,13 @@ from torchvision.models.detection import MaskRCNN
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.backbone_utils import BackboneWithFPN, resnet_fpn_backbone
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
+from torchvision.models.detection.image_list import ImageList
 from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
 from torchvision.models.detection.transform import GeneralizedRCNNTransform, resize_boxes
 from torchvision.models.resnet import BasicBlock
 from torchvision.ops import MultiScaleRoIAlign
+
+from trainperf.workloads.maskrcnn import syncfree
 
 FULL_ANCHOR_SIZES = ((32,), (64,), (128,), (256,), (512,))  # P2..P6
 RATIOS = (0.5, 1.0, 2.0)
@@ -36,17 +39,30 @@ RGB_MEAN, RGB_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 class TrainedMaskRCNN(MaskRCNN):
-    """torchvision's Mask R-CNN, whose training pass leaves out the per-image `if degenerate_boxes.any()`
-    (a host-device synchronisation for every image of every step): trainperf's COCO reader drops
-    degenerate boxes before they get here (workloads/common/coco/data.py). Evaluation is torchvision's."""
+    """torchvision's Mask R-CNN whose training pass is sync-free (workloads/maskrcnn/syncfree.py): fixed-size
+    proposals, sampling and RoI pooling, and no per-image `if degenerate_boxes.any()` (trainperf's COCO
+    reader drops degenerate boxes before they get here: workloads/common/coco/data.py). Evaluation is
+    torchvision's."""
 
-    def forward(self, images: Any, targets: list[dict[str, torch.Tensor]] | None = None) -> Any:
+    rpn: syncfree.SyncFreeRPN
+    roi_heads: syncfree.SyncFreeRoIHeads
+
+    def forward(self, images: Any, targets: list[dict[str, torch.Tensor]] | dict[str, torch.Tensor] | None = None
+                ) -> Any:
         if not self.training:
             return super().forward(images, targets)
-        images, targets = self.transform(images, targets)
-        features = self.backbone(images.tensors)
-        proposals, proposal_losses = self.rpn(images, features, targets)
-        _detections, detector_losses = self.roi_heads(features, proposals, images.image_sizes, targets)
+        if isinstance(targets, dict):  # static shapes: see `static_inputs`
+            image_list = ImageList(images, [tuple(images.shape[-2:])] * images.shape[0])
+            gt, sizes = targets, targets["sizes"]
+        else:
+            image_list, transformed = self.transform(images, targets)
+            gt = syncfree.padded_targets(transformed, None, tuple(image_list.tensors.shape[-2:]),
+                                         image_list.tensors.device)
+            sizes = image_list.image_sizes
+        features = self.backbone(image_list.tensors)
+        proposals, valid, proposal_losses = self.rpn.training_pass(image_list, features, sizes, gt)
+        detector_losses = self.roi_heads.training_pass(features, proposals, valid,
+                                                       tuple(image_list.tensors.shape[-2:]), gt)
         return {**detector_losses, **proposal_losses}
 
 
@@ -73,7 +89,7 @@ def maskrcnn_resnet50_fpn(num_classes: int, min_size: int = 800, max_size: int =
         bbox_reg_weights=(10.0, 10.0, 5.0, 5.0),
         mask_roi_pool=MultiScaleRoIAlign(["0", "1", "2", "3"], 14, sampling_ratio=2))
     reference_box_head_init(model)
-    return model
+    return syncfree.sync_free(model)
 
 
 def stride_in_1x1(body: nn.Module) -> None:
@@ -140,7 +156,7 @@ def mini_maskrcnn(num_classes: int, image_size: int = 64, width: int = 16, fpn_c
                                        canonical_level=4)
     # num_classes goes to the predictors: torchvision wants None when they are given (its default box
     # predictor assumes a 1024-wide head).
-    return TrainedMaskRCNN(
+    return syncfree.sync_free(TrainedMaskRCNN(
         backbone, None, min_size=image_size, max_size=image_size, fixed_size=(image_size, image_size),
         image_mean=list(RGB_MEAN), image_std=list(RGB_STD), rpn_anchor_generator=anchors,
         rpn_pre_nms_top_n_train=150, rpn_pre_nms_top_n_test=150, rpn_post_nms_top_n_train=candidates,
@@ -149,7 +165,7 @@ def mini_maskrcnn(num_classes: int, image_size: int = 64, width: int = 16, fpn_c
         box_predictor=FastRCNNPredictor(representation, num_classes),
         box_batch_size_per_image=rois, box_detections_per_img=detections, box_score_thresh=0.05,
         mask_roi_pool=mask_roi_pool, mask_head=MaskRCNNHeads(fpn_channels, (mask_channels,), 1),
-        mask_predictor=MaskRCNNPredictor(mask_channels, mask_channels, num_classes))
+        mask_predictor=MaskRCNNPredictor(mask_channels, mask_channels, num_classes)))
 
 
 class UnpastedMasks(GeneralizedRCNNTransform):

@@ -27,6 +27,7 @@ from torchvision.ops import generalized_box_iou_loss, sigmoid_focal_loss
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
 from trainperf.spec import LengthBuckets
+from trainperf.workloads.common.coco import matching
 
 SCALES = (1.0, 2 ** (1 / 3), 2 ** (2 / 3))
 RATIOS = (0.5, 1.0, 2.0)
@@ -113,8 +114,7 @@ class BatchedRetinaNet(RetinaNet):
         batch, count = cls_logits.shape[:2]
         anchor = torch.stack(anchors)  # [B, A, 4]
         boxes = boxes.to(anchor.dtype)
-        matches = self._match(boxes, present, anchor) if boxes.shape[1] else torch.full(
-            (batch, count), -1, dtype=torch.int64, device=anchor.device)
+        matches = matching.match(self.proposal_matcher, boxes, present, anchor)
 
         foreground = matches >= 0
         per_image = foreground.sum(1).clamp(min=1).to(cls_logits.dtype)  # torchvision's max(1, num_foreground)
@@ -144,33 +144,6 @@ class BatchedRetinaNet(RetinaNet):
         loss = torch.where(foreground, loss.reshape(batch, count), 0.0)
         box = (loss / per_image[:, None]).sum() / max(1, batch)
         return {"classification": classification, "bbox_regression": box}
-
-    def _match(self, boxes: torch.Tensor, present: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
-        """torchvision's Matcher for every image at once: per anchor the index of its best box, -1 below
-        the background threshold, -2 between the thresholds, then low-quality matches restored."""
-        matcher = self.proposal_matcher
-        iou = _batched_box_iou(boxes, anchor).masked_fill(~present[..., None], -1.0)  # padding never matches
-        best, matches = iou.max(dim=1)  # [B, A]
-        best_matches = matches.clone()
-        matches = matches.masked_fill(best < matcher.low_threshold, matcher.BELOW_LOW_THRESHOLD)
-        between = (best >= matcher.low_threshold) & (best < matcher.high_threshold)
-        matches = matches.masked_fill(between, matcher.BETWEEN_THRESHOLDS)
-        if matcher.allow_low_quality_matches:
-            best_per_box = iou.max(dim=2, keepdim=True).values  # [B, G, 1]
-            ties = ((iou == best_per_box) & present[..., None]).any(dim=1)
-            matches = torch.where(ties, best_matches, matches)
-        return matches
-
-
-def _batched_box_iou(boxes: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
-    """box_iou per image: boxes [B, G, 4] against anchors [B, A, 4] -> [B, G, A]."""
-    area_b = (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
-    area_a = (anchor[..., 2] - anchor[..., 0]) * (anchor[..., 3] - anchor[..., 1])
-    lt = torch.maximum(boxes[:, :, None, :2], anchor[:, None, :, :2])
-    rb = torch.minimum(boxes[:, :, None, 2:], anchor[:, None, :, 2:])
-    wh = (rb - lt).clamp(min=0)
-    inter = wh[..., 0] * wh[..., 1]
-    return inter / (area_b[:, :, None] + area_a[:, None, :] - inter)
 
 
 def anchor_generator(base_sizes: tuple[int, ...], ratios: tuple[float, ...] = RATIOS) -> AnchorGenerator:
