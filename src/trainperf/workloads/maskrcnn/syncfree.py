@@ -10,8 +10,8 @@ per-level selection, and the box loss's positives. Here each becomes a mask over
   keeps, then top-k of the kept over all levels; slots left over are padding marked invalid;
 - sampling: the samplers' uniform choice as the top-k of random scores masked to the eligible (the same
   distribution as randperm's first k), giving a fixed number of slots with a validity mask;
-- RoI pooling: every RoI pooled at every level and the right level kept (`pool_levels`): 4x RoIAlign's
-  work, which is small next to the heads, for no per-level selection;
+- RoI pooling: one RoIAlign over the levels stacked into one batch (`pool_levels`), each RoI sent to its
+  level by its batch index, instead of selecting each level's RoIs;
 - losses: sums over the slots, masked, divided by the same counts as torchvision's.
 With sampling that takes every candidate and NMS given enough iterations, the losses equal torchvision's
 (tests/workloads/test_maskrcnn.py). Evaluation is torchvision's: its syncs are outside the timed step.
@@ -89,28 +89,33 @@ def clip_to_images(boxes: torch.Tensor, sizes: torch.Tensor | list[tuple[int, in
 
 def pool_levels(pooler: MultiScaleRoIAlign, features: dict[str, torch.Tensor], rois: torch.Tensor,
                 padded_size: tuple[int, int]) -> torch.Tensor:
-    """MultiScaleRoIAlign of rois [B, R, 4] -> [B*R, C, S, S]: every RoI pooled at every level and the
-    level torchvision's LevelMapper assigns it kept, instead of selecting each level's RoIs (a
-    data-dependent shape per level). Each level's scale is exact: the padded input's size over its own."""
+    """MultiScaleRoIAlign of rois [B, R, 4] -> [B*R, C, S, S] in one RoIAlign, without selecting each level's
+    RoIs (a data-dependent shape per level): the levels stacked into one batch, each padded to the finest
+    level's size by repeating its last row and column, and each RoI sent to its level (torchvision's
+    LevelMapper) by its batch index, its box scaled by the level's scale (a power of two: exact).
+
+    The same values and gradients as torchvision's: RoIs lie inside the image, so RoIAlign never samples
+    beyond a level's last row or column, and between the last and the padding it clamps to the last, as
+    the repeated row gives (whose gradient the padding's backward sums back into the last row)."""
     x = [features[name] for name in pooler.featmap_names]
-    scales = [2.0 ** round(math.log2(level.shape[-2] / padded_size[0])) for level in x]
     batch, count = rois.shape[:2]
     flat = rois.reshape(-1, 4)
-    index = torch.arange(batch, device=rois.device, dtype=rois.dtype).repeat_interleave(count)
-    boxes = torch.cat([index[:, None], flat], dim=1)
+    image = torch.arange(batch, device=rois.device).repeat_interleave(count)
     if len(x) == 1:
-        return roi_align(x[0], boxes, pooler.output_size, scales[0], pooler.sampling_ratio)
-    k_min, k_max = -math.log2(scales[0]), -math.log2(scales[-1])
+        scale = 2.0 ** round(math.log2(x[0].shape[-2] / padded_size[0]))
+        return roi_align(x[0], torch.cat([image[:, None].to(flat.dtype), flat], dim=1), pooler.output_size, scale,
+                         pooler.sampling_ratio)
+    k_min = -round(math.log2(x[0].shape[-2] / padded_size[0]))  # the finest level's: P2 is 2 ** -2
+    k_max = k_min + len(x) - 1
     area = (flat[:, 2] - flat[:, 0]) * (flat[:, 3] - flat[:, 1])
     level = torch.floor(pooler.canonical_level + torch.log2(area.sqrt() / pooler.canonical_scale) + 1e-6)
     level = (level.clamp(min=k_min, max=k_max) - k_min).to(torch.int64)
-    pooled = None
-    for i, (feature, scale) in enumerate(zip(x, scales, strict=True)):
-        one = roi_align(feature, boxes, pooler.output_size, scale, pooler.sampling_ratio)
-        chosen = (level == i)[:, None, None, None]
-        pooled = torch.where(chosen, one, 0.0) if pooled is None else torch.where(chosen, one, pooled)
-    assert pooled is not None
-    return pooled
+    high, wide = x[0].shape[-2:]
+    stacked = torch.cat([F.pad(f, (0, wide - f.shape[-1], 0, high - f.shape[-2]), mode="replicate") if i else f
+                         for i, f in enumerate(x)])  # [L*B, C, H, W]: level l's images at l*B..l*B+B-1
+    scaled = torch.ldexp(flat, -(level + k_min)[:, None])
+    boxes = torch.cat([(level * batch + image)[:, None].to(flat.dtype), scaled], dim=1)
+    return roi_align(stacked, boxes, pooler.output_size, 1.0, pooler.sampling_ratio)
 
 
 class SyncFreeRPN(RegionProposalNetwork):
