@@ -77,7 +77,8 @@ def test_the_check_names_a_planted_break_and_counts_a_planted_recompile():
 GRAPHED = sorted(name for name in registry.names() if "cuda_graphs" in registry.get(name).speedups)
 # A few buckets are enough to show one graph each and no recompile between them (all of them: the benchmark).
 FEWER_BUCKETS = {"transformer": ["bucket_lengths=16,32,256"], "gnmt": ["bucket_lengths=16,49"],
-                 "retinanet": ["bucket_boxes=8,16"]}
+                 "retinanet": ["bucket_boxes=8,16"], "maskrcnn": ["bucket_boxes=8"],
+                 "rnnt": ["max_duration=1", "bucket_frames=32,64", "bucket_labels=8"]}
 
 
 @pytest.mark.slow

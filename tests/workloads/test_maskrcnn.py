@@ -433,3 +433,48 @@ def test_the_sync_free_losses_equal_torchvisions_when_sampling_takes_everything(
     assert len(my_grads) == len(their_grads)
     for a, b in zip(my_grads, their_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
+def test_static_shapes_give_the_same_losses_and_a_bucketed_batch():
+    """--static-shapes: the boxes padded to their bucket (marked absent) change no loss; a full-size
+    batch is padded to one of three sizes whatever its images' own."""
+    from trainperf.spec import LengthBuckets
+
+    torch.manual_seed(0)
+    model = M.mini_maskrcnn(5)
+    model.rpn.fg_bg_sampler.batch_size_per_image = 100_000
+    model.roi_heads.fg_bg_sampler.batch_size_per_image = 100_000
+    generator = torch.Generator().manual_seed(2)
+    images = torch.rand(2, 3, 64, 64, generator=generator)
+    targets = _targets(generator, [3, 5], 64, 5)
+    eager = model(images, targets)
+    tensors, padded = model.static_inputs(images, targets, LengthBuckets((8, 16)), M.image_buckets(64, 64))
+    assert tensors.shape == (2, 3, 64, 64) and padded["boxes"].shape == (2, 8, 4)
+    assert padded["masks"].shape == (2, 8, 64, 64) and padded["present"].sum().item() == 8
+    static = model(tensors, padded)
+    for name in eager:
+        torch.testing.assert_close(static[name], eager[name], rtol=1e-5, atol=1e-6, msg=name)
+
+    assert M.image_buckets(800, 1333) == [(800, 1344), (1344, 800), (1344, 1344)]
+    full = M.mini_maskrcnn(5)
+    full.transform.min_size, full.transform.max_size, full.transform.fixed_size = (96,), 160, None
+    sizes = M.image_buckets(96, 160)
+    for shapes, expected in [([(60, 100), (50, 100)], (96, 160)), ([(100, 60)], (160, 96)),
+                             ([(100, 60), (60, 100)], (160, 160))]:
+        batch = [torch.rand(3, h, w, generator=generator) for h, w in shapes]
+        boxes = [{"boxes": torch.tensor([[1.0, 1.0, 20.0, 20.0]]), "labels": torch.tensor([1]),
+                  "masks": torch.ones(1, h, w, dtype=torch.uint8)} for h, w in shapes]
+        tensors, padded = full.static_inputs(batch, boxes, LengthBuckets((8,)), sizes)
+        assert tuple(tensors.shape[-2:]) == expected and padded["masks"].shape[-2:] == expected
+        losses = full(tensors, padded)
+        assert all(torch.isfinite(v) for v in losses.values())
+
+
+def test_static_shapes_warm_every_bucket():
+    workload = MaskRCNNWorkload()
+    recipe = dataclasses.replace(FULL_RECIPES["reference"], global_batch_size=2, min_image_size=64, max_image_size=96,
+                                 static_shapes=True, bucket_boxes=(8, 16))
+    ctx = RuntimeContext(device=torch.device("cpu"))
+    batches = workload.synthetic_batches(recipe, ctx, None)
+    assert len(batches) == 6  # 3 image sizes x 2 box counts
+    assert workload.shape_buckets(recipe)["lengths"] == [8, 16] and workload.shape_buckets(recipe)["shapes"] == 6

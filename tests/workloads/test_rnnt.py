@@ -27,6 +27,7 @@ from trainperf.workloads.rnnt import synthetic as S
 from trainperf.workloads.rnnt.loss import transducer_loss, transducer_loss_loop, transducer_loss_reference
 from trainperf.workloads.rnnt.pipeline import word_error_rate
 
+CPU = RuntimeContext(device=torch.device("cpu"))
 SMALL = M.RNNTConfig(features=240, pieces=11, enc_hidden=16, pre_layers=1, post_layers=1, pred_hidden=8,
                      pred_layers=1, joint_hidden=12, enc_dropout=0.0, pred_dropout=0.0, joint_dropout=0.0)
 
@@ -502,3 +503,57 @@ def test_training_the_sentencepiece_model_leaves_nothing_but_the_model(tmp_path)
     with pytest.raises(TrainperfError, match="cannot train 3 sentencepiece pieces"):
         D.train_sentencepiece(transcripts, tmp_path / "librispeech3.model", 3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["librispeech30.model"]
+
+
+def test_static_shapes_pad_to_buckets_without_changing_the_loss():
+    """--static-shapes: frames and labels padded to their buckets give the same loss and gradients; a batch
+    longer than the longest bucket is one line naming the fields; warm-up covers every pair."""
+    from trainperf.spec import LengthBuckets
+    from trainperf.workloads.rnnt import padded, transducer_losses
+
+    loss = transducer_losses("wavefront", SMALL.pieces)
+    results = []
+    for pad in (False, True):
+        _, (feats, frames, tokens, labels) = _model_batch()
+        torch.manual_seed(0)
+        net = M.RNNT(SMALL)  # no dropout: padded or not, the same function
+        if pad:
+            feats, tokens = padded(feats, tokens, LengthBuckets((8, 32)), LengthBuckets((2, 8)))
+            assert feats.shape[1] == 32 and tokens.shape[1] == 8
+        value = net(feats, frames, tokens, labels=labels, loss=loss).mean()
+        value.backward()
+        results.append((value.detach(), {n: p.grad for n, p in net.named_parameters()}))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, rtol=1e-5, atol=1e-6)
+    with pytest.raises(TrainperfError, match="bucket_frames/bucket_labels: .* longer than the longest bucket"):
+        padded(feats, tokens, LengthBuckets((8,)), LengthBuckets((8,)))
+
+    recipe = dataclasses.replace(MINI, static_shapes=True)
+    workload = RNNTWorkload()
+    assert workload.shape_buckets(recipe)["shapes"] == 12
+    net = M.RNNT(dataclasses.replace(MINI.model, pieces=49))
+    shapes = {(b[0].shape[1], b[2].shape[1]) for b in workload.synthetic_batches(recipe, CPU, net)}
+    assert shapes == {(t, u) for t in MINI.bucket_frames for u in MINI.bucket_labels}
+    with pytest.raises(TrainperfError, match="bucket_frames: the longest"):
+        dataclasses.replace(FULL_RECIPES["reference"] if "reference" in FULL_RECIPES else next(iter(
+            FULL_RECIPES.values())), static_shapes=True, bucket_frames=(64, 512)).validate()
+
+
+def test_compiled_loss_is_one_operator_with_the_same_values():
+    """Compiled, the transducer loss is one custom operator (its T + U diagonals are not unrolled into the
+    graph): fullgraph, the same loss and gradient as eager, and torch.library's own checks pass."""
+    from trainperf.workloads.rnnt import loss as L
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 4, 6, requires_grad=True)
+    targets, frames, labels = torch.randint(1, 6, (2, 3)), torch.tensor([5, 4]), torch.tensor([3, 2])
+    eager = transducer_loss(logits, targets, frames, labels, 0, "none")
+    (grad,) = torch.autograd.grad(eager.sum(), logits)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *x: transducer_loss(*x, 0, "none"), fullgraph=True, backend="aot_eager")
+    again = compiled(logits, targets, frames, labels)
+    (grad_again,) = torch.autograd.grad(again.sum(), logits)
+    torch.testing.assert_close(again, eager)
+    torch.testing.assert_close(grad_again, grad)
+    torch.library.opcheck(L._lattice_op, (logits, targets, frames, labels, 0))

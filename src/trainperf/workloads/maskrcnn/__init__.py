@@ -13,7 +13,17 @@ import torch
 from torch import nn
 
 from trainperf.optim import kernels
-from trainperf.spec import Assets, EvalPartial, Metric, MLPerf, ModelParts, RuntimeContext, Scale
+from trainperf.spec import (
+    Assets,
+    EvalPartial,
+    LengthBuckets,
+    Metric,
+    MLPerf,
+    ModelParts,
+    RuntimeContext,
+    Scale,
+    bare_model,
+)
 from trainperf.workloads.common.coco import data as coco
 from trainperf.workloads.common.coco import loading as coco_loading
 from trainperf.workloads.common.coco import scoring
@@ -50,7 +60,8 @@ def param_groups(model: nn.Module, recipe: MaskRCNNRecipe) -> list[dict[str, Any
 
 
 def _forward(model: nn.Module, batch: Any) -> list[dict[str, torch.Tensor]]:
-    return model(batch[0])
+    # torchvision's evaluation (thresholds, NMS: data-dependent shapes) runs eagerly, never compiled.
+    return bare_model(model)(batch[0])
 
 
 class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
@@ -60,7 +71,8 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
     benchmark = "maskrcnn"
     metric = Metric("map", higher_is_better=True, parts=("BBOX", "SEGM"))
     summary = "Mask R-CNN R50-FPN on COCO 2017, box AND mask AP (mini: a small Mask R-CNN on shapes with masks)"
-    speedups = frozenset({"precision", "channels_last", "fused_optimizer", "async_eval"})
+    speedups = frozenset({"precision", "channels_last", "fused_optimizer", "async_eval", "static_shapes", "compile",
+                          "cuda_graphs"})
     step_probe = ("global_batch_size=2", "min_image_size=320", "max_image_size=512")
     dataset = DATA
     mini = Scale(MINI, coco_loading.Shapes(DATA))
@@ -119,16 +131,22 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
                                             recipe.candidates, recipe.input_format == "bgr255", weights)
             model.roi_heads.fg_bg_sampler.batch_size_per_image = recipe.rois
             model.roi_heads.detections_per_img = recipe.max_detections
+        model.rpn.nms_iterations = recipe.nms_iterations
         model = maskrcnn_model.unpasted(model).to(ctx.device)
         impl = kernels(recipe.fused_optimizer)
         optimizer = torch.optim.SGD(param_groups(model, recipe), lr=recipe.base_lr, momentum=recipe.momentum, **impl)
+        buckets = LengthBuckets.from_recipe("bucket_boxes", recipe.bucket_boxes) if recipe.bucketed else None
+        sizes = maskrcnn_model.image_buckets(recipe.min_image_size, recipe.max_image_size)
 
         def loss_fn(model: nn.Module, batch: tuple[Any, list[dict[str, torch.Tensor]], Any]) -> torch.Tensor:
-            losses = model(batch[0], batch[1])
+            images, targets = batch[0], batch[1]
+            if buckets is not None:  # the resizing and padding run eagerly, before the compiled model
+                images, targets = bare_model(model).static_inputs(images, targets, buckets, sizes)
+            losses = model(images, targets)
             return sum(losses.values())
 
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=_forward,
-                          lr_schedule=lambda steps_per_epoch: lr_factor(recipe))
+                          lr_schedule=lambda steps_per_epoch: lr_factor(recipe), eval_compiles=False)
 
     def synthetic_batch(self, recipe: MaskRCNNRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         size = recipe.min_image_size
@@ -140,6 +158,42 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
             mask[:, y0:y1, x0:x1] = 1
             t["masks"] = mask
         return self._input(recipe, images), targets, positions
+
+    def shape_buckets(self, recipe: MaskRCNNRecipe) -> dict[str, Any] | None:
+        if not recipe.bucketed:
+            return None
+        sizes = maskrcnn_model.image_buckets(recipe.min_image_size, recipe.max_image_size)
+        boxes = LengthBuckets.from_recipe("bucket_boxes", recipe.bucket_boxes)
+        return boxes.describe(
+            shapes=len(boxes.lengths) * len(sizes), what="boxes per image",
+            images=" | ".join(f"{h} x {w}" for h, w in sizes) + " (padded batches)",
+            padding="boxes marked absent: they match no anchor or proposal; image padding as torchvision's")
+
+    def synthetic_batches(self, recipe: MaskRCNNRecipe, ctx: RuntimeContext, model: nn.Module) -> list[Any]:
+        if not recipe.bucketed:
+            return [self.synthetic_batch(recipe, ctx, model)]
+        per_process = max(1, recipe.global_batch_size // ctx.world_size)
+        short, long = recipe.min_image_size, recipe.max_image_size
+        # Images whose resized batch is each image bucket: landscape, portrait, then (two or more images) both.
+        shapes = [[(short, long)] * per_process] if short == long else [
+            [(short, long)] * per_process, [(long, short)] * per_process]
+        if short != long and per_process > 1:
+            shapes.append([(short, long), *[(long, short)] * (per_process - 1)])
+        return [self._synthetic(recipe, ctx, sizes, boxes) for sizes in shapes for boxes in recipe.bucket_boxes]
+
+    def _synthetic(self, recipe: MaskRCNNRecipe, ctx: RuntimeContext, sizes: list[tuple[int, int]], boxes: int
+                   ) -> Any:
+        """A batch of images of these sizes, each with `boxes` copies of one box and its mask."""
+        generator = torch.Generator().manual_seed(0)
+        images, targets = [], []
+        for h, w in sizes:
+            images.append(torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=generator).to(ctx.device))
+            mask = torch.zeros(boxes, h, w, dtype=torch.uint8, device=ctx.device)
+            mask[:, h // 4:h // 2, w // 4:w // 2] = 1
+            box = torch.tensor([[w // 4, h // 4, w // 2, h // 2]], dtype=torch.float32).repeat(boxes, 1)
+            labels = torch.ones(boxes, dtype=torch.int64, device=ctx.device)
+            targets.append({"boxes": box.to(ctx.device), "labels": labels, "masks": mask})
+        return self._input(recipe, images), targets, list(range(len(sizes)))
 
     # -- data -----------------------------------------------------------------------------------
     @staticmethod

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torchvision.models.detection import MaskRCNN
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.backbone_utils import BackboneWithFPN, resnet_fpn_backbone
@@ -28,6 +29,7 @@ from torchvision.models.detection.transform import GeneralizedRCNNTransform, res
 from torchvision.models.resnet import BasicBlock
 from torchvision.ops import MultiScaleRoIAlign
 
+from trainperf.spec import LengthBuckets
 from trainperf.workloads.maskrcnn import syncfree
 
 FULL_ANCHOR_SIZES = ((32,), (64,), (128,), (256,), (512,))  # P2..P6
@@ -64,6 +66,34 @@ class TrainedMaskRCNN(MaskRCNN):
         detector_losses = self.roi_heads.training_pass(features, proposals, valid,
                                                        tuple(image_list.tensors.shape[-2:]), gt)
         return {**detector_losses, **proposal_losses}
+
+    def static_inputs(self, images: Any, targets: list[dict[str, torch.Tensor]], boxes_per_image: LengthBuckets,
+                      sizes: list[tuple[int, int]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """A training batch in shapes that do not change between steps, for a compiled step (--static-shapes,
+        --cuda-graphs): torchvision's transform (resizing and normalising, run before the compiled model:
+        its sizes are the data's), the batch padded to the first of `sizes` holding every image, and the
+        targets padded to the bucket of the batch's largest box count (`syncfree.padded_targets`), with the
+        images' own sizes as a tensor (the proposals are clipped to them)."""
+        image_list, transformed = self.transform(images, targets)
+        high = max(h for h, _ in image_list.image_sizes)
+        wide = max(w for _, w in image_list.image_sizes)
+        size = next(((h, w) for h, w in sizes if h >= high and w >= wide), None)
+        if size is None:
+            raise ValueError(f"a batch of {high}x{wide} images fits no image bucket of {sizes}")
+        tensors = image_list.tensors
+        tensors = F.pad(tensors, (0, size[1] - tensors.shape[-1], 0, size[0] - tensors.shape[-2]))
+        most = max((len(t["boxes"]) for t in transformed), default=0)
+        gt = syncfree.padded_targets(transformed, boxes_per_image.length(max(most, 1)), size, tensors.device)
+        gt["sizes"] = torch.tensor(image_list.image_sizes, device=tensors.device)
+        return tensors, gt
+
+
+def image_buckets(min_size: int, max_size: int, divisible: int = 32) -> list[tuple[int, int]]:
+    """The padded batch sizes a step may have with static shapes, smallest first: an image resized to a
+    shorter side of at most min_size and a longer of at most max_size fits landscape (short x long) or
+    portrait (long x short); a batch holding both, the square."""
+    short, long = (-(-n // divisible) * divisible for n in (min_size, max_size))
+    return [(long, long)] if short == long else [(short, long), (long, short), (long, long)]
 
 
 def maskrcnn_resnet50_fpn(num_classes: int, min_size: int = 800, max_size: int = 1333, candidates: int = 1000,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from trainperf.errors import TrainperfError
+from trainperf.spec import LengthBuckets
 from trainperf.spec.fields import Count, Fraction, Positive, Share
 from trainperf.workloads.common.coco import data as coco
 from trainperf.workloads.common.coco import scoring
@@ -47,6 +48,13 @@ class MaskRCNNRecipe(DetectorRecipe):
     mask_channels: Count = 32  # mini mask head width (one convolution)
     mask_pool: Count = 7  # mini mask RoI size (its masks are twice that)
     rois: Count = 512  # RoIs sampled per image for the box and mask heads
+    # Greedy NMS of the RPN's proposals as a fixed-point iteration of this many matrix products (a fixed
+    # amount of work, no read-back: workloads/maskrcnn/syncfree.py); exact unless a chain of boxes, each
+    # suppressing the next, is longer (then fewer proposals are kept, never two overlapping ones).
+    nms_iterations: Count = 15
+    # --static-shapes (and --cuda-graphs): every image's boxes padded to the bucket of the batch's largest box
+    # count, and the batch to one of three sizes (landscape, portrait, square: see MaskRCNNWorkload.image_buckets).
+    bucket_boxes: tuple[int, ...] = (8, 16, 32, 64, 128)
 
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("maskrcnn", "mini"),
                                                      "input_format": ("bgr255", "rgb"),
@@ -58,6 +66,7 @@ class MaskRCNNRecipe(DetectorRecipe):
             raise TrainperfError("recipe: need base_lr > 0, warmup_steps >= 0, 0 < warmup_factor <= 1")
         if list(self.decay_steps) != sorted(self.decay_steps) or not 0 < self.decay_factor <= 1:
             raise TrainperfError("recipe: decay_steps must increase and 0 < decay_factor <= 1")
+        LengthBuckets.from_recipe("bucket_boxes", self.bucket_boxes)
         if self.candidates < 1 or self.rois < 1 or self.min_image_size < 1 or self.max_image_size < self.min_image_size:
             raise TrainperfError("recipe: need candidates >= 1, rois >= 1, 1 <= min_image_size <= max_image_size")
 

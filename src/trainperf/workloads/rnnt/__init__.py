@@ -18,6 +18,7 @@ from trainperf.optim.ema import EMA
 from trainperf.spec import (
     Assets,
     DataParts,
+    LengthBuckets,
     Metric,
     MLPerf,
     ModelParts,
@@ -51,6 +52,20 @@ def transducer_losses(impl: str, blank: int) -> Callable[..., torch.Tensor]:
     return torchaudio_loss
 
 
+def padded(feats: torch.Tensor, tokens: torch.Tensor, frames: LengthBuckets, labels: LengthBuckets
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features (B, T, F) and tokens (B, U) padded with zeros to their buckets (--static-shapes): the encoder
+    and the prediction network run forward in time, and the loss's lattice stops at each utterance's own
+    frames and labels, so the padding changes no loss (tested)."""
+    try:
+        t, u = frames.length(feats.shape[1]), labels.length(tokens.shape[1])
+    except ValueError as exc:
+        raise TrainperfError(f"recipe fields bucket_frames/bucket_labels: {exc}; give a longer bucket "
+                             "with --set") from None
+    return (torch.nn.functional.pad(feats, (0, 0, 0, t - feats.shape[1])),
+            torch.nn.functional.pad(tokens, (0, u - tokens.shape[1])))
+
+
 class RNNTWorkload(Workload[RNNTRecipe]):
     name = "rnnt"
     mlperf = MLPerf(ruleset="1.0.0", runs=10, full_epoch_samples=278_528, full_eval_forwards=2_703,
@@ -58,7 +73,7 @@ class RNNTWorkload(Workload[RNNTRecipe]):
     benchmark = "rnnt"
     metric = Metric("wer", higher_is_better=False)
     summary = "RNN-T on LibriSpeech, word error rate on dev-clean (mini: synthetic speech in a LibriSpeech tree)"
-    speedups = frozenset({"precision", "fused_optimizer", "async_eval"})
+    speedups = frozenset({"precision", "fused_optimizer", "async_eval", "static_shapes", "compile", "cuda_graphs"})
     host_scoring = "process"  # word edit distance is pure Python
     sample_name = "utterances"
 
@@ -109,8 +124,12 @@ class RNNTWorkload(Workload[RNNTRecipe]):
         per_utterance = transducer_losses(recipe.loss_impl, model.cfg.blank)
         chunks = recipe.joint_chunks
 
+        buckets = self._buckets(recipe) if recipe.bucketed else None
+
         def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
             feats, frames, tokens, labels = batch
+            if buckets is not None:  # padding past each utterance's frames and labels: the loss is the same
+                feats, tokens = padded(feats, tokens, *buckets)
             return model(feats, frames, tokens, labels=labels, loss=per_utterance, chunks=chunks).mean()
 
         def forward(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> list[list[int]]:
@@ -124,6 +143,32 @@ class RNNTWorkload(Workload[RNNTRecipe]):
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=forward,
                           lr_schedule=per_epoch_schedule(self.name, schedule), eval_model=averaged,
                           after_step=lambda step: averaged.update_parameters(model))
+
+    @staticmethod
+    def _buckets(recipe: RNNTRecipe) -> tuple[LengthBuckets, LengthBuckets]:
+        return (LengthBuckets.from_recipe("bucket_frames", recipe.bucket_frames),
+                LengthBuckets.from_recipe("bucket_labels", recipe.bucket_labels))
+
+    def shape_buckets(self, recipe: RNNTRecipe) -> dict[str, Any] | None:
+        if not recipe.bucketed:
+            return None
+        frames, labels = self._buckets(recipe)
+        return frames.describe(shapes=len(frames.lengths) * len(labels.lengths), what="feature frames x labels",
+                               labels=list(labels.lengths),
+                               padding="frames and labels past each utterance's own: outside its lattice")
+
+    def synthetic_batches(self, recipe: RNNTRecipe, ctx: RuntimeContext, model: nn.Module) -> list[Any]:
+        if not recipe.bucketed:
+            return [self.synthetic_batch(recipe, ctx, model)]
+        net, gen, b = bare_model(model), ctx.generator("synthetic"), self._per_rank(recipe, ctx)
+        found = []
+        for t in recipe.bucket_frames:
+            for u in recipe.bucket_labels:
+                feats = torch.randn(b, t, net.cfg.features, generator=gen, device=ctx.device)
+                tokens = torch.randint(0, net.cfg.pieces, (b, u), generator=gen, device=ctx.device)
+                found.append((feats, torch.full((b,), t, device=ctx.device), tokens,
+                              torch.full((b,), u, device=ctx.device)))
+        return found
 
     def _per_rank(self, recipe: RNNTRecipe, ctx: RuntimeContext) -> int:
         if recipe.global_batch_size % ctx.world_size:

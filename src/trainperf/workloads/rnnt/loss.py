@@ -84,43 +84,105 @@ def _lattice(blank: torch.Tensor, label: torch.Tensor, frames: torch.Tensor, lab
     return _unskew(alpha_d, t), _unskew(beta_d, t), beta_d[:, 0, 0]
 
 
+def _forward_parts(logits: torch.Tensor, targets: torch.Tensor, frames: torch.Tensor, labels: torch.Tensor,
+                   blank: int) -> tuple[torch.Tensor, ...]:
+    """Each utterance's loss and what its gradient needs: (loss, lse, lp_blank, lp_label, alpha, beta,
+    next_label)."""
+    b, t, u1, _v = logits.shape
+    work = logits if logits.dtype == torch.float64 else logits.float()
+    lse = torch.logsumexp(work, dim=-1)  # (B, T, U1)
+    lp_blank = work[..., blank] - lse
+    next_label = torch.cat([targets[:, : u1 - 1], targets.new_full((b, 1), blank)], dim=1).long()
+    next_label = next_label.clamp(0, work.shape[-1] - 1)
+    lp_label = work.gather(3, next_label[:, None, :, None].expand(b, t, u1, 1)).squeeze(3) - lse
+    alpha, beta, log_z = _lattice(lp_blank, lp_label, frames, labels)
+    return -log_z, lse, lp_blank, lp_label, alpha, beta, next_label
+
+
+def _gradient(grad_out: torch.Tensor, logits: torch.Tensor, lse: torch.Tensor, lp_blank: torch.Tensor,
+              lp_label: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, loss: torch.Tensor,
+              next_label: torch.Tensor, frames: torch.Tensor, labels: torch.Tensor, blank: int) -> torch.Tensor:
+    """d(grad_out . loss)/d logits from the lattice's alpha and beta."""
+    b, t, u1, _v = logits.shape
+    z = -loss[:, None, None]
+    node = torch.exp(alpha + beta - z)  # the probability that the path visits (t, u)
+    after_blank = torch.cat([beta[:, 1:], beta.new_full((b, 1, u1), NEG_INF)], dim=1)
+    terminal = (torch.arange(t, device=beta.device)[None, :, None] == (frames - 1)[:, None, None]) & (
+        torch.arange(u1, device=beta.device)[None, None, :] == labels[:, None, None])
+    after_blank = after_blank.masked_fill(terminal, 0.0)
+    after_label = torch.cat([beta[:, :, 1:], beta.new_full((b, t, 1), NEG_INF)], dim=2)
+    blank_flow = torch.exp(alpha + lp_blank + after_blank - z)
+    label_flow = torch.exp(alpha + lp_label + after_label - z)
+    label_flow = label_flow.masked_fill(
+        torch.arange(u1, device=beta.device)[None, None, :] >= labels[:, None, None], 0.0)
+    scale = grad_out.to(lse.dtype)[:, None, None]
+    # d(-log Z)/d logit_k at a node: occupancy * softmax_k - flow of the edges that emit k.
+    grad = torch.exp(logits.to(lse.dtype) - lse[..., None]).mul_((node * scale)[..., None])
+    grad[..., blank] -= blank_flow * scale
+    grad.scatter_add_(3, next_label[:, None, :, None].expand(b, t, u1, 1), -(label_flow * scale)[..., None])
+    return grad.to(logits.dtype)
+
+
 class _TransducerLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, frames: torch.Tensor,
                 labels: torch.Tensor, blank: int) -> torch.Tensor:
-        b, t, u1, _v = logits.shape
-        work = logits if logits.dtype == torch.float64 else logits.float()
-        lse = torch.logsumexp(work, dim=-1)  # (B, T, U1)
-        lp_blank = work[..., blank] - lse
-        next_label = torch.cat([targets[:, : u1 - 1], targets.new_full((b, 1), blank)], dim=1).long()
-        next_label = next_label.clamp(0, work.shape[-1] - 1)
-        lp_label = work.gather(3, next_label[:, None, :, None].expand(b, t, u1, 1)).squeeze(3) - lse
-        alpha, beta, log_z = _lattice(lp_blank, lp_label, frames, labels)
-        ctx.save_for_backward(logits, lse, lp_blank, lp_label, alpha, beta, log_z, next_label, frames, labels)
+        loss, *saved = _forward_parts(logits, targets, frames, labels, blank)
+        lse, lp_blank, lp_label, alpha, beta, next_label = saved
+        ctx.save_for_backward(logits, lse, lp_blank, lp_label, alpha, beta, loss, next_label, frames, labels)
         ctx.blank = blank
-        return -log_z
+        return loss
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        logits, lse, lp_blank, lp_label, alpha, beta, log_z, next_label, frames, labels = ctx.saved_tensors
-        b, t, u1, _v = logits.shape
-        z = log_z[:, None, None]
-        node = torch.exp(alpha + beta - z)  # the probability that the path visits (t, u)
-        after_blank = torch.cat([beta[:, 1:], beta.new_full((b, 1, u1), NEG_INF)], dim=1)
-        terminal = (torch.arange(t, device=beta.device)[None, :, None] == (frames - 1)[:, None, None]) & (
-            torch.arange(u1, device=beta.device)[None, None, :] == labels[:, None, None])
-        after_blank = after_blank.masked_fill(terminal, 0.0)
-        after_label = torch.cat([beta[:, :, 1:], beta.new_full((b, t, 1), NEG_INF)], dim=2)
-        blank_flow = torch.exp(alpha + lp_blank + after_blank - z)
-        label_flow = torch.exp(alpha + lp_label + after_label - z)
-        label_flow = label_flow.masked_fill(
-            torch.arange(u1, device=beta.device)[None, None, :] >= labels[:, None, None], 0.0)
-        scale = grad_out.to(lse.dtype)[:, None, None]
-        # d(-log Z)/d logit_k at a node: occupancy * softmax_k - flow of the edges that emit k.
-        grad = torch.exp(logits.to(lse.dtype) - lse[..., None]).mul_((node * scale)[..., None])
-        grad[..., ctx.blank] -= blank_flow * scale
-        grad.scatter_add_(3, next_label[:, None, :, None].expand(b, t, u1, 1), -(label_flow * scale)[..., None])
-        return grad.to(logits.dtype), None, None, None, None
+        return _gradient(grad_out, *ctx.saved_tensors, ctx.blank), None, None, None, None
+
+
+# Compiled (--compile, --cuda-graphs), the loss is one operator to torch.compile: traced, the T + U diagonals
+# would unroll into a graph of thousands of nodes per shape. Its kernels still run inside a captured CUDA
+# graph (no read-back, no allocation that depends on the data); eagerly, the autograd.Function above runs
+# the same code, its operators visible to the step counter.
+@torch.library.custom_op("trainperf::transducer_lattice", mutates_args=())
+def _lattice_op(logits: torch.Tensor, targets: torch.Tensor, frames: torch.Tensor, labels: torch.Tensor,
+                blank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                     torch.Tensor, torch.Tensor]:
+    return _forward_parts(logits, targets, frames, labels, blank)
+
+
+@_lattice_op.register_fake
+def _(logits: torch.Tensor, targets: torch.Tensor, frames: torch.Tensor, labels: torch.Tensor, blank: int
+      ) -> tuple[torch.Tensor, ...]:
+    b, t, u1, _v = logits.shape
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    node = logits.new_empty((b, t, u1), dtype=dtype)
+    return (logits.new_empty((b,), dtype=dtype), node, torch.empty_like(node), torch.empty_like(node),
+            torch.empty_like(node), torch.empty_like(node), targets.new_empty((b, u1), dtype=torch.int64))
+
+
+@torch.library.custom_op("trainperf::transducer_lattice_backward", mutates_args=())
+def _gradient_op(grad_out: torch.Tensor, logits: torch.Tensor, lse: torch.Tensor, lp_blank: torch.Tensor,
+                 lp_label: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, loss: torch.Tensor,
+                 next_label: torch.Tensor, frames: torch.Tensor, labels: torch.Tensor, blank: int) -> torch.Tensor:
+    return _gradient(grad_out, logits, lse, lp_blank, lp_label, alpha, beta, loss, next_label, frames, labels, blank)
+
+
+@_gradient_op.register_fake
+def _(grad_out: torch.Tensor, logits: torch.Tensor, *rest: Any) -> torch.Tensor:
+    return torch.empty_like(logits)
+
+
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    logits, _targets, frames, labels, blank = inputs
+    loss, lse, lp_blank, lp_label, alpha, beta, next_label = output
+    ctx.save_for_backward(logits, lse, lp_blank, lp_label, alpha, beta, loss, next_label, frames, labels)
+    ctx.blank = blank
+
+
+def _backward(ctx: Any, grad_loss: torch.Tensor, *_unused: Any) -> tuple[torch.Tensor | None, ...]:
+    return _gradient_op(grad_loss, *ctx.saved_tensors, ctx.blank), None, None, None, None
+
+
+_lattice_op.register_autograd(_backward, setup_context=_setup)
 
 
 def transducer_loss(logits: torch.Tensor, targets: torch.Tensor, frames: torch.Tensor, labels: torch.Tensor,
@@ -137,7 +199,10 @@ def transducer_loss(logits: torch.Tensor, targets: torch.Tensor, frames: torch.T
     if logits.shape[2] != targets.shape[1] + 1:
         raise ValueError(f"transducer_loss: logits dim 2 must be targets' length + 1, got {logits.shape[2]} "
                          f"and {targets.shape[1]}")
-    per = _TransducerLoss.apply(logits, targets, frames.long(), labels.long(), blank)
+    if torch.compiler.is_compiling():
+        per = _lattice_op(logits, targets, frames.long(), labels.long(), blank)[0]
+    else:
+        per = _TransducerLoss.apply(logits, targets, frames.long(), labels.long(), blank)
     if reduction == "none":
         return per
     if reduction == "sum":

@@ -7,13 +7,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from trainperf.errors import TrainperfError
-from trainperf.spec import (
-    Recipe,
-)
+from trainperf.spec import LengthBuckets, Recipe
 from trainperf.spec.fields import Count, Fraction, Positive, Share
 from trainperf.workloads.rnnt import data as rnnt_data
 from trainperf.workloads.rnnt import model as rnnt_model
-from trainperf.workloads.rnnt.features import FeatureConfig
+from trainperf.workloads.rnnt.features import FeatureConfig, max_frames
 from trainperf.workloads.rnnt.loss import torchaudio_rnnt_loss
 
 
@@ -55,6 +53,11 @@ class RNNTRecipe(Recipe):
     # The joint network and the loss over this many slices of the batch, recomputed in the backward
     # pass: the B x T x U x V logits (GBs at full size) exist one slice at a time, for a larger batch.
     joint_chunks: Count = 1
+    # --static-shapes (and --cuda-graphs): each batch's feature frames (before the encoder's time stacking) and
+    # labels padded up to these, one graph per pair; the longest frame bucket holds max_duration slowed by
+    # the slowest speed perturbation (16.7 s / 0.85: 655 frames).
+    bucket_frames: tuple[int, ...] = (64, 128, 256, 512, 656)
+    bucket_labels: tuple[int, ...] = (16, 32, 64, 128, 256)
 
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"loss_impl": ("wavefront", "torchaudio")}
 
@@ -67,6 +70,16 @@ class RNNTRecipe(Recipe):
                                  f"{features.stack} frames stacked)")
         if self.loss_impl == "torchaudio":
             torchaudio_rnnt_loss()  # says at --set, not at the first step, when it cannot be had
+        frames = LengthBuckets.from_recipe("bucket_frames", self.bucket_frames)
+        LengthBuckets.from_recipe("bucket_labels", self.bucket_labels)
+        if any(n % self.model.stack_time for n in frames.lengths):
+            raise TrainperfError(f"recipe field bucket_frames: each a multiple of model.stack_time "
+                                 f"({self.model.stack_time}), got {list(frames.lengths)}")
+        longest = max_frames(self.max_duration / features.speed_min, features)
+        if self.bucketed and frames.longest < longest:
+            raise TrainperfError(f"recipe field bucket_frames: the longest ({frames.longest}) is shorter than a "
+                                 f"{self.max_duration} s utterance slowed to {features.speed_min}x ({longest} "
+                                 "frames); add a longer bucket or lower max_duration")
         if not self.train_subsets.strip(","):
             raise TrainperfError("recipe field train_subsets: name at least one LibriSpeech subset")
 
@@ -117,4 +130,4 @@ MINI = RNNTRecipe(name="mini", global_batch_size=8, max_epochs=10, target=0.25, 
                                      pred_hidden=64, pred_layers=1, joint_hidden=128, enc_dropout=0.0,
                                      pred_dropout=0.0, joint_dropout=0.0),
                   train_subsets="train-clean-100", in_memory=True, loader_threads=2, eval_batch_size=128,
-                  synthetic_seconds=1.2, synthetic_pieces=3)
+                  synthetic_seconds=1.2, synthetic_pieces=3, bucket_frames=(32, 64, 128, 656), bucket_labels=(4, 8, 16))
