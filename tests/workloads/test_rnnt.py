@@ -557,3 +557,30 @@ def test_compiled_loss_is_one_operator_with_the_same_values():
     torch.testing.assert_close(again, eager)
     torch.testing.assert_close(grad_again, grad)
     torch.library.opcheck(L._lattice_op, (logits, targets, frames, labels, 0))
+
+
+def test_the_whole_compiled_step_is_one_graph_on_a_cpu():
+    """RNN-T's forward, loss and backward compile as one graph (fullgraph, LSTMs traced: compile_rnns, which on
+    a CPU also keeps torch's oneDNN LSTM out of AOTAutograd's way), with the loss and gradients of eager."""
+    from trainperf.runtime import speedups
+    from trainperf.workloads.rnnt import transducer_losses
+
+    onednn = torch.backends.mkldnn.enabled
+    try:
+        loss = transducer_losses("wavefront", SMALL.pieces)
+        _, (feats, frames, tokens, labels) = _model_batch()
+        torch.manual_seed(0)
+        net = M.RNNT(SMALL)
+        eager = net(feats, frames, tokens, labels=labels, loss=loss).mean()
+        (eager_grad,) = torch.autograd.grad(eager, net.pre_rnn.weight_ih_l0)
+        speedups.compile_rnns(net, torch.device("cpu"))
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda: net(feats, frames, tokens, labels=labels, loss=loss).mean(), fullgraph=True,
+                                 backend="aot_eager")
+        value = compiled()
+        (grad,) = torch.autograd.grad(value, net.pre_rnn.weight_ih_l0)
+        torch.testing.assert_close(value, eager, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grad, eager_grad, rtol=1e-4, atol=1e-6)
+    finally:
+        torch.backends.mkldnn.enabled = onednn
+        torch._dynamo.reset()

@@ -128,7 +128,7 @@ def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: As
         name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
         setattr(config, name, max(getattr(config, name), shapes + 2))
     if recipe.compile or recipe.cuda_graphs:
-        compile_rnns()
+        compile_rnns(parts.model, ctx.device)
     if recipe.cuda_graphs and not engine.compiles_model:
         # PyTorch's supported capture-and-replay ("reduce-overhead": static shapes, re-capture on change).
         parts.model = torch.compile(parts.model, mode="reduce-overhead", **options)
@@ -140,10 +140,18 @@ def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: As
     return parts
 
 
-def compile_rnns() -> None:
+def compile_rnns(model: torch.nn.Module | None = None, device: torch.device | None = None) -> None:
     """Let torch.compile trace LSTMs (GNMT, RNN-T) into the graph: by default dynamo breaks the graph at every
-    RNN module, which splits the step into pieces that CUDA Graphs cannot record as one."""
+    RNN module, which splits the step into pieces that CUDA Graphs cannot record as one.
+
+    On a CPU, a model with RNN layers also leaves oneDNN (mkldnn) off: torch 2.14's oneDNN LSTM, compiled,
+    fails AOTAutograd's check of what it saves for the backward ("expected all tensors_saved_with_vc_check
+    to be Tensors") when the LSTM's input needs no gradient (RNN-T's first layer, over the features); its
+    native kernel traces. GPUs run cuDNN's, which this does not touch."""
     torch._dynamo.config.allow_rnn = True
+    if (model is not None and device is not None and device.type == "cpu"
+            and any(isinstance(m, torch.nn.RNNBase) for m in model.modules())):
+        torch.backends.mkldnn.enabled = False
 
 
 def to_channels_last(model: torch.nn.Module) -> None:
