@@ -26,7 +26,7 @@ from trainperf.bench import throughput
 
 
 def plain_loop(batch_size: int, steps: int, warmup: int, device: torch.device, image_size: int,
-               tuned: bool = False, use_compile: bool = False) -> float:
+               tuned: bool = False, use_compile: bool = False, bf16: bool = True) -> float:
     """samples/s of the PyTorch ImageNet example's inner loop on random data (`tuned`: with bf16,
     channels-last, fused SGD on a GPU and, with `use_compile`, torch.compile)."""
     torch.manual_seed(0)
@@ -45,7 +45,7 @@ def plain_loop(batch_size: int, steps: int, warmup: int, device: torch.device, i
         if i == warmup:
             devices.synchronize(device)
             start = time.perf_counter()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=tuned):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=tuned and bf16):
             output = forward(images)
         loss = criterion(output.float(), target)
         optimizer.zero_grad()
@@ -64,12 +64,15 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="alternating repetitions; medians are reported")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--compile", action="store_true", help="also torch.compile (default on a GPU)")
+    parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                        help="the tuned loop's and trainperf's (fp32 on a CPU without bf16 units: emulated bf16 "
+                             "ran ~14x slower than fp32 on one)")
     args = parser.parse_args()
     device = devices.resolve(args.device)
     use_compile = args.compile or device.type == "cuda"
 
     workload = registry.get("resnet")
-    switches = ["channels_last=true", "precision=bf16", f"compile={'true' if use_compile else 'false'}",
+    switches = ["channels_last=true", f"precision={args.precision}", f"compile={'true' if use_compile else 'false'}",
                 f"global_batch_size={args.batch_size}", f"image_size={args.image_size}", "optimizer=sgd",
                 "base_lr=0.1", "weight_decay=1e-4", "label_smoothing=0.0"]
     if device.type == "cuda":
@@ -79,7 +82,7 @@ def main() -> None:
     for _ in range(args.reps):
         plain.append(plain_loop(args.batch_size, args.steps, args.warmup, device, args.image_size))
         peer.append(plain_loop(args.batch_size, args.steps, args.warmup, device, args.image_size, tuned=True,
-                               use_compile=use_compile))
+                               use_compile=use_compile, bf16=args.precision == "bf16"))
         ours.append(throughput.run_bench(workload, recipe, "full", None, True, args.steps, args.warmup,
                                          str(device)).samples_per_s)
         print(f"plain loop {plain[-1]:8.1f}   tuned peer {peer[-1]:8.1f}   trainperf {ours[-1]:8.1f} samples/s",
