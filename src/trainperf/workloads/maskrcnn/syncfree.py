@@ -111,11 +111,21 @@ def pool_levels(pooler: MultiScaleRoIAlign, features: dict[str, torch.Tensor], r
     level = torch.floor(pooler.canonical_level + torch.log2(area.sqrt() / pooler.canonical_scale) + 1e-6)
     level = (level.clamp(min=k_min, max=k_max) - k_min).to(torch.int64)
     high, wide = x[0].shape[-2:]
-    stacked = torch.cat([F.pad(f, (0, wide - f.shape[-1], 0, high - f.shape[-2]), mode="replicate") if i else f
-                         for i, f in enumerate(x)])  # [L*B, C, H, W]: level l's images at l*B..l*B+B-1
+    stacked = torch.cat([_repeat_edges(f, high, wide) for f in x])  # [L*B, C, H, W]: level l at l*B..l*B+B-1
     scaled = torch.ldexp(flat, -(level + k_min)[:, None])
     boxes = torch.cat([(level * batch + image)[:, None].to(flat.dtype), scaled], dim=1)
     return roi_align(stacked, boxes, pooler.output_size, 1.0, pooler.sampling_ratio)
+
+
+def _repeat_edges(feature: torch.Tensor, high: int, wide: int) -> torch.Tensor:
+    """`feature` [N, C, h, w] padded to [N, C, high, wide] by repeating its last row and column (F.pad's
+    "replicate", whose backward Inductor mis-strides in torch 2.14: concatenation and expand instead)."""
+    rows, cols = high - feature.shape[-2], wide - feature.shape[-1]
+    if rows:
+        feature = torch.cat([feature, feature[..., -1:, :].expand(*feature.shape[:-2], rows, feature.shape[-1])], -2)
+    if cols:
+        feature = torch.cat([feature, feature[..., -1:].expand(*feature.shape[:-1], cols)], -1)
+    return feature
 
 
 class SyncFreeRPN(RegionProposalNetwork):
