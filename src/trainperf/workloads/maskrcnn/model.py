@@ -30,6 +30,7 @@ from torchvision.models.resnet import BasicBlock
 from torchvision.ops import MultiScaleRoIAlign
 
 from trainperf.spec import LengthBuckets
+from trainperf.workloads.common.coco import matching
 from trainperf.workloads.maskrcnn import syncfree
 
 FULL_ANCHOR_SIZES = ((32,), (64,), (128,), (256,), (512,))  # P2..P6
@@ -58,7 +59,7 @@ class TrainedMaskRCNN(MaskRCNN):
             gt, sizes = targets, targets["sizes"]
         else:
             image_list, transformed = self.transform(images, targets)
-            gt = syncfree.padded_targets(transformed, None, tuple(image_list.tensors.shape[-2:]),
+            gt = matching.padded_targets(transformed, None, tuple(image_list.tensors.shape[-2:]),
                                          image_list.tensors.device)
             sizes = image_list.image_sizes
         features = self.backbone(image_list.tensors)
@@ -72,7 +73,7 @@ class TrainedMaskRCNN(MaskRCNN):
         """A training batch in shapes that do not change between steps, for a compiled step (--static-shapes,
         --cuda-graphs): torchvision's transform (resizing and normalising, run before the compiled model:
         its sizes are the data's), the batch padded to the first of `sizes` holding every image, and the
-        targets padded to the bucket of the batch's largest box count (`syncfree.padded_targets`), with the
+        targets padded to the bucket of the batch's largest box count (`matching.padded_targets`), with the
         images' own sizes as a tensor (the proposals are clipped to them)."""
         image_list, transformed = self.transform(images, targets)
         high = max(h for h, _ in image_list.image_sizes)
@@ -83,7 +84,7 @@ class TrainedMaskRCNN(MaskRCNN):
         tensors = image_list.tensors
         tensors = F.pad(tensors, (0, size[1] - tensors.shape[-1], 0, size[0] - tensors.shape[-2]))
         most = max((len(t["boxes"]) for t in transformed), default=0)
-        gt = syncfree.padded_targets(transformed, boxes_per_image.length(max(most, 1)), size, tensors.device)
+        gt = matching.padded_targets(transformed, boxes_per_image.length(max(most, 1)), size, tensors.device)
         gt["sizes"] = torch.tensor(image_list.image_sizes, device=tensors.device)
         return tensors, gt
 

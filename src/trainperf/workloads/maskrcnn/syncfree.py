@@ -187,19 +187,10 @@ class SyncFreeRPN(RegionProposalNetwork):
         count = sampled.sum().clamp(min=1).to(deltas.dtype)
         bce = F.binary_cross_entropy_with_logits(objectness, (labels == 1).to(objectness.dtype), reduction="none")
         loss_objectness = torch.where(sampled, bce, 0.0).sum() / count
-        matched = _matched_boxes(gt["boxes"], matches, anchors)
+        matched = matching.matched_boxes(gt["boxes"], matches, anchors)
         wanted = self.box_coder.encode_single(matched.reshape(-1, 4), anchors.reshape(-1, 4)).view_as(deltas)
         smooth = F.smooth_l1_loss(deltas, wanted, beta=1 / 9, reduction="none").sum(-1)
         return loss_objectness, torch.where(positive, smooth, 0.0).sum() / count
-
-
-def _matched_boxes(boxes: torch.Tensor, matches: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-    """Each candidate's matched box [B, N, 4]; an unmatched candidate gets itself (a finite regression
-    target, masked out later: a padding box of zeros would give log(0))."""
-    if boxes.shape[1] == 0:
-        return candidates
-    matched = boxes.gather(1, matches.clamp(min=0)[..., None].expand(-1, -1, 4))
-    return torch.where((matches >= 0)[..., None], matched, candidates)
 
 
 class SyncFreeRoIHeads(RoIHeads):
@@ -234,7 +225,7 @@ class SyncFreeRoIHeads(RoIHeads):
         class_logits, box_regression = self.box_predictor(self.box_head(pooled))
         ce = F.cross_entropy(class_logits, roi_labels.reshape(-1), reduction="none")
         loss_classifier = torch.where(taken.reshape(-1), ce, 0.0).sum() / count
-        matched = _matched_boxes(boxes, matches, candidates).gather(1, slots[..., None].expand(-1, -1, 4))
+        matched = matching.matched_boxes(boxes, matches, candidates).gather(1, slots[..., None].expand(-1, -1, 4))
         wanted = self.box_coder.encode_single(matched.reshape(-1, 4), rois.reshape(-1, 4))
         chosen = box_regression.reshape(len(wanted), -1, 4).gather(
             1, roi_labels.reshape(-1, 1, 1).expand(-1, 1, 4))[:, 0]
@@ -271,30 +262,6 @@ class SyncFreeRoIHeads(RoIHeads):
         bce = F.binary_cross_entropy_with_logits(chosen, wanted, reduction="none").sum((1, 2))
         positives = taken.reshape(-1)
         return torch.where(positives, bce, 0.0).sum() / (positives.sum().clamp(min=1) * size * size).to(bce.dtype)
-
-
-def padded_targets(targets: list[dict[str, torch.Tensor]], boxes_per_image: int | None, size: tuple[int, int],
-                   device: torch.device) -> dict[str, torch.Tensor]:
-    """The images' targets padded to one width: boxes [B, G, 4], labels [B, G], present [B, G] and masks
-    [B, G, H, W] at the padded batch's size (each image's mask at its top left, as its pixels are).
-    G: `boxes_per_image`, or the batch's most."""
-    width = boxes_per_image if boxes_per_image is not None else max((len(t["boxes"]) for t in targets), default=0)
-    batch = len(targets)
-    out = {"boxes": torch.zeros((batch, width, 4), device=device),
-           "labels": torch.zeros((batch, width), dtype=torch.int64, device=device),
-           "present": torch.zeros((batch, width), dtype=torch.bool, device=device)}
-    with_masks = bool(targets) and "masks" in targets[0]
-    if with_masks:
-        out["masks"] = torch.zeros((batch, width, *size), dtype=torch.uint8, device=device)
-    for i, t in enumerate(targets):
-        n = len(t["boxes"])
-        out["boxes"][i, :n] = t["boxes"]
-        out["labels"][i, :n] = t["labels"]
-        out["present"][i, :n] = True
-        if with_masks:
-            h, w = t["masks"].shape[-2:]
-            out["masks"][i, :n, :h, :w] = t["masks"]
-    return out
 
 
 def sync_free(model: nn.Module, nms_iterations: int = NMS_ITERATIONS) -> nn.Module:

@@ -81,17 +81,9 @@ class BatchedRetinaNet(RetinaNet):
         the loss of the other (tested)."""
         image_list, targets = self.transform(images, targets)
         most = max((len(t["boxes"]) for t in targets), default=0)
-        width = boxes_per_image.length(max(most, 1))
-        batch, device = len(targets), image_list.tensors.device
-        boxes = torch.zeros((batch, width, 4), dtype=image_list.tensors.dtype, device=device)
-        labels = torch.zeros((batch, width), dtype=torch.int64, device=device)
-        present = torch.zeros((batch, width), dtype=torch.bool, device=device)
-        for i, t in enumerate(targets):
-            n = len(t["boxes"])
-            boxes[i, :n] = t["boxes"]
-            labels[i, :n] = t["labels"]
-            present[i, :n] = True
-        return image_list.tensors, {"boxes": boxes, "labels": labels, "present": present}
+        padded = matching.padded_targets(targets, boxes_per_image.length(max(most, 1)),
+                                         tuple(image_list.tensors.shape[-2:]), image_list.tensors.device)
+        return image_list.tensors, padded
 
     def compute_loss(self, targets: list[dict[str, torch.Tensor]], head_outputs: dict[str, torch.Tensor],
                      anchors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -128,11 +120,7 @@ class BatchedRetinaNet(RetinaNet):
         # The box loss over every anchor, the background's masked out: selecting the foreground's first
         # (nonzero) would wait for the device to say how many there are. A background anchor is compared
         # with itself (its loss finite, then zeroed), never with a padding box.
-        if boxes.shape[1]:
-            matched = boxes.gather(1, matches.clamp(min=0)[..., None].expand(-1, -1, 4))
-            matched = torch.where(foreground[..., None], matched, anchor)
-        else:
-            matched = anchor
+        matched = matching.matched_boxes(boxes, matches, anchor)
         flat_deltas, flat_anchors = box_deltas.reshape(-1, 4), anchor.reshape(-1, 4)
         if regression._loss_type == "giou":
             decoded = regression.box_coder.decode_single(flat_deltas, flat_anchors)

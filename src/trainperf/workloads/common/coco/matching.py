@@ -40,3 +40,36 @@ def match(matcher: Matcher, boxes: torch.Tensor, present: torch.Tensor, candidat
         ties = ((iou == best_per_box) & present[..., None]).any(dim=1)
         matches = torch.where(ties, best_matches, matches)
     return matches
+
+
+def matched_boxes(boxes: torch.Tensor, matches: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """Each candidate's matched box [B, N, 4]; an unmatched candidate gets itself (a finite regression
+    target, masked out later: a padding box of zeros would give log(0))."""
+    if boxes.shape[1] == 0:
+        return candidates
+    matched = boxes.gather(1, matches.clamp(min=0)[..., None].expand(-1, -1, 4))
+    return torch.where((matches >= 0)[..., None], matched, candidates)
+
+
+def padded_targets(targets: list[dict[str, torch.Tensor]], boxes_per_image: int | None, size: tuple[int, int],
+                   device: torch.device) -> dict[str, torch.Tensor]:
+    """The images' targets padded to one width: boxes [B, G, 4], labels [B, G], present [B, G] and masks
+    [B, G, H, W] at the padded batch's size (each image's mask at its top left, as its pixels are).
+    G: `boxes_per_image`, or the batch's most."""
+    width = boxes_per_image if boxes_per_image is not None else max((len(t["boxes"]) for t in targets), default=0)
+    batch = len(targets)
+    out = {"boxes": torch.zeros((batch, width, 4), device=device),
+           "labels": torch.zeros((batch, width), dtype=torch.int64, device=device),
+           "present": torch.zeros((batch, width), dtype=torch.bool, device=device)}
+    with_masks = bool(targets) and "masks" in targets[0]
+    if with_masks:
+        out["masks"] = torch.zeros((batch, width, *size), dtype=torch.uint8, device=device)
+    for i, t in enumerate(targets):
+        n = len(t["boxes"])
+        out["boxes"][i, :n] = t["boxes"]
+        out["labels"][i, :n] = t["labels"]
+        out["present"][i, :n] = True
+        if with_masks:
+            h, w = t["masks"].shape[-2:]
+            out["masks"][i, :n, :h, :w] = t["masks"]
+    return out
