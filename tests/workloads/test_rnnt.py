@@ -560,8 +560,8 @@ def test_compiled_loss_is_one_operator_with_the_same_values():
 
 
 def test_the_whole_compiled_step_is_one_graph_on_a_cpu():
-    """RNN-T's forward, loss and backward compile as one graph (fullgraph, LSTMs traced: compile_rnns, which on
-    a CPU also keeps torch's oneDNN LSTM out of AOTAutograd's way), with the loss and gradients of eager."""
+    """RNN-T's forward, loss and backward compile as one graph (fullgraph; each LSTM layer one opaque operator,
+    oneDNN left on), with the loss and gradients of eager."""
     from trainperf.runtime import speedups
     from trainperf.workloads.rnnt import transducer_losses
 
@@ -573,7 +573,7 @@ def test_the_whole_compiled_step_is_one_graph_on_a_cpu():
         net = M.RNNT(SMALL)
         eager = net(feats, frames, tokens, labels=labels, loss=loss).mean()
         (eager_grad,) = torch.autograd.grad(eager, net.pre_rnn.weight_ih_l0)
-        speedups.compile_rnns(net, torch.device("cpu"))
+        speedups.compile_rnns()
         torch._dynamo.reset()
         compiled = torch.compile(lambda: net(feats, frames, tokens, labels=labels, loss=loss).mean(), fullgraph=True,
                                  backend="aot_eager")

@@ -72,8 +72,7 @@ def check(workload: Workload, ctx: RuntimeContext, steps: int = 3, sets: list[st
         return aot_eager(gm, example_inputs)
 
     torch._dynamo.reset()
-    onednn = torch.backends.mkldnn.enabled
-    speedups.compile_rnns(parts.model, ctx.device)  # as a compiled run does
+    speedups.compile_rnns()  # as a compiled run does
     parts.model = torch.compile(parts.model, backend=counting, fullgraph=True, dynamic=False)
     step = TrainStep(parts, 1000, recipe, ctx.device, ctx=ctx, split=workload.split_batch, count=workload.batch_samples)
     result = GraphCheck(workload=workload.name, buckets=len(batches), steps=steps)
@@ -91,7 +90,6 @@ def check(workload: Workload, ctx: RuntimeContext, steps: int = 3, sets: list[st
     result.recompile_reasons = _guard_failures()[len(failures_before):]
     result.seconds = time.perf_counter() - start
     torch._dynamo.reset()
-    torch.backends.mkldnn.enabled = onednn  # a run's process keeps it; a check leaves the process as it was
     return result
 
 

@@ -127,8 +127,9 @@ def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: As
         config = torch._dynamo.config
         name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
         setattr(config, name, max(getattr(config, name), shapes + 2))
+    cpu_rnns(parts.model, ctx.device, recipe.precision)
     if recipe.compile or recipe.cuda_graphs:
-        compile_rnns(parts.model, ctx.device)
+        compile_rnns()
     if recipe.cuda_graphs and not engine.compiles_model:
         # PyTorch's supported capture-and-replay ("reduce-overhead": static shapes, re-capture on change).
         parts.model = torch.compile(parts.model, mode="reduce-overhead", **options)
@@ -140,16 +141,17 @@ def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: As
     return parts
 
 
-def compile_rnns(model: torch.nn.Module | None = None, device: torch.device | None = None) -> None:
+def compile_rnns() -> None:
     """Let torch.compile trace LSTMs (GNMT, RNN-T) into the graph: by default dynamo breaks the graph at every
-    RNN module, which splits the step into pieces that CUDA Graphs cannot record as one.
-
-    On a CPU, a model with RNN layers also leaves oneDNN (mkldnn) off: torch 2.14's oneDNN LSTM, compiled,
-    fails AOTAutograd's check of what it saves for the backward ("expected all tensors_saved_with_vc_check
-    to be Tensors") when the LSTM's input needs no gradient (RNN-T's first layer, over the features); its
-    native kernel traces. GPUs run cuDNN's, which this does not touch."""
+    RNN module, which splits the step into pieces that CUDA Graphs cannot record as one. The workloads' LSTMs
+    (workloads/common/rnn.py) then compile as one opaque operator per layer, not unrolled over time."""
     torch._dynamo.config.allow_rnn = True
-    if (model is not None and device is not None and device.type == "cpu"
+
+
+def cpu_rnns(model: torch.nn.Module, device: torch.device, precision: str) -> None:
+    """bf16 RNNs on a CPU without bf16 instructions: oneDNN cannot build its bf16 LSTM there ("could not
+    create a primitive descriptor"), torch's native kernel can, so oneDNN is left off for this process."""
+    if (device.type == "cpu" and precision == "bf16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported()
             and any(isinstance(m, torch.nn.RNNBase) for m in model.modules())):
         torch.backends.mkldnn.enabled = False
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from trainperf.workloads.common.rnn import LSTM, lstm_layer
 from trainperf.workloads.common.wmt.text import BOS, EOS, PAD
 
 
@@ -45,10 +46,10 @@ class NormalizedBahdanau(nn.Module):
 class Encoder(nn.Module):
     def __init__(self, hidden: int, dropout: float) -> None:
         super().__init__()
-        self.layers = nn.ModuleList([nn.LSTM(hidden, hidden, batch_first=True, bidirectional=True),
-                                     nn.LSTM(2 * hidden, hidden, batch_first=True),
-                                     nn.LSTM(hidden, hidden, batch_first=True),
-                                     nn.LSTM(hidden, hidden, batch_first=True)])
+        self.layers = nn.ModuleList([LSTM(hidden, hidden, batch_first=True, bidirectional=True),
+                                     LSTM(2 * hidden, hidden, batch_first=True),
+                                     LSTM(hidden, hidden, batch_first=True),
+                                     LSTM(hidden, hidden, batch_first=True)])
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
@@ -94,12 +95,12 @@ def _reverse_within(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 
 
 def _bidirectional(lstm: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """One bidirectional layer over padded rows: each direction with its own weights (torch.lstm)."""
+    """One bidirectional layer over padded rows: each direction with its own weights (one LSTM layer each)."""
     zeros = x.new_zeros(1, x.shape[0], lstm.hidden_size)
     outputs = []
     for suffix, rows in (("", x), ("_reverse", _reverse_within(x, lengths))):
         weights = [getattr(lstm, f"{name}_l0{suffix}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
-        out = torch.lstm(rows, (zeros, zeros), weights, True, 1, 0.0, lstm.training, False, True)[0]
+        out = lstm_layer(rows, (zeros, zeros), weights, batch_first=True, training=lstm.training)[0]
         outputs.append(out if not suffix else _reverse_within(out, lengths))
     return torch.cat(outputs, dim=-1)
 
@@ -107,9 +108,9 @@ def _bidirectional(lstm: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor) -> tor
 class Decoder(nn.Module):
     def __init__(self, hidden: int, dropout: float, attention_scale: float) -> None:
         super().__init__()
-        self.first = nn.LSTM(hidden, hidden, batch_first=True)
+        self.first = LSTM(hidden, hidden, batch_first=True)
         self.attention = NormalizedBahdanau(hidden, attention_scale)
-        self.layers = nn.ModuleList(nn.LSTM(2 * hidden, hidden, batch_first=True) for _ in range(3))
+        self.layers = nn.ModuleList(LSTM(2 * hidden, hidden, batch_first=True) for _ in range(3))
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, keys: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor,

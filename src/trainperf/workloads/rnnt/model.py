@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainperf.spec.fields import Count, Fraction, Positive
+from trainperf.workloads.common.rnn import LSTM
 
 # The tensors the closed rules require a weights_initialization event for, by module name.
 INITIALIZED = ("pre_rnn", "post_rnn", "pred_embed", "dec_rnn", "joint_pred", "joint_enc", "joint_net")
@@ -52,7 +53,7 @@ class RNNTConfig:
 
 
 def _lstm(inputs: int, hidden: int, layers: int, dropout: float, forget_bias: float, scale: float) -> nn.LSTM:
-    lstm = nn.LSTM(inputs, hidden, layers, batch_first=True, dropout=dropout if layers > 1 else 0.0)
+    lstm = LSTM(inputs, hidden, layers, batch_first=True, dropout=dropout if layers > 1 else 0.0)
     with torch.no_grad():
         for name, p in lstm.named_parameters():
             if name.startswith("bias_ih"):
