@@ -20,9 +20,10 @@ from trainperf.spec import RuntimeContext
 from trainperf.workloads.common.wmt import batching
 from trainperf.workloads.common.wmt import beam as B
 from trainperf.workloads.common.wmt import text as T
-from trainperf.workloads.gnmt import FULL, MINI, GNMTWorkload, lr_factor, schedule_steps
+from trainperf.workloads.gnmt import MINI, GNMTWorkload, lr_factor, schedule_steps
 from trainperf.workloads.gnmt import data as D
 from trainperf.workloads.gnmt import model as M
+from trainperf.workloads.gnmt.recipes import FULL
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from trainperf.workloads.common.wmt import parts as wmt_parts
 from trainperf.workloads.common.wmt.text import PAD
 from trainperf.workloads.gnmt import data as gnmt_data
 from trainperf.workloads.gnmt import model as gnmt_model
-from trainperf.workloads.gnmt.recipes import FULL, MINI, GNMTRecipe
+from trainperf.workloads.gnmt.recipes import FULL_RECIPES, MINI, GNMTRecipe
 
 
 def schedule_steps(recipe: GNMTRecipe, steps_per_epoch: int) -> tuple[int, int]:
@@ -73,7 +73,7 @@ class GNMTWorkload(Workload[GNMTRecipe]):
     loss_units_name = "target tokens"
 
     mini = Scale(MINI, gnmt_data.WMT16(gnmt_data.MINI_MERGES, generated=True))
-    full = Scale(FULL, gnmt_data.WMT16(gnmt_data.FULL_MERGES))
+    full = Scale(FULL_RECIPES, gnmt_data.WMT16(gnmt_data.FULL_MERGES))
 
     def mlperf_hyperparameters(self, recipe: GNMTRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         return {
