@@ -198,3 +198,34 @@ def test_a_file_name_that_is_not_utf8_is_verified_listed_and_skipped(tmp_path, c
     assert "n01440760_\\udcff.JPEG" in out and "1 unreadable sample(s)" in out
     assert main(["prepare", "resnet", "--scale", "full", "--data", str(data)]) == 0
     assert "1 images that do not decode are skipped" in capsys.readouterr().out
+
+
+def test_lars_decay_steps_are_logged_in_steps_as_the_reference_logs_them():
+    """`lars_opt_learning_rate_decay_steps` counts optimizer steps (the 1.1.0 RCPs: 14,523 at batch 3,264),
+    not epochs (37): each full LARS recipe's logged value is its schedule's decay length, within the partial
+    last batch of each epoch of the RCP's (steps here are ceil(samples / batch) an epoch)."""
+    import math
+
+    import mlperf_logging
+    import torch
+
+    from trainperf.spec import RuntimeContext
+
+    rcps = json.loads((Path(mlperf_logging.__file__).parent / "rcp_checker" / "training_1.1.0"
+                       / "rcps_resnet.json").read_text())
+    workload = ResNetWorkload()
+    compared = 0
+    for name, recipe in workload.recipes("full").items():
+        hyper = workload.mlperf_hyperparameters(recipe, RuntimeContext(device=torch.device("meta")))
+        assert not any(key.endswith("decay_steps") for key in hyper), name  # logged once the data is open
+        with torch.device("meta"):
+            parts = workload.build(recipe, RuntimeContext(device=torch.device("meta")), {})
+        steps_per_epoch = math.ceil(1_281_167 / recipe.global_batch_size)
+        logged = parts.epoch_hyperparameters(steps_per_epoch)[f"{recipe.optimizer}_opt_learning_rate_decay_steps"]
+        decay_epochs = recipe.train_epochs - recipe.warmup_epochs
+        assert logged == pytest.approx(decay_epochs * steps_per_epoch, abs=1)
+        rcp = rcps.get(f"resnet_ref_{recipe.global_batch_size}")
+        if rcp and recipe.optimizer == "lars":
+            assert abs(logged - rcp["Hyperparams"]["opt_learning_rate_decay_steps"]) <= decay_epochs + 1, name
+            compared += 1
+    assert compared >= 3

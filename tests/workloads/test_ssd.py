@@ -301,3 +301,18 @@ def test_an_empty_evaluation_set_is_refused_by_prepare_and_run(tmp_path, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "instances_val2017.json: the evaluation set is empty (MLPerf's holds 4,952)" in err[0]
     assert jobs.data_problems(registry.get("ssd"), "full", root) == [err[0].removeprefix("trainperf: error: ")]
+
+
+def test_the_logged_base_learning_rate_is_the_runs_as_the_reference_logs_it():
+    """The reference logs opt_base_learning_rate after scaling by global_batch_size / 32 (0.08 at 1,024); the
+    recipe's base_lr is per 32 images."""
+    from trainperf.spec import RuntimeContext
+    from trainperf.workloads.ssd import SSDWorkload
+
+    workload = SSDWorkload()
+    ctx = RuntimeContext(device=torch.device("meta"))
+    assert workload.mlperf_hyperparameters(FULL_RECIPES["rcp-1024"], ctx)["opt_base_learning_rate"] == \
+        pytest.approx(0.08)
+    for recipe in FULL_RECIPES.values():
+        logged = workload.mlperf_hyperparameters(recipe, ctx)["opt_base_learning_rate"]
+        assert logged == pytest.approx(recipe.base_lr * recipe.global_batch_size / 32)

@@ -62,7 +62,6 @@ class ResNetWorkload(Workload[ResNetRecipe]):
     full = Scale(FULL_RECIPES, resnet_data.ImageNetFolder())
 
     def mlperf_hyperparameters(self, recipe: ResNetRecipe, ctx: RuntimeContext) -> dict[str, Any]:
-        decay_epochs = recipe.train_epochs - recipe.warmup_epochs
         # BN statistics are per process (not synchronised): the span is the per-process micro-batch.
         bn_span = recipe.global_batch_size // (ctx.world_size * recipe.grad_accum_steps)
         if recipe.optimizer == "lars":
@@ -71,7 +70,6 @@ class ResNetWorkload(Workload[ResNetRecipe]):
                 "lars_opt_base_learning_rate": recipe.base_lr,
                 "lars_opt_end_learning_rate": recipe.end_lr,
                 "lars_opt_learning_rate_decay_poly_power": recipe.poly_power,
-                "lars_opt_learning_rate_decay_steps": decay_epochs,
                 "lars_epsilon": recipe.lars_epsilon,
                 "lars_opt_learning_rate_warmup_epochs": recipe.warmup_epochs,
                 "lars_opt_momentum": recipe.momentum,
@@ -83,7 +81,6 @@ class ResNetWorkload(Workload[ResNetRecipe]):
             "sgd_opt_base_learning_rate": recipe.base_lr,
             "sgd_opt_end_learning_rate": recipe.end_lr,
             "sgd_opt_learning_rate_decay_poly_power": recipe.poly_power,
-            "sgd_opt_learning_rate_decay_steps": decay_epochs,
             "sgd_opt_weight_decay": recipe.weight_decay,
             "sgd_opt_momentum": recipe.momentum,
             "opt_learning_rate_warmup_epochs": recipe.warmup_epochs,
@@ -122,8 +119,17 @@ class ResNetWorkload(Workload[ResNetRecipe]):
                 round(recipe.train_epochs * steps_per_epoch), recipe.poly_power,
             )
 
+        def epoch_hyperparameters(steps_per_epoch: int | None) -> dict[str, Any]:
+            # The decay's length in optimizer steps, as the reference logs it (the 2.0.0 RCP: 14,523 at batch
+            # 3,264), counted as the schedule above counts it: known once the data says its steps per epoch.
+            if not steps_per_epoch:
+                return {}
+            decay = round(recipe.train_epochs * steps_per_epoch) - round(recipe.warmup_epochs * steps_per_epoch)
+            return {f"{recipe.optimizer}_opt_learning_rate_decay_steps": decay}
+
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn,
-                          lr_schedule=per_epoch_schedule(self.name, lr_schedule), eval_forward=_predict)
+                          lr_schedule=per_epoch_schedule(self.name, lr_schedule), eval_forward=_predict,
+                          epoch_hyperparameters=epoch_hyperparameters)
 
     def synthetic_batch(self, recipe: ResNetRecipe, ctx: RuntimeContext,
                         model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:

@@ -90,7 +90,8 @@ class SSDWorkload(Detector[SSDRecipe]):
         steps_per_epoch = math.ceil((COCO_TRAIN_IMAGES if recipe.model == "ssd300" else MINI_COUNTS[0])
                                     / recipe.global_batch_size)
         return {
-            "opt_base_learning_rate": recipe.base_lr,
+            # The run's rate, as the reference logs it (0.08 at 1,024 images): the recipe's is per 32 images.
+            "opt_base_learning_rate": recipe.base_lr * recipe.global_batch_size / 32,
             "opt_weight_decay": recipe.weight_decay,
             "opt_learning_rate_warmup_steps": max(1, round(recipe.warmup_epochs * steps_per_epoch)),
             "opt_learning_rate_warmup_factor": recipe.warmup_factor,
