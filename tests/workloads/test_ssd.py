@@ -316,3 +316,26 @@ def test_the_logged_base_learning_rate_is_the_runs_as_the_reference_logs_it():
     for recipe in FULL_RECIPES.values():
         logged = workload.mlperf_hyperparameters(recipe, ctx)["opt_base_learning_rate"]
         assert logged == pytest.approx(recipe.base_lr * recipe.global_batch_size / 32)
+
+
+def test_evaluation_skips_images_without_boxes_as_the_reference(tmp_path):
+    """SSD's reference drops val2017's images without a box (4,952 of 5,000 evaluated and logged); RetinaNet's
+    and Mask R-CNN's evaluate every validation image."""
+    import shutil
+
+    from trainperf import registry
+    from trainperf.spec import RuntimeContext
+
+    root = tmp_path / "coco"
+    shutil.copytree(mini_data("ssd"), root)
+    annotations = root / "annotations" / "instances_val2017.json"
+    instances = json.loads(annotations.read_text())
+    emptied = instances["images"][0]["id"]
+    instances["annotations"] = [a for a in instances["annotations"] if a["image_id"] != emptied]
+    annotations.write_text(json.dumps(instances))
+    workload = registry.get("ssd")
+    data = workload.load_data(MINI, root, RuntimeContext.create("cpu"))
+    assert data.eval_samples == len(instances["images"]) - 1
+    assert workload.mlperf.full_eval_samples == 4_952
+    assert not registry.get("retinanet").eval_without_empty_images
+    assert not registry.get("maskrcnn").eval_without_empty_images

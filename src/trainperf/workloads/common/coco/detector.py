@@ -52,6 +52,11 @@ class Detector(Workload[D]):
     metric = Metric("box_ap", higher_is_better=True)
     # COCO AP is Python-heavy (pycocotools): scored in a worker process with --async-eval.
     host_scoring = "process"
+    # Whether evaluation skips the validation images without a box, as training does. SSD's reference does
+    # (its COCO dataset drops them for both splits: 4,952 of val2017's 5,000 images evaluated and logged as
+    # eval_samples); RetinaNet's and Mask R-CNN's drop them for training only. An image left out has no
+    # ground truth: only detections the model would make on it would count (as false positives).
+    eval_without_empty_images: ClassVar[bool] = False
 
     def assets(self, recipe: D, data_dir: Path | None) -> dict[str, Path]:
         return {"backbone weights": Path(recipe.backbone_weights).expanduser()} if recipe.backbone_weights else {}
@@ -68,6 +73,8 @@ class Detector(Workload[D]):
             raise TrainperfError(f"{train.annotation_file}: {len(train.category_ids)} categories, but the model has "
                                  f"{recipe.num_classes - self.background} (--set num_classes=N{background})")
         train = train.without_empty_images()
+        if self.eval_without_empty_images:
+            val = val.without_empty_images()
         loaders = self.loaders(recipe, train, val, ctx)
         metric = scoring.metric(val.annotation_file, val.image_ids, recipe.coco_backend, masks=self.dataset.masks)
         return DataParts(train_batches=lambda view: loaders.train_batches(view.epoch),
