@@ -292,6 +292,20 @@ def test_sinusoids_and_shared_embedding():
     assert logits.shape == (1, 2, 50)
 
 
+def test_the_full_model_has_the_references_parameters():
+    """The reference's layers (TF official transformer: attention projections without biases, FFN with),
+    counted by hand: the shared 33,708 x 1,024 embedding, 6 encoder layers (attention 4 d^2, FFN 2 d f + f + d,
+    2 LayerNorms), 6 decoder layers (two attentions, FFN, 3 LayerNorms), the two final LayerNorms."""
+    d, f, vocab = 1024, 4096, 33_708
+    ffn = 2 * d * f + f + d
+    expected = vocab * d + 6 * (4 * d * d + ffn + 4 * d) + 6 * (8 * d * d + ffn + 6 * d) + 2 * 2 * d
+    workload = TransformerWorkload()
+    with torch.device("meta"):
+        parts = workload.build(FULL, RuntimeContext(device=torch.device("meta")), {})
+    assert sum(p.numel() for p in parts.model.parameters()) == expected == 210_804_736
+    assert not any(name.endswith(("q.bias", "kv.bias", "out.bias")) for name, _ in parts.model.named_parameters())
+
+
 def test_inverse_square_root_schedule():
     f = lr_factor(FULL)
     assert f(0) == pytest.approx(1 / 16000) and f(15999) == pytest.approx(1.0)

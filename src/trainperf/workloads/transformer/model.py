@@ -31,9 +31,9 @@ class Attention(nn.Module):
     def __init__(self, dim: int, heads: int, dropout: float, cross: bool) -> None:
         super().__init__()
         self.heads, self.dropout, self.cross = heads, dropout, cross
-        self.q = nn.Linear(dim, dim)
-        self.kv = nn.Linear(dim, 2 * dim)
-        self.out = nn.Linear(dim, dim)
+        self.q = nn.Linear(dim, dim, bias=False)  # the reference's attention layers have no biases
+        self.kv = nn.Linear(dim, 2 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
