@@ -4,6 +4,7 @@ trained mini model, the closed rules of the full recipe, and the mini run end to
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import re
@@ -304,6 +305,14 @@ def test_the_full_model_has_the_references_parameters():
         parts = workload.build(FULL, RuntimeContext(device=torch.device("meta")), {})
     assert sum(p.numel() for p in parts.model.parameters()) == expected == 210_804_736
     assert not any(name.endswith(("q.bias", "kv.bias", "out.bias")) for name, _ in parts.model.named_parameters())
+
+
+def test_the_reference_recipe_says_its_schedule_is_the_single_process_runs():
+    workload = TransformerWorkload()
+    (note,) = workload.notes(FULL, "full")
+    assert "32,768 tokens a step" in note and "16,000 steps" in note and "4,096 tokens" in note
+    assert workload.notes(dataclasses.replace(FULL, global_batch_size=4096), "full") == []
+    assert workload.notes(MINI, "mini") == []
 
 
 def test_inverse_square_root_schedule():

@@ -34,7 +34,7 @@ from trainperf.workloads.common.wmt import parts as wmt_parts
 from trainperf.workloads.common.wmt.text import PAD
 from trainperf.workloads.transformer import data as transformer_data
 from trainperf.workloads.transformer import model as transformer_model
-from trainperf.workloads.transformer.recipes import FULL, MINI, TransformerRecipe
+from trainperf.workloads.transformer.recipes import FULL, MINI, REFERENCE_TOKENS, TransformerRecipe
 
 
 def lr_factor(recipe: TransformerRecipe) -> Callable[[int], float]:
@@ -71,6 +71,13 @@ class TransformerWorkload(Workload[TransformerRecipe]):
             "opt_adam_beta_2": recipe.beta2, "opt_adam_epsilon": recipe.eps,
             "max_sequence_length": Logged(transformer_data.MAX_LENGTH, {"method": "discard"}),
         }
+
+    def notes(self, recipe: TransformerRecipe, scale: str) -> list[str]:
+        if scale != "full" or recipe.global_batch_size == REFERENCE_TOKENS:
+            return []
+        return [f"recipe {recipe.name}: {recipe.global_batch_size:,} tokens a step, but its learning rate and "
+                f"warmup ({recipe.warmup_steps:,} steps) are the reference's single-process run's, tuned for "
+                f"{REFERENCE_TOKENS:,} tokens a step: not rescaled for this batch"]
 
     def assets(self, recipe: TransformerRecipe, data_dir: Path | None) -> dict[str, Path]:
         # The model is sized by the prepared vocabulary; a synthetic benchmark without data uses the

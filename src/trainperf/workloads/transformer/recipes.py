@@ -66,8 +66,10 @@ class TransformerRecipe(Recipe):
                                  f"one sentence of the longest kept ({transformer_data.MAX_LENGTH} tokens)")
 
 
-# The reference: 4,096 tokens per GPU (transformer_main's batch), here for 8 GPUs; 10 epochs budget
-# (the reference runs until BLEU 25; it converges in a few epochs).
+# The reference's batch: one process of 4,096 tokens (transformer_main's), whose learning rate and 16,000-step
+# warmup this recipe keeps while running 8 of them (32,768 tokens a step): a note says so before a run
+# (TransformerWorkload.notes). 10 epochs budget (the reference runs until BLEU 25; it converges in a few).
+REFERENCE_TOKENS = 4096
 FULL = TransformerRecipe(name="reference", global_batch_size=8 * 4096, max_epochs=10, target=0.25,
                          eval_every=1, eval_first=1)
 MINI = TransformerRecipe(name="mini", global_batch_size=2048, max_epochs=8, target=0.60, eval_every=1,
