@@ -339,3 +339,34 @@ def test_evaluation_skips_images_without_boxes_as_the_reference(tmp_path):
     assert workload.mlperf.full_eval_samples == 4_952
     assert not registry.get("retinanet").eval_without_empty_images
     assert not registry.get("maskrcnn").eval_without_empty_images
+
+
+def test_the_crop_needs_every_box_over_the_threshold_as_the_reference():
+    """The reference's SSDCropping accepts a crop only when every box's IoU with it exceeds the drawn
+    threshold; torchvision's RandomIoUCrop when some box centred in it reaches it. Two boxes in opposite
+    corners: no crop has IoU > 0.3 with both, so with the choices (keep, 0.3) the image is always kept;
+    torchvision's crops it."""
+    from torchvision import tv_tensors
+    from torchvision.transforms import v2
+
+    from trainperf.workloads.ssd.transforms import SSDCrop
+
+    image = tv_tensors.Image(torch.zeros(3, 100, 100))
+    boxes = tv_tensors.BoundingBoxes(torch.tensor([[0.0, 0, 40, 40], [60, 60, 100, 100]]), format="XYXY",
+                                     canvas_size=(100, 100))
+    ours = SSDCrop(trials=50)
+    ours.choices = (None, 0.3)
+    theirs = v2.RandomIoUCrop(trials=50, sampler_options=[0.3, 2.0])
+    torch.manual_seed(0)
+    assert all(ours(image, boxes)[0].shape[-2:] == (100, 100) for _ in range(100))
+    assert any(theirs(image, boxes)[0].shape[-2:] != (100, 100) for _ in range(100))
+    # Any-crop draws: sides of 0.3..1 of the image's, their ratio within [0.5, 2]; the boxes kept are those
+    # centred in the crop (the other marked degenerate for SanitizeBoundingBoxes).
+    ours.choices = (-float("inf"),)
+    for _ in range(100):
+        cropped, kept = ours(tv_tensors.Image(torch.zeros(3, 100, 200)),
+                             tv_tensors.BoundingBoxes(torch.tensor([[90.0, 40, 110, 60]]), format="XYXY",
+                                                      canvas_size=(100, 200)))
+        h, w = cropped.shape[-2:]
+        assert 29 <= h <= 100 and 59 <= w <= 200 and 0.5 <= (w / 200) / (h / 100) <= 2.05
+        assert (kept[0, 2:] > kept[0, :2]).all()
