@@ -155,6 +155,86 @@ def test_backbone_weights_are_loaded_and_checked(tmp_path):
         MaskRCNNWorkload().build(recipe, ctx, Assets({"backbone weights": path}))
 
 
+def _detectron_pickle(path: Path, state: dict[str, torch.Tensor]) -> None:
+    """A torchvision resnet50 state dict written as Detectron's R-50.pkl: its blob names, each batch norm
+    folded into a scale and a bias."""
+    import pickle
+
+    from trainperf.workloads.maskrcnn import weights as W
+
+    names = {f"res{stage}_{block}_branch{branch}{bn}_{kind}" for stage in range(2, 6) for block in range(6)
+             for branch in ("1", "2a", "2b", "2c") for bn, kinds in (("", "w"), ("_bn", "sb")) for kind in kinds}
+    names |= {"conv1_w", "res_conv1_bn_s", "res_conv1_bn_b"}
+    blobs = {}
+    for blob in names:
+        key = W._torchvision_name(blob)
+        if key is None or key not in state:
+            continue
+        module = key.rsplit(".", 1)[0]
+        if blob.endswith(("_bn_s", "_bn_b")) or blob.startswith("res_conv1_bn"):
+            scale = state[f"{module}.weight"] / (state[f"{module}.running_var"] + 1e-5).sqrt()
+            value = scale if blob.endswith("_s") else state[f"{module}.bias"] - state[f"{module}.running_mean"] * scale
+        else:
+            value = state[key]
+        blobs[blob] = value.numpy()
+    blobs["pred_w"] = np.zeros((1000, 2048), dtype=np.float32)  # the classifier: not part of the body
+    path.write_bytes(pickle.dumps({"blobs": blobs}))
+
+
+def test_the_references_msra_weights_are_read_from_detectrons_pickle(tmp_path):
+    """`backbone_weights=R-50.pkl`: Detectron's blobs under torchvision's names, batch norms folded (the body
+    computes what the original did), strides in the 1x1 convolutions and BGR 0..255 input (MSRA's)."""
+    from torchvision.models import resnet50
+
+    from trainperf.spec import Assets
+
+    torch.manual_seed(0)
+    original = resnet50().eval()
+    for module in original.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.uniform_(-1, 1)
+            module.running_var.uniform_(0.5, 2)
+    path = tmp_path / "R-50.pkl"
+    _detectron_pickle(path, original.state_dict())
+    recipe = FULL_RECIPES["rcp-48"].with_overrides([f"backbone_weights={path}"])
+    workload = MaskRCNNWorkload()
+    assert workload.input_format(recipe) == "bgr255" and workload.notes(recipe, "full") == []
+    body = workload.build(recipe, RuntimeContext(device=torch.device("cpu")),
+                          Assets({"backbone weights": path})).model.backbone.body.eval()
+    torch.testing.assert_close(body.conv1.weight, original.conv1.weight)
+    x = torch.randn(2, 64, 8, 8)
+    torch.testing.assert_close(body.bn1(x), original.bn1(x), rtol=1e-4, atol=1e-5)
+    y = torch.randn(1, 1024, 2, 2)
+    torch.testing.assert_close(body.layer3[0].downsample[1](y), original.layer3[0].downsample[1](y),
+                               rtol=1e-4, atol=1e-5)
+    assert body.layer2[0].conv1.stride == (2, 2) and body.layer2[0].conv2.stride == (1, 1)
+
+
+def test_torchvisions_weights_keep_their_own_input_and_strides(tmp_path):
+    """A torchvision state dict: RGB normalised input and the stride in the 3x3 (v1.5), said before the run;
+    an explicit input format against the weights is one line; msra under torchvision's names is allowed."""
+    from torchvision.models import resnet50
+
+    from trainperf.spec import Assets
+
+    path = tmp_path / "r50.pt"
+    torch.save(resnet50().state_dict(), path)
+    recipe = FULL_RECIPES["rcp-48"].with_overrides([f"backbone_weights={path}"])
+    workload = MaskRCNNWorkload()
+    assert workload.input_format(recipe) == "rgb"
+    assert "torchvision's convention" in workload.notes(recipe, "full")[0]
+    body = workload.build(recipe, RuntimeContext(device=torch.device("cpu")),
+                          Assets({"backbone weights": path})).model.backbone.body
+    assert body.layer2[0].conv1.stride == (1, 1) and body.layer2[0].conv2.stride == (2, 2)
+    with pytest.raises(TrainperfError, match=r"^--set input_format=bgr255: the backbone weights .*r50.pt follow "
+                                             r"the torchvision convention, whose input is rgb"):
+        FULL_RECIPES["rcp-48"].with_overrides([f"backbone_weights={path}", "input_format=bgr255"])
+    msra = FULL_RECIPES["rcp-48"].with_overrides([f"backbone_weights={path}", "backbone_format=msra",
+                                                  "input_format=bgr255"])
+    assert workload.input_format(msra) == "bgr255" and workload.notes(msra, "full") == []
+    assert workload.input_format(FULL_RECIPES["rcp-48"]) == "bgr255"  # no weights: the reference's
+
+
 def test_lr_policy_is_the_references_warmup_multistep():
     recipe = FULL_RECIPES["reference"]
     f = lr_factor(recipe)

@@ -64,14 +64,20 @@ class Assets(Mapping[str, Path]):
         if not isinstance(state, dict):
             raise TrainperfError(f"{path}: {name} is not a state dict (got {type(state).__name__})")
         if like is not None:
-            expected = {k: v for k, v in like.items() if not k.endswith("num_batches_tracked")}
-            missing = sorted(set(expected) - set(state))
-            if missing:
-                raise TrainperfError(f"{path}: not a state dict of {what} (missing {missing[0]}, "
-                                     f"+{len(missing) - 1} more)")
-            for key, value in expected.items():
-                found = state[key]
-                shape = tuple(found.shape) if isinstance(found, torch.Tensor) else type(found).__name__
-                if shape != tuple(value.shape):
-                    raise TrainperfError(f"{path}: {key} has shape {shape}, {what} needs {tuple(value.shape)}")
+            self.check_like(path, state, like, what)
         return state
+
+    @staticmethod
+    def check_like(path: Path, state: Mapping[str, Any], like: Mapping[str, torch.Tensor], what: str) -> None:
+        """Every key of `like` in `state` with its shape (`num_batches_tracked` may be absent), or one line
+        naming the file, the tensor and `what`."""
+        expected = {k: v for k, v in like.items() if not k.endswith("num_batches_tracked")}
+        missing = sorted(set(expected) - set(state))
+        if missing:
+            raise TrainperfError(f"{path}: not a state dict of {what} (missing {missing[0]}, "
+                                 f"+{len(missing) - 1} more)")
+        for key, value in expected.items():
+            found = state[key]
+            shape = tuple(found.shape) if isinstance(found, torch.Tensor) else type(found).__name__
+            if shape != tuple(value.shape):
+                raise TrainperfError(f"{path}: {key} has shape {shape}, {what} needs {tuple(value.shape)}")

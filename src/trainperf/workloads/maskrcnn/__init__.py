@@ -29,6 +29,7 @@ from trainperf.workloads.common.coco import loading as coco_loading
 from trainperf.workloads.common.coco import scoring
 from trainperf.workloads.common.coco.detector import Detector
 from trainperf.workloads.maskrcnn import model as maskrcnn_model
+from trainperf.workloads.maskrcnn import weights as maskrcnn_weights
 from trainperf.workloads.maskrcnn.recipes import COCO_CLASSES, COCO_COUNTS, FULL_RECIPES, MINI, MaskRCNNRecipe
 
 DATA = coco_loading.DetectionData("maskrcnn", coco.COCO2017, "COCO 2017", *COCO_COUNTS, COCO_CLASSES - 1, masks=True,
@@ -108,9 +109,15 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
         return None
 
     def notes(self, recipe: MaskRCNNRecipe, scale: str) -> list[str]:
-        if recipe.model == "maskrcnn" and not recipe.backbone_weights:
+        if recipe.model != "maskrcnn":
+            return []
+        if not recipe.backbone_weights:
             return ["no --set backbone_weights=PATH: the ResNet-50 body starts from random weights, the reference "
                     "from ImageNet ones; this run is not comparable to MLPerf"]
+        if maskrcnn_weights.convention(recipe.backbone_weights, recipe.backbone_format) == maskrcnn_weights.TORCHVISION:
+            return [f"backbone weights {recipe.backbone_weights}: torchvision's convention (RGB input normalised, "
+                    "strides in the 3x3 convolutions: ResNet v1.5), not the reference's MSRA R-50 (R-50.pkl: "
+                    "BGR 0..255, strides in the 1x1); the run departs from the reference in its body"]
         return []
 
     def build(self, recipe: MaskRCNNRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
@@ -121,14 +128,19 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
                                                recipe.mask_pool)
         else:
             weights = None
+            kind = maskrcnn_weights.convention(recipe.backbone_weights, recipe.backbone_format)
             if "backbone weights" in assets:
                 from torchvision.models import resnet50
 
-                weights = assets.state_dict("backbone weights", like=resnet50().state_dict(),
-                                            what="torchvision's resnet50")
-            model = maskrcnn_model.maskrcnn_resnet50_fpn(recipe.num_classes, recipe.min_image_size,
-                                                         recipe.max_image_size,
-                                            recipe.candidates, recipe.input_format == "bgr255", weights)
+                like = {k: v for k, v in resnet50().state_dict().items() if not k.startswith("fc.")}
+                if kind == maskrcnn_weights.MSRA and assets["backbone weights"].suffix == ".pkl":
+                    weights = maskrcnn_weights.read_detectron(assets["backbone weights"])
+                    assets.check_like(assets["backbone weights"], weights, like, "Detectron's ResNet-50")
+                else:
+                    weights = assets.state_dict("backbone weights", like=like, what="torchvision's resnet50")
+            model = maskrcnn_model.maskrcnn_resnet50_fpn(
+                recipe.num_classes, recipe.min_image_size, recipe.max_image_size, recipe.candidates,
+                self.input_format(recipe) == "bgr255", weights, msra_strides=kind != maskrcnn_weights.TORCHVISION)
             model.roi_heads.fg_bg_sampler.batch_size_per_image = recipe.rois
             model.roi_heads.detections_per_img = recipe.max_detections
         model.rpn.nms_iterations = recipe.nms_iterations
@@ -197,11 +209,20 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
 
     # -- data -----------------------------------------------------------------------------------
     @staticmethod
+    def input_format(recipe: MaskRCNNRecipe) -> str:
+        """bgr255 | rgb: the recipe's, or the backbone weights' convention's (weights.py)."""
+        if recipe.model == "mini":
+            return "rgb" if recipe.input_format == "auto" else recipe.input_format
+        return maskrcnn_weights.input_format(recipe.input_format, recipe.backbone_weights, recipe.backbone_format)
+
+    @staticmethod
     def _input(recipe: MaskRCNNRecipe, images: torch.Tensor | list[torch.Tensor]) -> Any:
         """uint8 RGB images as the model's input: BGR 0..255 (the reference) or RGB 0..1."""
 
+        bgr255 = MaskRCNNWorkload.input_format(recipe) == "bgr255"
+
         def one(x: torch.Tensor) -> torch.Tensor:
-            return x.flip(-3).float() if recipe.input_format == "bgr255" else x.float().div_(255)
+            return x.flip(-3).float() if bgr255 else x.float().div_(255)
 
         return [one(x) for x in images] if isinstance(images, list) else one(images)
 

@@ -98,15 +98,19 @@ def image_buckets(min_size: int, max_size: int, divisible: int = 32) -> list[tup
 
 
 def maskrcnn_resnet50_fpn(num_classes: int, min_size: int = 800, max_size: int = 1333, candidates: int = 1000,
-                          bgr255: bool = True, backbone_weights: dict | None = None) -> MaskRCNN:
+                          bgr255: bool = True, backbone_weights: dict | None = None,
+                          msra_strides: bool = True) -> MaskRCNN:
     """The reference Mask R-CNN. `candidates`: the RPN's post-NMS proposals kept per image in training
     (torchvision keeps them per image; the reference's config takes them over each GPU's batch).
-    `backbone_weights`: a torchvision-format resnet50 state dict (ImageNet)."""
+    `backbone_weights`: a resnet50 state dict under torchvision's names (ImageNet); `msra_strides`: each
+    stage strides in its first 1x1 convolution, as the reference's MSRA R-50 (False: torchvision's v1.5, for
+    torchvision's weights: workloads/maskrcnn/weights.py)."""
     backbone = resnet_fpn_backbone(backbone_name="resnet50", weights=None, trainable_layers=3)
     if backbone_weights is not None:
         body = {k: v for k, v in backbone_weights.items() if not k.startswith("fc.")}
         backbone.body.load_state_dict(body)
-    stride_in_1x1(backbone.body)
+    if msra_strides:
+        stride_in_1x1(backbone.body)
     mean, std = (BGR255_MEAN, BGR255_STD) if bgr255 else (RGB_MEAN, RGB_STD)
     model = TrainedMaskRCNN(
         backbone, num_classes, min_size=min_size, max_size=max_size, image_mean=list(mean), image_std=list(std),

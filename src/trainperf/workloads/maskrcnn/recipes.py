@@ -11,6 +11,7 @@ from trainperf.spec.fields import Count, Fraction, Positive, Share
 from trainperf.workloads.common.coco import data as coco
 from trainperf.workloads.common.coco import scoring
 from trainperf.workloads.common.coco.detector import DetectorRecipe
+from trainperf.workloads.maskrcnn import weights as maskrcnn_weights
 
 COCO_CLASSES, COCO_COUNTS = 81, (117_266, 5_000)  # background included; train images with a valid annotation
 
@@ -26,8 +27,12 @@ class MaskRCNNRecipe(DetectorRecipe):
     min_image_size: Count = 800
     max_image_size: Count = 1333
     # The reference feeds BGR 0..255 minus the Caffe2 means (its MSRA R-50 weights); torchvision's
-    # ImageNet resnet50 weights expect rgb: RGB 0..1 normalised by their mean and std.
-    input_format: str = "bgr255"
+    # ImageNet resnet50 weights expect rgb: RGB 0..1 normalised by their mean and std. auto: the weights'
+    # convention (workloads/maskrcnn/weights.py), bgr255 without weights; an explicit choice must agree.
+    input_format: str = "auto"
+    # Which convention backbone_weights follow: auto (a .pkl is Detectron's MSRA R-50, any other file
+    # torchvision's resnet50), msra (MSRA weights under torchvision's names) or torchvision.
+    backbone_format: str = "auto"
     # SGD with momentum; biases at bias_lr_factor x the LR and no weight decay (the reference's
     # BIAS_LR_FACTOR 2, WEIGHT_DECAY_BIAS 0). Linear warmup from warmup_factor over warmup_steps
     # (optimizer steps), then x decay_factor at each of decay_steps.
@@ -57,11 +62,13 @@ class MaskRCNNRecipe(DetectorRecipe):
     bucket_boxes: tuple[int, ...] = (8, 16, 32, 64, 128)
 
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("maskrcnn", "mini"),
-                                                     "input_format": ("bgr255", "rgb"),
+                                                     "input_format": ("auto", "bgr255", "rgb"),
+                                                     "backbone_format": ("auto", "msra", "torchvision"),
                                                      "coco_backend": scoring.BACKENDS}
 
     def validate(self) -> None:
         super().validate()
+        maskrcnn_weights.input_format(self.input_format, self.backbone_weights, self.backbone_format)
         if self.base_lr <= 0 or self.warmup_steps < 0 or not 0 < self.warmup_factor <= 1:
             raise TrainperfError("recipe: need base_lr > 0, warmup_steps >= 0, 0 < warmup_factor <= 1")
         if list(self.decay_steps) != sorted(self.decay_steps) or not 0 < self.decay_factor <= 1:
