@@ -127,3 +127,25 @@ def test_the_operators_pass_opcheck():
     for batch_first, x in ((True, torch.randn(2, 5, 3)), (False, torch.randn(5, 2, 3))):
         args = (x.requires_grad_(), torch.randn(1, 2, 4), torch.randn(1, 2, 4), weights, batch_first)
         torch.library.opcheck(torch.ops.trainperf.lstm_layer.default, args)
+
+
+def test_bf16_lstms_run_on_a_cpu_without_bf16_instructions():
+    """oneDNN cannot build a bf16 LSTM on such a CPU ("could not create a primitive descriptor"):
+    speedups.cpu_rnns leaves it off there for models with RNN layers, and the bf16 step runs."""
+    from trainperf.runtime import speedups
+
+    net = _Net(layers=2)
+    onednn = torch.backends.mkldnn.enabled
+    try:
+        speedups.cpu_rnns(net, torch.device("cpu"), "bf16")
+        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            assert not torch.backends.mkldnn.enabled
+        with torch.autocast("cpu", torch.bfloat16):
+            loss = net(torch.randn(2, 5, 6))
+        loss.float().backward()
+        assert net.rnn.weight_hh_l1.grad is not None
+        torch.backends.mkldnn.enabled = onednn
+        speedups.cpu_rnns(nn.Linear(2, 2), torch.device("cpu"), "bf16")  # no RNN: left as it was
+        assert torch.backends.mkldnn.enabled == onednn
+    finally:
+        torch.backends.mkldnn.enabled = onednn
