@@ -69,7 +69,8 @@ def _logged(name: str, recipe_name: str) -> dict[str, Any]:
         parts = workload.build(recipe, ctx, {})
     values = {"global_batch_size": recipe.global_batch_size, "gradient_accumulation_steps": recipe.grad_accum_steps,
               **workload.mlperf_hyperparameters(recipe, ctx)}
-    if parts.epoch_hyperparameters is not None:
+    # Values that need the epoch's length come with the data; unknown without it (GNMT's filtered set).
+    if parts.epoch_hyperparameters is not None and workload.mlperf.full_epoch_samples is not None:
         values.update(parts.epoch_hyperparameters(math.ceil(workload.mlperf.full_epoch_samples
                                                             / recipe.global_batch_size)))
     values.update(workload.logged_during_run(recipe))

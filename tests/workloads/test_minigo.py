@@ -3,6 +3,8 @@ search (a forced capture found, a self-atari avoided), and the dual network."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -157,7 +159,8 @@ from trainperf.workloads.minigo import selfplay as S  # noqa: E402
 
 def _small_config(readouts: int = 8) -> S.PlayConfig:
     return S.PlayConfig(mcts.SearchConfig(virtual_losses=2, dirichlet_alpha=0.25), readouts, fastplay_frequency=0.5,
-                        fastplay_readouts=2, softpick_moves=4, resign_threshold=-0.9, disable_resign_pct=0.5)
+                        fastplay_readouts=2, softpick_moves=4, min_resign_threshold=-0.9, max_resign_threshold=-0.9,
+                        disable_resign_pct=0.5)
 
 
 def test_self_play_with_a_fixed_seed_is_reproducible():
@@ -262,3 +265,37 @@ def test_two_processes_share_the_games_and_take_the_same_steps(tmp_path):
              if r["key"] == "actual_selfplay_games_per_generation"]
     assert games == [W.MINI.games_per_generation] and result["samples"] > 0
     assert [e["epoch"] for e in result["evaluations"]] == [1]
+
+
+def test_self_play_draws_each_games_resign_threshold_as_the_reference_flags_say():
+    """flags/19 (v0.7+): every game resigns below its own threshold, uniform in [-1.0, -0.9), never
+    disabled, none held out; v0.6's flags/9: one threshold (-0.99), resignation off in 10 % of games,
+    3 % of games held out of training."""
+    reference, v06 = (W.play_config(W.MiniGoWorkload().recipe("full", name)) for name in ("reference", "v0.6-9x9"))
+    rng = np.random.default_rng(0)
+    draws = [S.game_settings(reference, rng) for _ in range(4000)]
+    thresholds = np.array([t for _, t, _ in draws])
+    assert all(allowed and not held for allowed, _, held in draws)
+    assert thresholds.min() >= -1.0 and thresholds.max() < -0.9
+    assert np.histogram(thresholds, bins=4, range=(-1.0, -0.9))[0].min() > 800  # spread over the range
+    draws = [S.game_settings(v06, rng) for _ in range(4000)]
+    assert {t for _, t, _ in draws} == {-0.99}
+    assert 0.08 < np.mean([not a for a, _, _ in draws]) < 0.12 and 0.02 < np.mean([h for *_, h in draws]) < 0.04
+    assert v06.fastplay_frequency == 0 and W.MiniGoWorkload().recipe("full", "v0.6-9x9").train_filter == 0.5
+
+
+def test_held_out_games_are_played_but_not_trained_on():
+    game = go.load_game(N, 7.5)
+    torch.manual_seed(0)
+    net = M.DualNet(N, width=8, blocks=1, fc_width=8)
+    config = dataclasses.replace(_small_config(), holdout_pct=0.999999)
+    examples, stats = S.selfplay(game, M.NetworkEvaluator(net, torch.device("cpu")), 4, config,
+                                 np.random.default_rng(0))
+    assert stats.games == stats.held_out == 4 and stats.moves > 0 and len(examples) == 0
+
+
+def test_a_fixed_threshold_keeps_the_random_stream():
+    """The mini's fixed threshold draws nothing more per game: its calibrated games are unchanged."""
+    config = _small_config()
+    rng, plain = np.random.default_rng(5), np.random.default_rng(5)
+    assert [S.game_settings(config, rng)[0] for _ in range(50)] == [bool(plain.random() >= 0.5) for _ in range(50)]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -156,3 +159,40 @@ def test_decode_on_the_device_runs_the_full_path(tmp_path):
                  "--set", "eval_batch_size=3"])
     result = json.loads((run / "result.json").read_text())
     assert code == 1 and result["eval_samples"] == 4 and len(result["evaluations"]) == 1  # evaluated, not converged
+
+
+def test_the_reference_crop_is_tensorflows_distorted_box_with_the_whole_image_as_the_box():
+    """tf.image.sample_distorted_bounding_box as the reference calls it (min_object_covered 0.1, area
+    0.05-1, aspect 0.75-1.33, 100 attempts, the whole image as the box): no crop under 10 % of the
+    image though the area range starts at 5 %, aspects within the range, the height uniform between
+    the bounds the area range gives for the drawn aspect (not torchvision's area-uniform draw)."""
+    rng = np.random.default_rng(0)
+    h, w = 375, 500
+    boxes = [resnet_images.reference_crop_box(h, w, 0.05, rng.random) for _ in range(20000)]
+    areas = np.array([bh * bw for _, _, bh, bw in boxes]) / (h * w)
+    aspects = np.array([bw / bh for _, _, bh, bw in boxes])
+    assert areas.min() >= 0.1 and areas.max() <= 1.0
+    assert aspects.min() >= 0.74 and aspects.max() <= 1.34
+    assert all(0 <= top <= h - bh and 0 <= left <= w - bw for top, left, bh, bw in boxes)
+    # Height uniform in [sqrt(0.05 A / r), sqrt(A / r)] puts more crops at 10-30 % of the image than
+    # torchvision's area-uniform draw (whose large crops at extreme aspects often do not fit), and none
+    # under 10 %, where torchvision's draw puts 1 in 14 (this image: 42 % vs 35 % under 30 %).
+    assert 0.3 < np.median(areas) < 0.4 and 0.38 < (areas < 0.3).mean() < 0.46
+    tv = resnet_images.crop_boxes([(h, w)] * 20000, 0.05, np.random.default_rng(0))
+    tv_areas = np.array([bh * bw for _, _, bh, bw in tv]) / (h * w)
+    assert (tv_areas < 0.1).mean() > 0.05 and 0.3 < (tv_areas < 0.3).mean() < 0.38
+    # The same sampler on the host batch path, and a fixed stream for a fixed seed.
+    sizes = [(h, w), (64, 48), (10, 300)]
+    ref = resnet_images.crop_boxes(sizes, 0.05, np.random.default_rng(3), crop="reference")
+    assert ref == resnet_images.crop_boxes(sizes, 0.05, np.random.default_rng(3), crop="reference")
+    assert all(0 < bh <= sh and 0 < bw <= sw for (sh, sw), (_, _, bh, bw) in zip(sizes, ref, strict=True))
+
+
+def test_the_full_recipes_crop_as_the_reference_and_the_in_memory_path_refuses_it():
+    assert {r.crop for r in FULL_RECIPES.values()} == {"reference"}
+    assert MINI_RECIPE.crop == "torchvision"
+    transform = resnet_images.train_transform(224, 0.05, "reference")
+    out = transform(torch.zeros(3, 300, 400, dtype=torch.uint8))
+    assert out.shape == (3, 224, 224)
+    with pytest.raises(TrainperfError, match="crop=reference: the in-memory path"):
+        dataclasses.replace(MINI_RECIPE, crop="reference").validate()

@@ -66,6 +66,8 @@ class BertWorkload(Workload[BertRecipe]):
             "opt_learning_rate_warmup_steps": recipe.warmup_steps, "num_warmup_steps": recipe.warmup_steps,
             "start_warmup_step": recipe.start_warmup_step, "opt_lamb_beta_1": recipe.beta1,
             "opt_lamb_beta_2": recipe.beta2, "opt_lamb_weight_decay_rate": recipe.weight_decay,
+            # Not required by the rules, logged by the reference and NVIDIA's code (lr_factor's power).
+            "opt_lamb_learning_rate_decay_poly_power": 1.0, "max_predictions_per_seq": recipe.max_predictions,
         }
 
     def assets(self, recipe: BertRecipe, data_dir: Path | None) -> dict[str, Path]:

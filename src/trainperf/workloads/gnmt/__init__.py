@@ -78,7 +78,9 @@ class GNMTWorkload(Workload[GNMTRecipe]):
     def mlperf_hyperparameters(self, recipe: GNMTRecipe, ctx: RuntimeContext) -> dict[str, Any]:
         return {
             "opt_base_learning_rate": recipe.base_lr, "opt_learning_rate_warmup_steps": recipe.warmup_steps,
-            "opt_learning_rate_alt_warmup_func": False, "opt_learning_rate_alt_decay_func": False,
+            # The exponential warmup and the step decay after remain_steps are the "alternative" functions
+            # of the v0.6+ rules (NVIDIA's v0.7 logs, same schedule: true); the v0.5 reference had neither.
+            "opt_learning_rate_alt_warmup_func": True, "opt_learning_rate_alt_decay_func": True,
             "opt_learning_rate_decay_factor": recipe.decay_factor, "opt_learning_rate_decay_steps": recipe.decay_steps,
             "max_sequence_length": gnmt_data.MAX_LENGTH,
         }

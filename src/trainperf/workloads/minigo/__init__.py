@@ -64,7 +64,8 @@ def play_config(recipe: MiniGoRecipe, evaluation: bool = False) -> selfplay.Play
     if evaluation:  # the reference's eval flags: no fast-play, no resignation
         return selfplay.PlayConfig(search, recipe.eval_readouts, softpick_moves=recipe.eval_softpick_moves)
     return selfplay.PlayConfig(search, recipe.readouts, recipe.fastplay_frequency, recipe.fastplay_readouts,
-                        recipe.softpick_moves, recipe.resign_threshold, recipe.disable_resign_pct)
+                        recipe.softpick_moves, recipe.min_resign_threshold, recipe.max_resign_threshold,
+                        recipe.disable_resign_pct, recipe.holdout_pct)
 
 
 def _forward(model: nn.Module, planes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +115,20 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
             "window_size": recipe.window,
             "eval_games": recipe.eval_games,
             "opt_weight_decay": recipe.l2,
+            "value_init_penalty": recipe.value_init_penalty,
+            "holdout_pct": recipe.holdout_pct,
+            "disable_resign_pct": recipe.disable_resign_pct,
+            # The self-play range under the reference's flag names (NVIDIA's `resign_threshold` is its
+            # evaluation's flag, where the reference does not resign).
+            "min_resign_threshold": recipe.min_resign_threshold,
+            "max_resign_threshold": recipe.max_resign_threshold,
         }
+
+    def notes(self, recipe: MiniGoRecipe, scale: str) -> list[str]:
+        if scale != "full" or recipe.board_size == 19:
+            return []
+        return [f"recipe {recipe.name}: v0.6's flags, but the network reads v0.7's 13 input planes (v0.6 read 17: "
+                "8 moves of history); an open-division recipe, not comparable with a v0.6 result"]
 
     def network(self, recipe: MiniGoRecipe) -> minigo_model.DualNet:
         return minigo_model.DualNet(recipe.board_size, recipe.width, recipe.blocks, recipe.fc_width)

@@ -39,8 +39,12 @@ class MiniGoRecipe(Recipe):
     noise_mix: Fraction = 0.3
     value_init_penalty: float = 0.2
     softpick_moves: int = 30
-    resign_threshold: Annotated[float, at.Interval(ge=-1, le=0)] = -0.9
-    disable_resign_pct: float = 0.1
+    # The reference's flags/19 selfplay: each game draws its threshold from [min, max), resignation is
+    # never disabled, no game is held out.
+    min_resign_threshold: Annotated[float, at.Interval(ge=-1, le=0)] = -1.0
+    max_resign_threshold: Annotated[float, at.Interval(ge=-1, le=0)] = -0.9
+    disable_resign_pct: Annotated[float, at.Interval(ge=0, le=1)] = 0.0  # 1: every game plays to the end
+    holdout_pct: Fraction = 0.0
     eval_games: Count = 100
     eval_readouts: Count = 100
     eval_softpick_moves: int = 4
@@ -61,6 +65,9 @@ class MiniGoRecipe(Recipe):
             raise TrainperfError(f"recipe field eval_games={self.eval_games}: an even number >= 2 (colours alternate)")
         if self.games_per_generation < 1 or self.window < 1 or not 0 < self.train_filter <= 1:
             raise TrainperfError("recipe: need games_per_generation >= 1, window >= 1, 0 < train_filter <= 1")
+        if self.min_resign_threshold > self.max_resign_threshold:
+            raise TrainperfError(f"recipe fields min_resign_threshold={self.min_resign_threshold} and "
+                                 f"max_resign_threshold={self.max_resign_threshold}: expected min <= max")
         if self.readouts < 1 or self.eval_readouts < 1 or not 0 <= self.fastplay_frequency < 1:
             raise TrainperfError("recipe: need readouts >= 1, eval_readouts >= 1, 0 <= fastplay_frequency < 1")
 
@@ -73,15 +80,19 @@ def _full(name: str, **fields: Any) -> MiniGoRecipe:
 FULL_RECIPES: dict[str, MiniGoRecipe] = {r.name: r for r in (
     # v0.7+ (flags/19): 19x19, 13 planes, 6 blocks of 64; 100 generations at most.
     _full("reference"),
-    # v0.6 (flags/9): 9x9, 9 blocks of 32, value weight 0.25, 4,096 games, 240 readouts, window 10.
+    # v0.6 (flags/9): 9x9, 9 blocks of 32, value weight 0.25, 4,096 games, 240 readouts, window 10, train
+    # filter 0.5, one fixed resign threshold (-0.99) disabled in 10 % of games, 3 % of games held out. Its
+    # network reads v0.7's 13 input planes, not v0.6's 17 (an open-division recipe: notes() says so).
     _full("v0.6-9x9", board_size=9, width=32, blocks=9, value_weight=0.25, lr_rates=(0.16, 0.016, 0.0016),
           lr_boundaries=(25_000, 37_500), games_per_generation=4096, window=10, readouts=240, fastplay_frequency=0.0,
-          fastplay_readouts=0, virtual_losses=8, max_epochs=50),
+          fastplay_readouts=0, virtual_losses=8, max_epochs=50, train_filter=0.5, min_resign_threshold=-0.99,
+          max_resign_threshold=-0.99, disable_resign_pct=0.1, holdout_pct=0.03),
 )}
 
 MINI = MiniGoRecipe(
     name="mini", global_batch_size=64, max_epochs=30, target=0.5, eval_every=1, eval_first=1, board_size=5,
     komi=7.5, width=32, blocks=3, fc_width=32, lr_rates=(0.02, 0.05, 0.01), lr_boundaries=(20, 600),
     games_per_generation=64, window=4, train_filter=1.0, readouts=48, fastplay_frequency=0.5, fastplay_readouts=12,
-    dirichlet_alpha=0.25, softpick_moves=6, resign_threshold=-0.9, disable_resign_pct=0.2, eval_games=64,
+    dirichlet_alpha=0.25, softpick_moves=6, min_resign_threshold=-0.9, max_resign_threshold=-0.9,
+    disable_resign_pct=0.2, eval_games=64,
     eval_readouts=16, eval_softpick_moves=4, reasonable_moves=True)

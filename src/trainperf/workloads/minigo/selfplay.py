@@ -6,10 +6,11 @@ Self-play follows the reference's selfplay flags: each move is searched with `re
 probability `fastplay_frequency`, with `fastplay_readouts` and then not kept for training (playout cap
 randomisation); full searches get Dirichlet noise at the root; the first `softpick_moves` moves are
 drawn in proportion to the visits, later ones are the most visited; a player resigns when its best
-move's value falls below `resign_threshold`, except in a `disable_resign_pct` share of games, which
-play on and so measure how often resigning would have been wrong. A training example is a full
-search's position (feature planes), its visit distribution and the game's result for the player to
-move there.
+move's value falls below the game's threshold (drawn per game from [`min_resign_threshold`,
+`max_resign_threshold`)), except in a `disable_resign_pct` share of games, which play on and so measure
+how often resigning would have been wrong; a `holdout_pct` share of games is played but not trained
+on. A training example is a full search's position (feature planes), its visit distribution and the
+game's result for the player to move there.
 
 A match plays an even number of games, the candidate taking black in the first of each pair and white
 in the second; no noise, no resignation (the reference's eval flags); the first `softpick_moves` moves
@@ -35,8 +36,12 @@ class PlayConfig:
     fastplay_frequency: float = 0.0
     fastplay_readouts: int = 0
     softpick_moves: int = 30
-    resign_threshold: float = -1.0  # -1: never resign
+    # Each game resigns below its own threshold, drawn uniformly from [min, max) (the reference's
+    # concurrent_selfplay; min == max: one fixed threshold, v0.6's); -1: never resign.
+    min_resign_threshold: float = -1.0
+    max_resign_threshold: float = -1.0
     disable_resign_pct: float = 0.0
+    holdout_pct: float = 0.0  # games played but kept out of training (the reference's holdout directory)
 
 
 @dataclass
@@ -61,6 +66,7 @@ class GameStats:
     black_wins: int = 0
     resigned: int = 0
     resign_disabled: int = 0
+    held_out: int = 0
     false_resigns: int = 0  # among resign-disabled games: the side that would have resigned won
     readouts: int = 0
     lengths: list[int] = field(default_factory=list)
@@ -74,6 +80,8 @@ class GameStats:
 class _Game:
     root: mcts.Node
     resign_allowed: bool
+    resign_threshold: float
+    held_out: bool = False
     planes: list[np.ndarray] = field(default_factory=list)
     policies: list[np.ndarray] = field(default_factory=list)
     players: list[int] = field(default_factory=list)
@@ -82,11 +90,21 @@ class _Game:
     moves: int = 0
 
 
+def game_settings(config: PlayConfig, rng: np.random.Generator) -> tuple[bool, float, bool]:
+    """One self-play game's draw: whether it may resign, below which value, and whether it is held out."""
+    allowed = bool(rng.random() >= config.disable_resign_pct)
+    # Drawn only when there is something to draw, so that a fixed setting keeps its random stream.
+    low, high = config.min_resign_threshold, config.max_resign_threshold
+    threshold = float(rng.uniform(low, high)) if low < high else low
+    held_out = bool(config.holdout_pct > 0 and rng.random() < config.holdout_pct)
+    return allowed, threshold, held_out
+
+
 def selfplay(game: object, evaluate: mcts.Evaluator, games: int, config: PlayConfig, rng: np.random.Generator
              ) -> tuple[Examples, GameStats]:
     """Play `games` games of the network against itself; their full searches as training examples."""
     reasonable = config.search.reasonable_moves
-    playing = [_Game(mcts.Node(go.start(game), reasonable=reasonable), bool(rng.random() >= config.disable_resign_pct))
+    playing = [_Game(mcts.Node(go.start(game), reasonable=reasonable), *game_settings(config, rng))
                for _ in range(games)]
     stats = GameStats(games=games)
     active = list(playing)
@@ -103,7 +121,7 @@ def selfplay(game: object, evaluate: mcts.Evaluator, games: int, config: PlayCon
                 g.policies.append(g.root.policy().astype(np.float32))
                 g.players.append(position.to_play)
             value = g.root.best_value()
-            if value < config.resign_threshold:
+            if value < g.resign_threshold:
                 if g.resign_allowed:
                     g.result = -position.to_play
                     stats.resigned += 1
@@ -123,15 +141,17 @@ def selfplay(game: object, evaluate: mcts.Evaluator, games: int, config: PlayCon
         stats.moves += g.moves
         stats.lengths.append(g.moves)
         stats.black_wins += g.result == go.BLACK
+        stats.held_out += g.held_out
         if not g.resign_allowed:
             stats.resign_disabled += 1
             stats.false_resigns += bool(g.would_resign) and g.result == g.would_resign
+    trained = [g for g in playing if not g.held_out]
     examples = Examples(
-        np.stack([p for g in playing for p in g.planes]) if any(g.planes for g in playing)
+        np.stack([p for g in trained for p in g.planes]) if any(g.planes for g in trained)
         else np.zeros((0, go.PLANES, 1, 1), np.uint8),
-        np.stack([p for g in playing for p in g.policies]) if any(g.policies for g in playing)
+        np.stack([p for g in trained for p in g.policies]) if any(g.policies for g in trained)
         else np.zeros((0, 1), np.float32),
-        np.array([g.result * player for g in playing for player in g.players], dtype=np.float32))
+        np.array([g.result * player for g in trained for player in g.players], dtype=np.float32))
     return examples, stats
 
 

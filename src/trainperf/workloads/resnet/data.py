@@ -398,7 +398,8 @@ class WorkerDecoded(_WorkerLoaded):
     def parts(self) -> DataParts:
         recipe, device, mean = self.recipe, self.device, self.mean
         train_set = resnet_images.FolderDataset(self.train, resnet_images.train_transform(recipe.image_size,
-                                                                                          recipe.min_crop_area))
+                                                                                          recipe.min_crop_area,
+                                                                                          recipe.crop))
         val_set = resnet_images.FolderDataset(self.val, resnet_images.eval_transform(recipe.image_size,
                                                                                      recipe.eval_resize))
         sampler, train_loader, val_loader = self.loaders(train_set, val_set)
@@ -436,7 +437,8 @@ class DeviceDecoded(_WorkerLoaded):
             rng = np.random.default_rng([seed, view.epoch])
             for datas, labels, rows in one_line_errors(train_loader):
                 images = self.decoded(datas, rows, self.train)
-                boxes = resnet_images.crop_boxes([tuple(im.shape[-2:]) for im in images], recipe.min_crop_area, rng)
+                boxes = resnet_images.crop_boxes([tuple(im.shape[-2:]) for im in images], recipe.min_crop_area, rng,
+                                                 crop=recipe.crop)
                 flips = (rng.random(len(images)) < 0.5).tolist() if recipe.hflip else [False] * len(images)
                 batch = resnet_images.crop_resize(images, boxes, recipe.image_size, flips)
                 yield resnet_images.normalize(batch, mean), labels.to(device, non_blocking=True)

@@ -57,13 +57,73 @@ class FolderDataset(Dataset):
         return self.transform(decode(self.index.paths[i])), self.index.labels[i]
 
 
-def train_transform(image_size: int, min_area: float) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The reference training augmentation: distorted crop (area 0.05-1, aspect 3/4-4/3) resized to
-    the training size (aspect not kept), random horizontal flip."""
-    return v2.Compose([
-        v2.RandomResizedCrop(image_size, scale=(min_area, 1.0), ratio=(3 / 4, 4 / 3), antialias=True),
-        v2.RandomHorizontalFlip(),
-    ])
+CROPS = ("reference", "torchvision")
+# The reference's tf.image.sample_distorted_bounding_box arguments (image_classification/tensorflow2).
+MIN_OBJECT_COVERED, ASPECT_RANGE, REFERENCE_ATTEMPTS = 0.1, (0.75, 1.33), 100
+
+
+def reference_crop_box(height: int, width: int, min_area: float, uniform: Callable[[], float]
+                       ) -> tuple[int, int, int, int]:
+    """(top, left, height, width) drawn as TensorFlow's sample_distorted_bounding_box draws it for the
+    reference: the whole image as the only box, min_object_covered 0.1 (so no crop under 10 % of the
+    image, whatever `min_area`), aspect (width/height) uniform in [0.75, 1.33), then the height a uniform
+    integer between the area range's bounds for that aspect, the width rounded from it; 100 attempts,
+    else the whole image. `uniform()` returns a float in [0, 1)."""
+    image_area = float(height * width)
+    lo, hi = min_area * image_area, image_area
+    for _ in range(REFERENCE_ATTEMPTS):
+        aspect = ASPECT_RANGE[0] + uniform() * (ASPECT_RANGE[1] - ASPECT_RANGE[0])
+        h = int(np.rint(np.sqrt(lo / aspect)))
+        max_h = int(np.rint(np.sqrt(hi / aspect)))
+        if np.rint(max_h * aspect) > width:  # the widest crop must still fit: TF's same correction
+            max_h = int((width + 0.5 - 1e-7) / aspect)
+            if np.rint(max_h * aspect) > width:
+                max_h -= 1
+        max_h = min(max_h, height)
+        h = min(h, max_h)
+        if h < max_h:
+            h += int(uniform() * (max_h - h + 1))
+        w = int(np.rint(h * aspect))
+        if w * h < lo:  # rounding fixes, as TF tries them
+            h += 1
+            w = int(np.rint(h * aspect))
+        if w * h > hi:
+            h -= 1
+            w = int(np.rint(h * aspect))
+        area = w * h
+        if not (lo <= area <= hi and 0 < w <= width and 0 < h <= height):
+            continue
+        if area / image_area < MIN_OBJECT_COVERED:
+            continue
+        top = int(uniform() * (height - h)) if h < height else 0
+        left = int(uniform() * (width - w)) if w < width else 0
+        return top, left, h, w
+    return 0, 0, height, width
+
+
+class ReferenceResizedCrop(torch.nn.Module):
+    """The reference's distorted crop (`reference_crop_box`, torch's generator: a DataLoader worker's
+    seed) resized to the training size without keeping the aspect."""
+
+    def __init__(self, size: int, min_area: float) -> None:
+        super().__init__()
+        self.size, self.min_area = size, min_area
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        height, width = image.shape[-2:]
+        top, left, h, w = reference_crop_box(height, width, self.min_area, lambda: float(torch.rand(())))
+        return v2.functional.resized_crop(image, top, left, h, w, [self.size, self.size], antialias=True)
+
+
+def train_transform(image_size: int, min_area: float, crop: str = "reference"
+                    ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The training augmentation: distorted crop resized to the training size (aspect not kept), random
+    horizontal flip. crop="reference": the reference's TensorFlow sampling (`reference_crop_box`);
+    "torchvision": RandomResizedCrop's (area uniform in min_area-1, aspect log-uniform in 3/4-4/3, 10
+    attempts, else a centre crop), as NVIDIA's DALI pipelines sample."""
+    cropper = (ReferenceResizedCrop(image_size, min_area) if crop == "reference" else
+               v2.RandomResizedCrop(image_size, scale=(min_area, 1.0), ratio=(3 / 4, 4 / 3), antialias=True))
+    return v2.Compose([cropper, v2.RandomHorizontalFlip()])
 
 
 def eval_transform(image_size: int, resize: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -156,11 +216,13 @@ def decode_batch(datas: list[torch.Tensor], paths: list[Path], device: torch.dev
 
 
 def crop_boxes(sizes: list[tuple[int, int]], min_area: float, rng: np.random.Generator,
-               attempts: int = 10) -> list[tuple[int, int, int, int]]:
-    """torchvision's RandomResizedCrop sampling, for a batch at once on the host from the images'
-    sizes (no value is read back from the device): (top, left, height, width) of a crop of area
-    min_area-1 of the image and aspect 3/4-4/3, tried `attempts` times, else the centre crop of the
-    aspect clamped to that range."""
+               attempts: int = 10, crop: str = "torchvision") -> list[tuple[int, int, int, int]]:
+    """crop="reference": `reference_crop_box` for each image. Else torchvision's RandomResizedCrop
+    sampling, for a batch at once on the host from the images' sizes (no value is read back from the
+    device): (top, left, height, width) of a crop of area min_area-1 of the image and aspect 3/4-4/3,
+    tried `attempts` times, else the centre crop of the aspect clamped to that range."""
+    if crop == "reference":
+        return [reference_crop_box(h, w, min_area, rng.random) for h, w in sizes]
     n = len(sizes)
     h = np.array([s[0] for s in sizes], dtype=np.float64)
     w = np.array([s[1] for s in sizes], dtype=np.float64)

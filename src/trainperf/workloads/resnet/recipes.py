@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from trainperf.errors import TrainperfError
 from trainperf.spec import Recipe
 from trainperf.spec.fields import Count, Counts, Fraction, Positive, Share
-from trainperf.workloads.resnet.images import DECODERS
+from trainperf.workloads.resnet.images import CROPS, DECODERS
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,10 @@ class ResNetRecipe(Recipe):
     image_size: Count = 224
     eval_resize: Count = 256
     min_crop_area: Share = 0.05
+    # The crop's sampler: "reference" (TensorFlow's, as the reference draws it: no crop under 10 % of
+    # the image) or "torchvision" (RandomResizedCrop's, as NVIDIA's DALI: from min_crop_area). The
+    # in-memory path (the mini) draws torchvision's only.
+    crop: str = "reference"
     hflip: bool = True
     in_memory: bool = False
     num_workers: int = 8
@@ -47,7 +51,7 @@ class ResNetRecipe(Recipe):
     blocks: Counts = (1, 1, 1)
 
     CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"model": ("resnet50", "mini"), "optimizer": ("sgd", "lars"),
-                                                     "decode": DECODERS}
+                                                     "decode": DECODERS, "crop": CROPS}
 
     def validate(self) -> None:
         super().validate()
@@ -55,6 +59,9 @@ class ResNetRecipe(Recipe):
             raise TrainperfError("recipe fields train_epochs and warmup_epochs: need train_epochs > warmup_epochs")
         if self.model == "mini" and len(self.widths) != len(self.blocks):
             raise TrainperfError("recipe fields widths and blocks must have the same length")
+        if self.in_memory and self.crop != "torchvision":
+            raise TrainperfError(f"recipe field crop={self.crop}: the in-memory path (in_memory=true) draws "
+                                 "torchvision's crop only; set crop=torchvision")
 
 
 def _lars(*, global_batch_size: int, decay_epochs: float, **fields: Any) -> ResNetRecipe:
@@ -90,5 +97,5 @@ MINI_RECIPE = ResNetRecipe(
     name="mini", global_batch_size=32, max_epochs=12, target=0.97, eval_every=1, eval_first=1,
     model="mini", num_classes=10, optimizer="sgd", base_lr=0.2, warmup_epochs=0.5, train_epochs=6,
     weight_decay=4e-4, image_size=32, eval_resize=32, min_crop_area=0.8, hflip=False, in_memory=True,
-    num_workers=0, eval_batch_size=512, channels_last=True,
+    crop="torchvision", num_workers=0, eval_batch_size=512, channels_last=True,
 )
