@@ -4,6 +4,7 @@ search (a forced capture found, a self-atari avoided), and the dual network."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -299,3 +300,62 @@ def test_a_fixed_threshold_keeps_the_random_stream():
     config = _small_config()
     rng, plain = np.random.default_rng(5), np.random.default_rng(5)
     assert [S.game_settings(config, rng)[0] for _ in range(50)] == [bool(plain.random() >= 0.5) for _ in range(50)]
+
+
+def _root_with(visits: dict[int, float], q: dict[int, float], prior: dict[int, float]) -> mcts.Node:
+    root = mcts.Node(go.start(go.load_game(N, 7.5)))
+    root.expanded = True
+    for move, n in visits.items():
+        root.visits[move], root.value_sum[move] = n, q[move] * n
+    for move, p in prior.items():
+        root.prior[move] = p
+    return root
+
+
+def test_target_pruning_keeps_only_the_visits_exploration_explains():
+    """The reference's ReshapeFinalVisits on a hand-made root (N = 140): the best move keeps its 100
+    visits; a poor move (Q -0.9) keeps the 7 its prior explains, floor(U P sqrt(N) / (best - Q)); a move
+    better than the best by Q keeps all it had; a move worth more than the best's Q + U loses all."""
+    config = mcts.SearchConfig(c_puct_scale=2.0)
+    root = _root_with({0: 100, 1: 10, 2: 20, 3: 10}, {0: 0.2, 1: -0.9, 2: 0.3, 3: 0.9}, {0: 0.5, 1: 0.3, 2: 0.1,
+                                                                                          3: 0.1})
+    scale = 2.0 * (math.log((1 + 140 + 19652) / 19652) + 1.25)
+    best = 0.2 + scale * math.sqrt(141) * 0.5 / 101
+    pruned = mcts.pruned_visits(root, config)
+    assert pruned[0] == 100 and pruned[1] == math.floor(scale * 0.3 * math.sqrt(140) / (best + 0.9)) == 7
+    assert pruned[2] == 20 and pruned[3] == 0 and pruned[4:].sum() == 0
+    assert (pruned <= root.visits).all()
+    # The target: pruned visits ** 0.98, normalised; without pruning and with exponent 1, the visits.
+    target = mcts.search_target(root, config, prune=True, exponent=0.98)
+    expected = pruned ** 0.98 / (pruned ** 0.98).sum()
+    np.testing.assert_allclose(target, expected)
+    np.testing.assert_allclose(mcts.search_target(root, config, prune=False, exponent=1.0), root.visits / 140)
+    assert mcts.u_scale(140, config) == pytest.approx(2 * mcts.u_scale(140, mcts.SearchConfig()))
+
+
+def test_the_reference_opening_never_draws_the_pass():
+    root = _root_with({0: 3, N * N: 50}, {0: 0.0, N * N: 0.0}, {0: 0.5, N * N: 0.5})
+    rng = np.random.default_rng(0)
+    assert {mcts.choose(root, rng, True, 0.98, soft_pass=False) for _ in range(200)} == {0}
+    assert N * N in {mcts.choose(root, rng, True) for _ in range(200)}  # the plain draw takes it
+
+
+def test_full_recipes_search_as_the_reference_and_the_mini_as_calibrated():
+    ref = W.play_config(W.MiniGoWorkload().recipe("full", "reference"))
+    assert (ref.search.c_puct_scale, ref.target_pruning, ref.visits_exponent, ref.soft_pass,
+            ref.fresh_full_search) == (2.0, True, 0.98, False, True)
+    mini = W.play_config(W.MiniGoWorkload().recipe("mini"))
+    assert (mini.search.c_puct_scale, mini.target_pruning, mini.visits_exponent, mini.soft_pass,
+            mini.fresh_full_search) == (1.0, False, 1.0, True, False)
+
+
+def test_reference_self_play_runs_with_pruned_targets_and_fresh_full_searches():
+    game = go.load_game(N, 7.5)
+    torch.manual_seed(0)
+    net = M.DualNet(N, width=8, blocks=1, fc_width=8)
+    config = dataclasses.replace(_small_config(), search=mcts.SearchConfig(virtual_losses=2, dirichlet_alpha=0.25,
+                                                                           c_puct_scale=2.0),
+                                 target_pruning=True, visits_exponent=0.98, soft_pass=False, fresh_full_search=True)
+    examples, stats = S.selfplay(game, M.NetworkEvaluator(net, torch.device("cpu")), 4, config,
+                                 np.random.default_rng(1))
+    assert len(examples) > 0 and examples.policy.sum(1) == pytest.approx(np.ones(len(examples)))

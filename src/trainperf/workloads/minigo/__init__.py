@@ -60,12 +60,14 @@ def lr_factor(recipe: MiniGoRecipe) -> Callable[[int], float]:
 def play_config(recipe: MiniGoRecipe, evaluation: bool = False) -> selfplay.PlayConfig:
     search = mcts.SearchConfig(virtual_losses=recipe.virtual_losses, value_init_penalty=recipe.value_init_penalty,
                                dirichlet_alpha=recipe.dirichlet_alpha, noise_mix=recipe.noise_mix,
-                               reasonable_moves=recipe.reasonable_moves)
+                               reasonable_moves=recipe.reasonable_moves, c_puct_scale=recipe.c_puct_scale)
     if evaluation:  # the reference's eval flags: no fast-play, no resignation
-        return selfplay.PlayConfig(search, recipe.eval_readouts, softpick_moves=recipe.eval_softpick_moves)
+        return selfplay.PlayConfig(search, recipe.eval_readouts, softpick_moves=recipe.eval_softpick_moves,
+                                   visits_exponent=recipe.visits_exponent, soft_pass=recipe.soft_pass)
     return selfplay.PlayConfig(search, recipe.readouts, recipe.fastplay_frequency, recipe.fastplay_readouts,
                         recipe.softpick_moves, recipe.min_resign_threshold, recipe.max_resign_threshold,
-                        recipe.disable_resign_pct, recipe.holdout_pct)
+                        recipe.disable_resign_pct, recipe.holdout_pct, recipe.target_pruning,
+                        recipe.visits_exponent, recipe.soft_pass, recipe.fresh_full_search)
 
 
 def _forward(model: nn.Module, planes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

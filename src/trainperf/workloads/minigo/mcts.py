@@ -27,6 +27,9 @@ class SearchConfig:
     virtual_losses: int = 4  # leaves one tree sends to each batch, each made unattractive to the next
     c_puct_base: float = 19652.0
     c_puct_init: float = 1.25
+    # The reference's tree doubles the AlphaZero exploration term: U_scale = 2 (log((1 + N + base) / base)
+    # + init) (cc/mcts_tree.h). 1: AlphaZero's (the mini's calibrated choice).
+    c_puct_scale: float = 1.0
     value_init_penalty: float = 0.2
     dirichlet_alpha: float = 0.03
     noise_mix: float = 0.3  # share of Dirichlet noise in the root's priors (self-play only)
@@ -77,8 +80,7 @@ class Node:
         if self.position.passed and self.legal[-1] and self.visits[-1] == 0:
             return len(self.visits) - 1
         total = self.visits.sum()
-        c = math.log((1 + total + config.c_puct_base) / config.c_puct_base) + config.c_puct_init
-        u = c * self.prior * math.sqrt(max(total, 1.0)) / (1 + self.visits)
+        u = u_scale(total, config) * self.prior * math.sqrt(max(total, 1.0)) / (1 + self.visits)
         score = self.child_values(config.value_init_penalty) + u
         score[~self.legal] = -np.inf
         return int(np.argmax(score))
@@ -109,6 +111,46 @@ class Node:
         """The value of the most visited move for this node's player (resignation looks at it)."""
         move = int(np.argmax(self.visits))
         return float(self.value_sum[move] / self.visits[move]) if self.visits[move] > 0 else self.mean_value()
+
+
+def u_scale(visits: float, config: SearchConfig) -> float:
+    """PUCT's exploration coefficient at a node visited `visits` times."""
+    return config.c_puct_scale * (math.log((1 + visits + config.c_puct_base) / config.c_puct_base)
+                                  + config.c_puct_init)
+
+
+def pruned_visits(root: Node, config: SearchConfig) -> np.ndarray:
+    """The reference's target pruning (cc/mcts_tree.cc ReshapeFinalVisits): every move but the most
+    visited keeps only the visits its exploration bonus explains — the fewest n for which the best move's
+    Q + U still beats Q_i + U_scale P_i sqrt(N) / n — so that the training target does not learn the
+    search's exploration. The move played is chosen from the raw visits; this is the target only."""
+    visits = root.visits.copy()
+    total = float(visits.sum())
+    if total <= 0:
+        return visits
+    q = root.child_values(config.value_init_penalty)
+    scale = u_scale(total, config)
+    best = int(np.argmax(visits))
+    best_score = q[best] + scale * math.sqrt(1 + total) * root.prior[best] / (1 + visits[best])
+    gap = best_score - q
+    with np.errstate(divide="ignore", invalid="ignore"):
+        explained = np.where(gap > 0, np.floor(scale * root.prior * math.sqrt(total) / gap), 0.0)
+    keep = np.maximum(0.0, np.minimum(visits, explained))
+    keep[best] = visits[best]
+    if keep.sum() <= 0:  # nothing left: the reference's fallback, a pass
+        keep[-1] = 1.0
+    return keep
+
+
+def search_target(root: Node, config: SearchConfig, prune: bool, exponent: float) -> np.ndarray:
+    """The recorded policy: the (pruned) visits raised to `exponent` (the reference's 0.98 during the
+    opening), normalised."""
+    if not prune and exponent == 1.0:
+        return root.policy()
+    visits = pruned_visits(root, config) if prune else root.visits
+    weights = visits ** exponent
+    n = weights.sum()
+    return weights / n if n > 0 else root.legal / max(root.legal.sum(), 1)
 
 
 def _select_leaf(root: Node, config: SearchConfig) -> Node:
@@ -186,10 +228,20 @@ def _expand_roots(roots: Sequence[Node], evaluate: Evaluator) -> None:
             root.expand(p)
 
 
-def choose(root: Node, rng: np.random.Generator, soft: bool) -> int:
-    """The move to play: proportional to visits while `soft` (the opening), else the most visited."""
+def choose(root: Node, rng: np.random.Generator, soft: bool, exponent: float = 1.0, soft_pass: bool = True
+           ) -> int:
+    """The move to play: while `soft` (the opening) drawn in proportion to visits ** exponent (the
+    reference: 0.98, the pass never drawn), else the most visited."""
     if soft:
-        return int(rng.choice(len(root.visits), p=root.policy()))
+        if exponent == 1.0 and soft_pass:
+            return int(rng.choice(len(root.visits), p=root.policy()))
+        weights = root.visits ** exponent
+        if not soft_pass:
+            weights[-1] = 0.0
+        n = weights.sum()
+        if n <= 0:
+            return len(root.visits) - 1
+        return int(rng.choice(len(root.visits), p=weights / n))
     return int(np.argmax(root.visits))
 
 

@@ -45,6 +45,14 @@ class MiniGoRecipe(Recipe):
     max_resign_threshold: Annotated[float, at.Interval(ge=-1, le=0)] = -0.9
     disable_resign_pct: Annotated[float, at.Interval(ge=0, le=1)] = 0.0  # 1: every game plays to the end
     holdout_pct: Fraction = 0.0
+    # The reference's search and targets (cc/mcts_tree, cc/concurrent_selfplay; see selfplay.PlayConfig):
+    # PUCT's exploration doubled, pruned policy targets, visits ** 0.98 in the opening, no pass drawn
+    # there, a fresh tree for each full search. The mini keeps AlphaZero's plain choices (calibrated).
+    c_puct_scale: float = 2.0
+    target_pruning: bool = True
+    visits_exponent: float = 0.98
+    soft_pass: bool = False
+    fresh_full_search: bool = True
     eval_games: Count = 100
     eval_readouts: Count = 100
     eval_softpick_moves: int = 4
@@ -81,12 +89,13 @@ FULL_RECIPES: dict[str, MiniGoRecipe] = {r.name: r for r in (
     # v0.7+ (flags/19): 19x19, 13 planes, 6 blocks of 64; 100 generations at most.
     _full("reference"),
     # v0.6 (flags/9): 9x9, 9 blocks of 32, value weight 0.25, 4,096 games, 240 readouts, window 10, train
-    # filter 0.5, one fixed resign threshold (-0.99) disabled in 10 % of games, 3 % of games held out. Its
+    # filter 0.5, one fixed resign threshold (-0.99) disabled in 10 % of games, 3 % of games held out, no
+    # target pruning (its flags do not ask for it; the rest of the search as v0.7's reference). Its
     # network reads v0.7's 13 input planes, not v0.6's 17 (an open-division recipe: notes() says so).
     _full("v0.6-9x9", board_size=9, width=32, blocks=9, value_weight=0.25, lr_rates=(0.16, 0.016, 0.0016),
           lr_boundaries=(25_000, 37_500), games_per_generation=4096, window=10, readouts=240, fastplay_frequency=0.0,
           fastplay_readouts=0, virtual_losses=8, max_epochs=50, train_filter=0.5, min_resign_threshold=-0.99,
-          max_resign_threshold=-0.99, disable_resign_pct=0.1, holdout_pct=0.03),
+          max_resign_threshold=-0.99, disable_resign_pct=0.1, holdout_pct=0.03, target_pruning=False),
 )}
 
 MINI = MiniGoRecipe(
@@ -94,5 +103,6 @@ MINI = MiniGoRecipe(
     komi=7.5, width=32, blocks=3, fc_width=32, lr_rates=(0.02, 0.05, 0.01), lr_boundaries=(20, 600),
     games_per_generation=64, window=4, train_filter=1.0, readouts=48, fastplay_frequency=0.5, fastplay_readouts=12,
     dirichlet_alpha=0.25, softpick_moves=6, min_resign_threshold=-0.9, max_resign_threshold=-0.9,
-    disable_resign_pct=0.2, eval_games=64,
+    disable_resign_pct=0.2, eval_games=64, c_puct_scale=1.0, target_pruning=False, visits_exponent=1.0,
+    soft_pass=True, fresh_full_search=False,
     eval_readouts=16, eval_softpick_moves=4, reasonable_moves=True)

@@ -42,6 +42,14 @@ class PlayConfig:
     max_resign_threshold: float = -1.0
     disable_resign_pct: float = 0.0
     holdout_pct: float = 0.0  # games played but kept out of training (the reference's holdout directory)
+    # The reference's concurrent_selfplay (flags/19): the recorded policy is the pruned visits
+    # (`mcts.pruned_visits`), visits count ** visits_exponent in the opening (move choice and target), the
+    # opening never draws a pass, and a full search starts from a fresh tree when fast-play is on. The
+    # defaults are the plain AlphaZero choices (the mini's).
+    target_pruning: bool = False
+    visits_exponent: float = 1.0
+    soft_pass: bool = True
+    fresh_full_search: bool = False
 
 
 @dataclass
@@ -110,6 +118,10 @@ def selfplay(game: object, evaluate: mcts.Evaluator, games: int, config: PlayCon
     active = list(playing)
     while active:
         fast = rng.random(len(active)) < config.fastplay_frequency
+        if config.fresh_full_search and config.fastplay_frequency > 0:
+            for g, f in zip(active, fast, strict=True):
+                if not f and g.moves:  # the reference's ClearSubtrees: the root's statistics go too
+                    g.root = mcts.Node(g.root.position, reasonable=reasonable)
         readouts = [config.fastplay_readouts if f else config.readouts for f in fast]
         mcts.search([g.root for g in active], evaluate, config.search, readouts, noise=~fast, rng=rng)
         stats.readouts += sum(readouts)
@@ -118,7 +130,9 @@ def selfplay(game: object, evaluate: mcts.Evaluator, games: int, config: PlayCon
             position = g.root.position
             if not f:
                 g.planes.append(go.features(position))
-                g.policies.append(g.root.policy().astype(np.float32))
+                exponent = config.visits_exponent if g.moves < config.softpick_moves else 1.0
+                g.policies.append(mcts.search_target(g.root, config.search, config.target_pruning,
+                                                     exponent).astype(np.float32))
                 g.players.append(position.to_play)
             value = g.root.best_value()
             if value < g.resign_threshold:
@@ -128,7 +142,8 @@ def selfplay(game: object, evaluate: mcts.Evaluator, games: int, config: PlayCon
                 elif not g.would_resign:
                     g.would_resign = position.to_play
             if g.result is None:
-                move = mcts.choose(g.root, rng, soft=g.moves < config.softpick_moves)
+                move = mcts.choose(g.root, rng, g.moves < config.softpick_moves, config.visits_exponent,
+                                   config.soft_pass)
                 g.root = mcts.advance(g.root, move)
                 g.moves += 1
                 if g.root.position.is_over():
@@ -178,8 +193,9 @@ class SearchPlayer:
               ) -> list[int]:
         roots = [mcts.Node(p, reasonable=self.config.search.reasonable_moves) for p in positions]
         mcts.search(roots, self.evaluate, self.config.search, self.config.readouts)
-        return [mcts.choose(r, rng, soft=n < self.config.softpick_moves) for r, n in zip(roots, moves_played,
-                                                                                        strict=True)]
+        config = self.config
+        return [mcts.choose(r, rng, n < config.softpick_moves, config.visits_exponent, config.soft_pass)
+                for r, n in zip(roots, moves_played, strict=True)]
 
 
 class RandomPlayer:
