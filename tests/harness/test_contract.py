@@ -517,6 +517,8 @@ def test_ddp_and_torchrec_are_two_answers_of_the_same_capability():
     assert type(parallel.engine_for(FullyShard())).__name__ == "FSDPEngine"
     with pytest.raises(TrainperfError, match="parallelism 'recorded': no engine for it"):
         parallel.engine_for(fakes.Recorded())
-    with pytest.raises(TrainperfError, match="compile and cuda_graphs do not apply"):
-        parallel.engine_for(ShardedTables()).check(ShardedTables(), fakes.fake_recipe(compile=True),
-                                                   RuntimeContext.create("cpu"))
+    # TorchRec's engine compiles the dense modules around the sharded tables itself; the others leave the
+    # whole model to the runtime.
+    assert parallel.engine_for(ShardedTables()).compiles_model and not parallel.engine_for(None).compiles_model
+    parallel.engine_for(ShardedTables()).check(ShardedTables(), fakes.fake_recipe(compile=True),
+                                               RuntimeContext.create("cpu"))

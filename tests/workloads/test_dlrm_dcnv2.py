@@ -254,3 +254,31 @@ def test_the_full_scale_trains_on_the_references_24_days(tmp_path):
     assert next(r["value"] for r in records if r["key"] == "train_samples") == 23 * 16 // 32 * 32
     assert len([r for r in records if r["key"] == "eval_accuracy"]) == 11  # 20 an epoch, at most one per step
     assert json.loads((out / "result.json").read_text())["layout"]["engine"] == "torchrec"
+
+
+def test_compile_takes_the_dense_arches_around_the_sharded_tables_and_changes_no_loss():
+    """--compile (and --cuda-graphs through it) compiles, in place, the dense modules TorchRec's lookups
+    sit between — bottom MLP, DCN interaction, top MLP — each as one graph (fullgraph), and leaves the
+    sharded tables eager; four training steps give the eager run's losses."""
+    from trainperf.bench import graphcheck
+    from trainperf.runtime import speedups
+    from trainperf.runtime.step import TrainStep
+    from trainperf.spec import Assets, RuntimeContext
+
+    workload, ctx = registry.get("dlrm_dcnv2"), RuntimeContext.create("cpu")
+    losses, compiled = {}, {}
+    for switch in ("false", "true"):
+        recipe = workload.recipe("full").with_overrides([*workload.step_probe, f"compile={switch}"])
+        torch.manual_seed(0)
+        parts = speedups.assemble(workload, recipe, ctx, Assets(workload.assets(recipe, None)))
+        compiled[switch] = (parts.layout or {}).get("compiled_dense_modules")
+        batch = workload.synthetic_batch(recipe, ctx, parts.model)
+        step = TrainStep(parts, 100, recipe, ctx.device, ctx=ctx, split=workload.split_batch,
+                         count=workload.batch_samples)
+        parts.model.train()
+        losses[switch] = [float(step(batch)) for _ in range(4)]
+    assert compiled["false"] is None
+    assert [name.rsplit(".", 1)[-1] for name in compiled["true"]] == ["dense_arch", "inter_arch", "over_arch"]
+    assert losses["true"] == pytest.approx(losses["false"], rel=1e-5)
+    found = graphcheck.check(workload, ctx, steps=2)
+    assert found.one_graph and (found.units, found.graphs) == (3, 3), found

@@ -4,6 +4,7 @@ kind of distribution is checked and applied, and which processes then share data
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 from trainperf.spec import ModelParts, Parallelism, Recipe, RuntimeContext
 
@@ -27,3 +28,9 @@ class Engine(ABC):
     def apply(self, spec: Parallelism, parts: ModelParts, recipe: Recipe, ctx: RuntimeContext) -> ModelParts:
         """Distribute `parts.model` over ctx's processes; the optimizer must then train the distributed
         parameters."""
+
+    def compile_units(self, parts: ModelParts, options: dict[str, Any]) -> list[str] | None:
+        """Compile, with torch.compile's `options`, the parts of the distributed model this engine compiles
+        (in place), and name them; None: the whole model is one unit, compiled by the caller. The graph
+        check (bench/graphcheck.py) compiles through it, so that it checks what a run compiles."""
+        return None

@@ -6,6 +6,7 @@ plugin may register another (`register`)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from trainperf.errors import TrainperfError
 from trainperf.runtime.engine import Engine
@@ -20,15 +21,23 @@ class DDPEngine(Engine):
 
 
 class TorchRecEngine(Engine):
-    def check(self, spec: Parallelism, recipe: Recipe, ctx: RuntimeContext) -> None:
-        if recipe.compile or recipe.cuda_graphs:
-            raise TrainperfError("compile and cuda_graphs do not apply to model-parallel embedding tables "
-                                 "(TorchRec's sharded modules)")
+    # The sharded tables' lookups and all-to-alls stay eager (TorchRec's and FBGEMM's calls do not trace);
+    # compile, and CUDA Graphs through it, apply to the dense modules around them, as TorchRec's users do.
+    compiles_model = True
 
     def apply(self, spec: Parallelism, parts: ModelParts, recipe: Recipe, ctx: RuntimeContext) -> ModelParts:
         from trainperf.runtime import recsys
 
-        return recsys.shard(parts, ctx, max(1, recipe.global_batch_size // ctx.world_size))
+        parts = recsys.shard(parts, ctx, max(1, recipe.global_batch_size // ctx.world_size))
+        if recipe.compile or recipe.cuda_graphs:
+            compiled = self.compile_units(parts, {"mode": "reduce-overhead"} if recipe.cuda_graphs else {})
+            parts.layout = {**(parts.layout or {}), "compiled_dense_modules": compiled}
+        return parts
+
+    def compile_units(self, parts: ModelParts, options: dict[str, Any]) -> list[str] | None:
+        from trainperf.runtime import recsys
+
+        return recsys.compile_dense(parts.model, options)
 
 
 def _fsdp() -> Engine:

@@ -211,6 +211,28 @@ def shard(parts: ModelParts, ctx: RuntimeContext, batch_size: int) -> ModelParts
     return parts
 
 
+def compile_dense(model: torch.nn.Module, options: dict[str, Any]) -> list[str]:
+    """Compile, in place (parameter names unchanged), each largest submodule holding no sharded table and
+    some trainable parameter: the dense arches around TorchRec's lookups. Their names, for the record."""
+    from torchrec.distributed.types import ShardedModule
+
+    compiled: list[str] = []
+
+    def visit(module: torch.nn.Module, prefix: str) -> None:
+        for name, child in module.named_children():
+            path = f"{prefix}{name}"
+            if isinstance(child, ShardedModule):  # the tables: TorchRec's and FBGEMM's own kernels
+                continue
+            if any(isinstance(m, ShardedModule) for m in child.modules()):
+                visit(child, path + ".")
+            elif any(p.requires_grad for p in child.parameters()):
+                child.compile(**options)
+                compiled.append(path)
+
+    visit(model, "")
+    return compiled
+
+
 def _fused_and_dense(fused: Any, dense: Any) -> Any:
     """The embeddings' optimizer with the dense one, as one torch optimizer (an LR schedule drives both).
     FBGEMM applies the embeddings' update inside the backward pass with the learning rate its kernels
