@@ -49,7 +49,9 @@ class UNet3DWorkload(Workload[UNet3DRecipe]):
         shape = [recipe.patch] * 3
         return {
             "opt_name": "sgd", "opt_base_learning_rate": recipe.base_lr, "opt_momentum": recipe.momentum,
-            "opt_learning_rate_warmup_epochs": recipe.warmup_epochs, "opt_initial_learning_rate": recipe.init_lr,
+            # The reference's keys (runtime/logging.py mlperf_run_param_log): the warmup's starting rate
+            # (init_lr) is not among them.
+            "opt_learning_rate_warmup_epochs": recipe.warmup_epochs,
             "opt_learning_rate_decay_boundary_epochs": list(recipe.decay_epochs),
             "opt_learning_rate_decay_factor": recipe.decay_factor, "opt_weight_decay": recipe.weight_decay,
             "oversampling": recipe.oversampling, "training_input_shape": shape, "validation_input_shape": shape,
