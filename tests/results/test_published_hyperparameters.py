@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.results.test_reference_hyperparameters import _logged
+from tests.results.test_reference_hyperparameters import _logged, unexplained_differences
 from trainperf import registry
 
 PUBLISHED = json.loads((Path(__file__).with_name("published_hyperparameters.json")).read_text())["logs"]
@@ -50,14 +50,7 @@ def test_the_full_recipe_logs_what_the_published_log_logs(entry: dict[str, Any])
     renamed = entry.get("renamed", {})
     theirs = {renamed.get(k, k): v for k, v in entry["values"].items()}
     explained = entry["differs"]
-    unexplained = {}
-    for key, value in theirs.items():
-        if key in explained:
-            continue
-        if key not in ours:
-            unexplained[key] = (value, "not logged")
-        elif not _same(ours[key], value):
-            unexplained[key] = (value, ours[key])
+    unexplained = unexplained_differences(ours, theirs, explained, _same)
     for key in ours.keys() - theirs.keys() - explained.keys():
         unexplained[key] = ("not in the published log", ours[key])
     assert not unexplained, f"differs from {entry['log']['path']} without a listed reason: {unexplained}"
