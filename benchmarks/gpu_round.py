@@ -65,6 +65,9 @@ BENCH: dict[str, dict[str, Any]] = {
     "llama31_8b": {"batch": 1, "sets": ["model.layers=4"]},
     # The 70B's frozen bf16 base, 8 of its 80 blocks at full width with their adapters (one sequence of 8,192).
     "llama2_70b_lora": {"batch": 1, "sets": ["model.layers=8"]},
+    # GPT-OSS-20B's 24 blocks need 328 GB of fp32 state: 2 of them at full width, one process (ep=1), one
+    # sequence of 8,192 (`plan`: about 56 GiB before the margin).
+    "gpt_oss_20b": {"batch": 1, "sets": ["model.layers=2", "ep=1"]},
 }
 # The ladder: each rung adds one switch to the one before.
 LADDER = (("fp32", []), ("+ channels-last", ["--channels-last"]), ("+ bf16", ["--precision", "bf16"]),

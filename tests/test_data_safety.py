@@ -30,6 +30,7 @@ REAL_TREES = {
     "transformer": ["wmt32k-train-00001-of-00100", "newstest2014.de"],
     "llama31_8b": ["c4-train.en_6_text_document.bin", "c4-train.en_6_text_document.idx"],
     "llama2_70b_lora": ["data/train-00000-of-00001.parquet", "base/model.safetensors"],
+    "gpt_oss_20b": ["c4-train.en_6_text_document.bin", "c4-validation-91205-samples.en_text_document.idx"],
 }
 
 

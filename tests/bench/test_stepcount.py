@@ -56,6 +56,11 @@ BUDGETS: dict[str, Budget] = {
     "dlrm_dcnv2": Budget(ops=480, syncs={"host copy": 1}),
     # 1,062: the frozen base's step recomputed, the adapters' products (B per q, k, v)
     "llama2_70b_lora": Budget(ops=1_170),
+    # 921: 2 blocks (one windowed) of 8 experts, dropless routing sorted and counted on the device, one process
+    "gpt_oss_20b": Budget(ops=1_010),
+    # 1,738: a dense and an MoE block of latent attention, grouped sigmoid routing, a shared expert, the
+    # sequence-wise balancing loss, multi-token prediction, the correction biases' update after the step
+    "deepseekv3_671b": Budget(ops=1_900),
 }
 
 

@@ -12,7 +12,13 @@ Per GPU of N = dp x tp, with FSDP2 over dp and tensor/sequence parallelism over 
   over tp;
 - the activations of one micro-batch of one sequence (the references' micro-batch);
 all times bench.memory's MARGIN (allocator slack, temporaries, the CUDA context). Pipeline parallelism is
-not built (the 405B reference adds PP 9 and CP 4 to spread the activations of its 126 blocks)."""
+not built (the 405B reference adds PP 9 and CP 4 to spread the activations of its 126 blocks).
+
+A mixture-of-experts model (a recipe with `ep`) is laid out over expert parallelism instead of tensor
+parallelism: every GPU data-parallel (N = dp, a multiple of ep), each MoE layer's routed experts split over
+ep and fully sharded over N / ep, so the state is still sharded N ways, but a block gathers its own share
+of the experts only (its routed experts / ep). Its activations assume balanced routing (each GPU's experts
+receive as many rows as its tokens send out): a skewed router needs more."""
 
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from trainperf.spec import Assets, FullyShard, Recipe, RuntimeContext, Workload,
 from trainperf.spec.parallel import CHECKPOINTING
 
 TP_SIZES = (1, 2, 4, 8)  # within one node's NVLink domain, as tensor parallelism is run
+EP_SIZES = (1, 2, 4, 8, 16, 32, 64)  # the all-to-all spans nodes (DeepSeek-V3's reference: EP 64)
 STATE_BYTES = 16  # fp32 weight + fp32 gradient + two fp32 AdamW moments
 
 
@@ -39,6 +46,7 @@ class Layout:
     state: int  # bytes per GPU, each part before the margin
     gathered: int
     activations: int
+    ep: int = 1
 
     @property
     def gpus(self) -> int:
@@ -63,6 +71,7 @@ class Shape:
     block_trained: int = -1
     outside_trained: int = -1
     frozen_bytes: int = 0
+    block_routed: int = 0  # of the largest block, the routed experts' parameters (split by expert parallelism)
 
     def __post_init__(self) -> None:
         for name, whole in (("trained", self.parameters), ("block_trained", self.block),
@@ -83,22 +92,29 @@ def shape_of(workload: Workload, recipe: Recipe) -> Shape:
     if not isinstance(blocks, torch.nn.ModuleList) or not hasattr(model, "activation_bytes"):
         raise TrainperfError(f"plan {workload.name}: {type(model).__name__} needs `blocks` and "
                              "`activation_bytes(seq_len, tp, checkpointing)` for a memory plan")
-    sizes = [sum(p.numel() for p in block.parameters()) for block in blocks]
-    trained_sizes = [sum(p.numel() for p in block.parameters() if p.requires_grad) for block in blocks]
+    from trainperf.runtime.fsdp import extra_units
+
+    units = [*blocks, *extra_units(model)]  # what FSDP gathers one at a time
+    sizes = [sum(p.numel() for p in block.parameters()) for block in units]
+    trained_sizes = [sum(p.numel() for p in block.parameters() if p.requires_grad) for block in units]
     total = sum(p.numel() for p in model.parameters())
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
     largest = max(range(len(sizes)), key=lambda i: sizes[i])
+    routed = sum(p.numel() for name, p in units[largest].named_parameters() if ".experts." in f".{name}")
     return Shape(total, sizes[largest], total - sum(sizes), model, int(recipe.seq_len), trained,
-                 trained_sizes[largest], trained - sum(trained_sizes), frozen_bytes)
+                 trained_sizes[largest], trained - sum(trained_sizes), frozen_bytes, routed)
 
 
-def layout(shape: Shape, tp: int, checkpointing: str, dp: int) -> Layout:
+def layout(shape: Shape, tp: int, checkpointing: str, dp: int, ep: int = 1) -> Layout:
     gpus = dp * tp
     state = (shape.trained * STATE_BYTES + shape.frozen_bytes) // gpus
-    gathered = (shape.block * 2 * 2 + shape.block_trained * 4 + shape.outside * 2 + shape.outside_trained * 4) // tp
+    # Expert parallelism leaves a block (ep - 1) / ep of its routed experts to the other GPUs of its group.
+    block = shape.block - shape.block_routed + shape.block_routed // ep
+    block_trained = shape.block_trained - shape.block_routed + shape.block_routed // ep
+    gathered = (block * 2 * 2 + block_trained * 4 + shape.outside * 2 + shape.outside_trained * 4) // tp
     activations = int(shape.model.activation_bytes(shape.seq_len, tp, checkpointing))
-    return Layout(tp, checkpointing, dp, state, gathered, activations)
+    return Layout(tp, checkpointing, dp, state, gathered, activations, ep)
 
 
 def data_parallel_sizes(global_batch: int) -> list[int]:
@@ -110,6 +126,8 @@ def plan(workload: Workload, recipe: Recipe, memory: int, devices: int | None = 
     """One row per (tp, checkpointing) the model's shape allows: the fewest GPUs that fit `memory` each
     (None: none up to the global batch), and, with `devices`, the need at that count."""
     shape = shape_of(workload, recipe)
+    if hasattr(recipe, "ep"):
+        return _expert_plan(workload, recipe, shape, memory, devices)
     rows = []
     for tp in TP_SIZES:
         try:
@@ -135,12 +153,40 @@ def plan(workload: Workload, recipe: Recipe, memory: int, devices: int | None = 
     return rows
 
 
+def _expert_plan(workload: Workload, recipe: Recipe, shape: Shape, memory: int, devices: int | None
+                 ) -> list[dict[str, Any]]:
+    rows = []
+    for ep in EP_SIZES:
+        try:
+            candidate = dataclasses.replace(recipe, ep=ep)
+            candidate.validate()
+        except TrainperfError:
+            continue  # a size the experts do not split by
+        for checkpointing in CHECKPOINTING:
+            fewest = next((candidate for dp in data_parallel_sizes(recipe.global_batch_size) if dp % ep == 0
+                           and (candidate := layout(shape, 1, checkpointing, dp, ep)).need <= memory), None)
+            row: dict[str, Any] = {"tp": 1, "ep": ep, "checkpointing": checkpointing,
+                                   "fewest": dataclasses.asdict(fewest) | {"gpus": fewest.gpus, "need": fewest.need}
+                                   if fewest else None}
+            if devices is not None:
+                if devices % ep or recipe.global_batch_size % devices:
+                    row["at_devices"] = None
+                else:
+                    at = layout(shape, 1, checkpointing, devices, ep)
+                    row["at_devices"] = dataclasses.asdict(at) | {"gpus": at.gpus, "need": at.need,
+                                                                 "fits": at.need <= memory}
+            rows.append(row)
+    return rows
+
+
 def _gib(count: int) -> str:
     return f"{count / 2**30:,.1f}"
 
 
 def plan_table(rows: list[dict[str, Any]], devices: int | None) -> str:
-    head = "| tp | checkpointing | fewest GPUs (dp x tp) | GiB per GPU: state + gathered + activations, x margin |"
+    axis = "ep" if any("ep" in row for row in rows) else "tp"
+    head = (f"| {axis} | checkpointing | fewest GPUs ({'dp' if axis == 'ep' else 'dp x tp'}) | GiB per GPU: state + "
+            "gathered + activations, x margin |")
     rule = "|---|---|---|---|"
     if devices is not None:
         head += f" at {devices} GPUs |"
@@ -149,12 +195,12 @@ def plan_table(rows: list[dict[str, Any]], devices: int | None) -> str:
     for row in rows:
         fewest = row["fewest"]
         if fewest:
-            cell = (f"{fewest['gpus']:,} ({fewest['dp']} x {fewest['tp']})",
+            cell = (f"{fewest['gpus']:,}" + ("" if axis == "ep" else f" ({fewest['dp']} x {fewest['tp']})"),
                     f"{_gib(fewest['state'])} + {_gib(fewest['gathered'])} + {_gib(fewest['activations'])} "
                     f"→ {_gib(fewest['need'])}")
         else:
             cell = ("does not fit", "-")
-        line = f"| {row['tp']} | {row['checkpointing']} | {cell[0]} | {cell[1]} |"
+        line = f"| {row[axis]} | {row['checkpointing']} | {cell[0]} | {cell[1]} |"
         if devices is not None:
             at = row.get("at_devices")
             line += (" not a layout of them |" if at is None

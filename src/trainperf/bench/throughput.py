@@ -88,6 +88,8 @@ class BenchResult:
     tokens_per_s: float | None = None  # per device
     formula_how: str | None = None
     formula_mfu: float | None = None
+    # Workload.step_statistics after the timed steps (an MoE model's expert load).
+    step_statistics: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -221,6 +223,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         from trainperf.bench.profile import top_operators
 
         profiled = top_operators(lambda: (step(next(feed)), ctx.synchronize()), profile_steps, dev)
+    statistics_after = workload.step_statistics(bare_model(parts.model))
     distributed.shutdown()
     trainable = [p for p in bare_model(parts.model).parameters() if p.requires_grad]
     rate = samples / total
@@ -249,7 +252,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         parameters=sum(p.numel() for p in trainable),
         gradient_bytes=sum(p.numel() * p.element_size() for p in trainable),
         epoch_samples=data.train_samples if data is not None else None, profile=profiled, layout=parts.layout,
-        **formula_fields,
+        step_statistics=statistics_after, **formula_fields,
     )
 
 
@@ -318,7 +321,16 @@ def describe(result: BenchResult) -> str:
            + (f"{result.formula_mfu:.1%}" if result.formula_mfu is not None else "n/a")]
           if result.formula_flops_per_sample is not None and result.tokens_per_s is not None else []),
         *(f"  sharding: {line}" for line in (result.layout or {}).get("summary", [])),
+        *([_statistics(result.step_statistics)] if result.step_statistics else []),
     ])
+
+
+def _statistics(values: dict[str, float]) -> str:
+    if "expert_load_max_over_mean" in values:
+        return (f"  expert load (tokens per expert, max / mean, this process's last step): worst layer "
+                f"{values['expert_load_max_over_mean']:.2f}, mean over {values['moe_layers']:.0f} layers "
+                f"{values['expert_load_max_over_mean_avg']:.2f}")
+    return "  " + ", ".join(f"{k} {v:.4g}" for k, v in values.items())
 
 
 def _rate(value: float) -> str:

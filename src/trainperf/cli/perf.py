@@ -265,7 +265,9 @@ def _fsdp_plan(workload: Any, args: argparse.Namespace) -> int:
     rows = shardplan.plan(workload, recipe, memory, args.devices)
     print(f"{workload.name} {recipe.name}: GPUs of {recsys.size_text(memory)}, global batch "
           f"{recipe.global_batch_size:,}, one sequence of {getattr(recipe, 'seq_len', '?'):,} tokens per "
-          f"micro-batch; FSDP2 over dp, tensor and sequence parallelism over tp (margin {shardplan.MARGIN}x)")
+          f"micro-batch; " + ("FSDP2 over all GPUs, each MoE layer's experts split over ep" if hasattr(recipe, "ep")
+                              else "FSDP2 over dp, tensor and sequence parallelism over tp")
+          + f" (margin {shardplan.MARGIN}x)")
     print(shardplan.plan_table(rows, args.devices))
     if args.json:
         write_json_atomic(Path(args.json), {"workload": workload.name, "recipe": recipe.name,

@@ -10,6 +10,13 @@ composes it (its `parallelize` functions), from torch.distributed's own pieces:
    sharded, each block's weights gathered just before it runs; in bf16 the gathers carry bf16 weights and
    the gradients are reduced in fp32 (MixedPrecisionPolicy).
 
+With expert parallelism (ep > 1, tp 1) the mesh is ("dp_mod_ep", "ep") as torchtitan lays it out: each MoE
+layer keeps the experts of its place on "ep" and exchanges tokens over it; its experts are fully sharded
+over "dp_mod_ep" (the processes holding the same experts), their gradients divided by all the processes
+(each expert's gradient already sums the whole "ep" group's tokens), and everything else is fully sharded
+over all processes. The gradients then live on two meshes: their norm is summed from every process's
+shards (`ep_grad_norm`), which counts each element once because nothing is replicated.
+
 torchtitan itself is not a dependency: its parallelize functions take its own job config and model
 classes, and what they do with torch's APIs is the twenty lines below. What is kept by hand: which
 blocks are checkpointed, and the optimizer rebuilt over the sharded parameters.
@@ -64,6 +71,13 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer, before: dict[int, str], m
     return type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
 
 
+def extra_units(model: nn.Module) -> list[nn.Module]:
+    """Modules outside the blocks that the model asks to be sharded as units of their own
+    (`shard_units()`: DeepSeek's multi-token prediction block), so that the root does not gather them."""
+    units = getattr(model, "shard_units", None)
+    return list(units()) if callable(units) else []
+
+
 def materialize(model: nn.Module, device: torch.device) -> None:
     """A model built on the meta device, sharded: storage for this process's shards (and its buffers) on
     `device`, then the model's own `init_weights()`. On a GPU, DTensor's random number tracker is meant to
@@ -89,6 +103,12 @@ class FSDPEngine(Engine):
         if recipe.precision == "fp16" and ctx.world_size > 1:
             # torch's GradScaler finds infinities in this process's shard only: ranks would skip different steps.
             raise TrainperfError("precision=fp16: not with FSDP over several processes (use bf16)")
+        if spec.ep > 1 and ctx.world_size == 1:
+            raise TrainperfError(f"expert parallelism ep={spec.ep}: needs launched processes (--nproc {spec.ep}, or "
+                                 "--set ep=1 on one)")
+        if spec.ep > 1 and ctx.world_size % spec.ep:
+            raise TrainperfError(f"expert parallelism ep={spec.ep}: the {ctx.world_size} processes are not a multiple "
+                                 "of it")
         if recipe.precision == "fp8" and spec.tp > 1:
             raise TrainperfError(f"precision=fp8 with tp={spec.tp}: float8 layers need torchao's own tensor-parallel "
                                  "styles, not built; use tp=1")
@@ -103,6 +123,7 @@ class FSDPEngine(Engine):
         blocks = _blocks(model)
         before = {id(p): name for name, p in model.named_parameters()}
         mesh = self._mesh(spec, ctx)
+        experts = self._shard_experts(model, spec, mesh) if spec.ep > 1 else []
         if spec.tp > 1:
             if mesh is None:
                 raise TrainperfError(f"tensor parallelism tp={spec.tp}: needs launched processes (--nproc)")
@@ -124,28 +145,49 @@ class FSDPEngine(Engine):
         if mesh is not None:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-            dp = mesh["dp"]
+            dp = mesh["dp"] if spec.ep == 1 else mesh._flatten("dp")
             # The blocks' float inputs are left as they are: the rotary tables must stay fp32 (a bf16 angle is
             # off by ~4e-3 at 8,192 positions); autocast runs the blocks' products in bf16 anyway.
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                                           cast_forward_inputs=False) \
                 if recipe.precision in ("bf16", "fp8") else MixedPrecisionPolicy()
+            for layer in experts:
+                fully_shard(layer.experts, mesh=mesh["dp_mod_ep"], mp_policy=policy)
+                layer.experts.set_gradient_divide_factor(float(ctx.world_size))
             last = len(blocks) - 1
             for i, block in enumerate(blocks):
                 # The last block's weights are needed again at once by the backward: keep them gathered.
                 fully_shard(block, mesh=dp, mp_policy=policy,
                             reshard_after_forward=spec.reshard_after_forward and i < last)
+            for unit in extra_units(model):  # gathered on their own, not with the root's embeddings
+                fully_shard(unit, mesh=dp, mp_policy=policy, reshard_after_forward=spec.reshard_after_forward)
             fully_shard(model, mesh=dp, mp_policy=policy, reshard_after_forward=False)
         if any(p.is_meta for p in model.parameters()):
             materialize(model, ctx.device)
         parts.optimizer = rebind_optimizer(parts.optimizer, before, model)
-        parts.layout = {"engine": "fsdp", "mesh": dict(zip(("dp", "tp"), mesh_shape(ctx.world_size, spec.tp),
-                                                              strict=True)),
-                        "checkpointing": spec.checkpointing, "compiled_blocks": bool(recipe.compile),
-                        "summary": [f"FSDP2 over {ctx.world_size // spec.tp} data-parallel processes, "
-                                    f"tensor parallelism over {spec.tp}, activation checkpointing "
-                                    f"{spec.checkpointing}"]}
+        shape = {"dp": ctx.world_size // spec.tp, "tp": spec.tp}
+        summary = (f"FSDP2 over {ctx.world_size // spec.tp} data-parallel processes, tensor parallelism over "
+                   f"{spec.tp}, activation checkpointing {spec.checkpointing}")
+        if spec.ep > 1:
+            shape = {"dp": ctx.world_size, "ep": spec.ep, "dp_mod_ep": ctx.world_size // spec.ep}
+            summary = (f"FSDP2 over {ctx.world_size} data-parallel processes, each MoE layer's experts split over "
+                       f"{spec.ep} (expert parallelism) and sharded over {ctx.world_size // spec.ep}, activation "
+                       f"checkpointing {spec.checkpointing}")
+            parts.grad_norm = ep_grad_norm
+        parts.layout = {"engine": "fsdp", "mesh": shape, "checkpointing": spec.checkpointing,
+                        "compiled_blocks": bool(recipe.compile), "summary": [summary]}
         return parts
+
+    @staticmethod
+    def _shard_experts(model: nn.Module, spec: FullyShard, mesh: Any) -> list[nn.Module]:
+        layers = [m for m in model.modules() if callable(getattr(m, "shard_experts", None))]
+        if not layers:
+            raise TrainperfError(f"expert parallelism ep={spec.ep}: {type(model).__name__} has no mixture-of-experts "
+                                 "layers (modules with shard_experts)")
+        ep = mesh["ep"]
+        for layer in layers:
+            layer.shard_experts(ep.get_group(), ep.get_local_rank(), spec.ep)
+        return layers
 
     @staticmethod
     def _mesh(spec: FullyShard, ctx: RuntimeContext) -> Any:
@@ -153,4 +195,19 @@ class FSDPEngine(Engine):
             return None
         from torch.distributed.device_mesh import init_device_mesh
 
+        if spec.ep > 1:
+            return init_device_mesh(ctx.device.type, (ctx.world_size // spec.ep, spec.ep),
+                                    mesh_dim_names=("dp_mod_ep", "ep"))
         return init_device_mesh(ctx.device.type, mesh_shape(ctx.world_size, spec.tp), mesh_dim_names=("dp", "tp"))
+
+
+def ep_grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
+    """The global 2-norm of the gradients of parameters sharded over several meshes, none replicated: every
+    process's shards' squares summed, then all-reduced over all processes (a device tensor, no host read)."""
+    import torch.distributed as dist
+
+    local = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None]
+    squares = torch.stack([n.float() ** 2 for n in torch._foreach_norm(local)]).sum() if local else \
+        torch.zeros((), device=params[0].device)
+    dist.all_reduce(squares)
+    return squares.sqrt()

@@ -50,6 +50,7 @@ class TrainStep:
         # Under DDP, gradients are all-reduced once per step, on the last micro-batch only.
         self._no_sync = inner.no_sync if isinstance(inner, torch.nn.parallel.DistributedDataParallel) else None
         self._params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        self.grad_norm = parts.grad_norm
         self.steps = 0
 
     def _weights(self, micro_batches: list[Any]) -> list[torch.Tensor | float]:
@@ -86,7 +87,10 @@ class TrainStep:
         if self.max_grad_norm > 0:
             if self.scaler:
                 self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
+            if self.grad_norm is None:
+                torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
+            else:
+                self._clip(self.grad_norm(self._params))
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -98,6 +102,15 @@ class TrainStep:
             self.after_step(self.steps)
         assert total is not None
         return total
+
+    def _clip(self, norm: torch.Tensor) -> None:
+        """Scale every gradient (each process's shard of it) by min(1, max_norm / norm), as
+        clip_grad_norm_ does, from a norm the engine computed: no host read."""
+        coef = (self.max_grad_norm / (norm + 1e-6)).clamp(max=1.0)
+        local = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                 for p in self._params if p.grad is not None]
+        if local:
+            torch._foreach_mul_(local, coef.to(local[0].device))
 
     @property
     def lr(self) -> float:

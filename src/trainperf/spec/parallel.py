@@ -50,7 +50,9 @@ class FullyShard(Parallelism):
 
     The model must name its repeated blocks (`blocks`: a ModuleList) and, for tp > 1, give its
     tensor-parallel plan (`tensor_parallel_plan()`: what torch.distributed.tensor.parallel's
-    parallelize_module takes for the whole model, the blocks' modules by their full names)."""
+    parallelize_module takes for the whole model, the blocks' modules by their full names). For ep > 1
+    its mixture-of-experts layers offer `shard_experts(group, rank, size)` (keep this process's experts,
+    exchange tokens over `group`) and hold their experts as `experts`."""
 
     engine: ClassVar[str] = "fsdp"
     tp: int = 1
@@ -60,10 +62,18 @@ class FullyShard(Parallelism):
     # Free each block's gathered parameters after its forward (gathered again for its backward); the last
     # block keeps them either way (its backward comes at once).
     reshard_after_forward: bool = True
+    # Expert parallelism: each MoE layer's experts split over `ep` adjacent processes, which exchange their
+    # tokens; the experts then fully sharded over the processes holding the same ones.
+    ep: int = 1
 
     def __post_init__(self) -> None:
         if self.tp < 1:
             raise TrainperfError(f"tensor parallelism tp={self.tp}: expected 1 or more")
+        if self.ep < 1:
+            raise TrainperfError(f"expert parallelism ep={self.ep}: expected 1 or more")
+        if self.ep > 1 and self.tp > 1:
+            raise TrainperfError(f"expert parallelism ep={self.ep} with tensor parallelism tp={self.tp}: not built; "
+                                 "use one of them")
         if self.checkpointing not in CHECKPOINTING:
             raise TrainperfError(f"activation checkpointing {self.checkpointing!r}: expected one of "
                                  + ", ".join(CHECKPOINTING))

@@ -55,6 +55,9 @@ class ModelParts:
     parallel: Parallelism | None = None
     # How the runtime distributed the model (the sharding plan), filled by it and kept with the result.
     layout: dict[str, Any] | None = None
+    # grad_norm(parameters) -> the global norm of their gradients, where the engine's distribution needs its
+    # own (parameters sharded over several meshes: expert parallelism); None: torch's clip_grad_norm_.
+    grad_norm: Callable[[list[torch.Tensor]], torch.Tensor] | None = None
 
 
 @dataclass

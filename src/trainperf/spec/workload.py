@@ -177,6 +177,12 @@ class Workload(ABC, Generic[R]):
         the counter's only."""
         return None
 
+    def step_statistics(self, model: torch.nn.Module) -> dict[str, float]:
+        """What the model's state says of its last training step, by name (an MoE model's tokens per expert,
+        max over mean): `bench` reports them after its timed steps. Read on the host: never called in a
+        step."""
+        return {}
+
     def batch_samples(self, batch: Any) -> int:
         """Samples in one of this workload's batches (see `count_samples` for the default rules)."""
         return count_samples(batch)
