@@ -68,6 +68,9 @@ BENCH: dict[str, dict[str, Any]] = {
     # GPT-OSS-20B's 24 blocks need 328 GB of fp32 state: 2 of them at full width, one process (ep=1), one
     # sequence of 8,192 (`plan`: about 56 GiB before the margin).
     "gpt_oss_20b": {"batch": 1, "sets": ["model.layers=2", "ep=1"]},
+    # FLUX.1's 57 blocks hold 11.9 B parameters (190 GB of fp32 state): 2 double and 4 single blocks at full width,
+    # 8 images of 256 x 256 (512 tokens each), blocks checkpointed as the reference.
+    "flux1": {"batch": 8, "sets": ["model.depth=2", "model.depth_single=4"]},
 }
 # The ladder: each rung adds one switch to the one before.
 LADDER = (("fp32", []), ("+ channels-last", ["--channels-last"]), ("+ bf16", ["--precision", "bf16"]),

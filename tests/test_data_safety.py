@@ -31,6 +31,8 @@ REAL_TREES = {
     "llama31_8b": ["c4-train.en_6_text_document.bin", "c4-train.en_6_text_document.idx"],
     "llama2_70b_lora": ["data/train-00000-of-00001.parquet", "base/model.safetensors"],
     "gpt_oss_20b": ["c4-train.en_6_text_document.bin", "c4-validation-91205-samples.en_text_document.idx"],
+    "flux1": ["cc12m_preprocessed/state.json", "coco_preprocessed/data-00000-of-00030.arrow",
+              "empty_encodings/t5_empty.npy"],
 }
 
 

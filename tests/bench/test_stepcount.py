@@ -61,6 +61,9 @@ BUDGETS: dict[str, Budget] = {
     # 1,738: a dense and an MoE block of latent attention, grouped sigmoid routing, a shared expert, the
     # sequence-wise balancing loss, multi-token prediction, the correction biases' update after the step
     "deepseekv3_671b": Budget(ops=1_900),
+    # 1,445: a double and a single block of width 256 (the full rotary axes), the posterior sample, noise and
+    # timesteps drawn on the device, the fp32 rotary tables made in the step
+    "flux1": Budget(ops=1_600),
 }
 
 

@@ -685,6 +685,35 @@ def _stored_member_compressed() -> bytes:
     return buffer.getvalue()
 
 
+@cache
+def _flux_arrow() -> bytes:
+    """A save_to_disk shard of 3 rows in the FLUX.1 reference's preprocessed schema."""
+    import torch
+
+    from trainperf.workloads.flux1 import data as flux
+
+    folder = Path(tempfile.mkdtemp()) / "coco_preprocessed"
+    g = torch.Generator().manual_seed(0)
+    flux.write_dataset(folder, {
+        "__key__": ["a", "b", "c"], "timestep": [0, 1, 7],
+        "t5_encodings": [flux.encode(torch.randn(4, 8, generator=g)) for _ in range(3)],
+        "clip_encodings": [flux.encode(torch.randn(6, generator=g)) for _ in range(3)],
+        "mean": [flux.encode(torch.randn(4, 2, 2, generator=g)) for _ in range(3)],
+        "logvar": [flux.encode(torch.zeros(4, 2, 2)) for _ in range(3)]})
+    return (folder / "data-00000-of-00001.arrow").read_bytes()
+
+
+def _read_flux_arrow(path: Path) -> object:
+    """A (mutated) arrow shard named by its folder's state.json: every cell decoded as a run reads it."""
+    from trainperf.workloads.flux1 import data as flux
+
+    (path.parent / "state.json").write_text(json.dumps({"_data_files": [{"filename": path.name}]}))
+    rows = flux.ArrowRows(path.parent)
+    return [(rows.tensor(i, "t5_encodings", (4, 8)), rows.tensor(i, "clip_encodings", (6,)),
+             rows.tensor(i, "mean", (4, 2, 2)), rows.tensor(i, "logvar", (4, 2, 2)), rows.timestep(i))
+            for i in range(len(rows))]
+
+
 READERS: list[Reader] = [
     Reader("imagenet jpeg", "n0_0.JPEG", _jpeg, _decode, workloads=("resnet",)),
     Reader("imagenet png named JPEG", "n0_1.JPEG", _png, _decode, workloads=("resnet",)),
@@ -734,6 +763,9 @@ READERS: list[Reader] = [
     Reader("hugging face safetensors checkpoint", "model.safetensors", _lora_base, _read_lora_base,
            workloads=("llama2_70b_lora",), budget=0.5),
     Reader("minigo target network", "target.pt", _minigo_network, _read_minigo_network, workloads=("minigo",)),
+    Reader("flux.1 preprocessed arrow shard", "data-00000-of-00001.arrow", _flux_arrow, _read_flux_arrow,
+           workloads=("flux1",), damaged=(("truncated shard", lambda: _flux_arrow()[:-40]),
+                                          ("an empty shard", lambda: b""))),
     Reader("criteo day.gz", "day_0.gz", _gz(_criteo_day), _parse_gz_day, workloads=("dlrm",)),
     Reader("multi-hot criteo sparse .npz", "day_0_sparse_multi_hot.npz",
            lambda: _multi_hot_day()["day_0_sparse_multi_hot.npz"], _read_multi_hot, workloads=("dlrm_dcnv2",),

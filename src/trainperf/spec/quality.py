@@ -30,6 +30,9 @@ class Metric:
     name: str
     higher_is_better: bool = True
     parts: tuple[str, ...] = ()
+    # Keys the log repeats each evaluation's value under, beside eval_accuracy, where a division's rules read
+    # another name (the open rules of flux1, 5.1.0-6.1.0: averaged_validation_loss).
+    also_logged_as: tuple[str, ...] = ()
 
     @property
     def composite(self) -> bool:
