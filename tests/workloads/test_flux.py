@@ -361,3 +361,27 @@ def test_the_full_scale_reads_the_reference_layout_and_names_what_is_missing(tmp
 
 MINI_SHAPE = ["latent_size=8", "text_tokens=8", "model.context_in_dim=32", "model.vec_in_dim=16", "model.hidden=64",
               "model.heads=2", "model.axes_dim=8,12,12", "model.depth=1", "model.depth_single=1"]
+
+
+def test_every_projection_takes_float8_and_a_step_runs():
+    # precision=fp8 swaps the Linear layers for torchao's float8 ones where both sizes are multiples of 16: all of
+    # FLUX's (the full model's sizes are too). Its products stay near bf16's (float8 scaled tensorwise).
+    pytest.importorskip("torchao")
+    from trainperf.runtime import float8
+
+    config = FluxConfig(latent_channels=16, vec_in_dim=32, context_in_dim=64, hidden=64, heads=2, depth=1,
+                        depth_single=1, axes_dim=(8, 12, 12))
+    torch.manual_seed(0)
+    model = Flux(config)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    args = (torch.randn(2, 16, 64), torch.randn(2, 8, 64), torch.randn(2, 32), torch.rand(2), None, 4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        reference = model(*args).float()
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert float8.convert(model) == linears == 21
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(*args).float()
+    out.pow(2).mean().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    assert (out - reference).norm() < 0.15 * reference.norm()
