@@ -385,3 +385,16 @@ def test_every_projection_takes_float8_and_a_step_runs():
     out.pow(2).mean().backward()
     assert all(p.grad is not None for p in model.parameters())
     assert (out - reference).norm() < 0.15 * reference.norm()
+
+
+def test_verify_decodes_every_cell_and_names_each_bad_one(tmp_path):
+    synthetic.write(tmp_path, train_rows=16, valid_rows=8)
+    rows = D.ArrowRows(tmp_path / D.VALID_DIR)
+    cells = {c: [rows.cell(i, c) for i in range(len(rows))] for c in D.COLUMNS}
+    cells["mean"][5] = b"junk"
+    cells["t5_encodings"][2] = D.encode(torch.tensor([float("nan")] * 4))
+    D.write_dataset(tmp_path / D.VALID_DIR, cells)
+    seen: list[tuple[int, int, int]] = []
+    bad = D.PreprocessedFlux().verify(tmp_path, 1, lambda done, total, n: seen.append((done, total, n)))
+    assert len(bad) == 2 and "row 2 column t5_encodings: non-finite" in bad[0] and "row 5 column mean" in bad[1]
+    assert seen[-1] == (8, 8, 2)
