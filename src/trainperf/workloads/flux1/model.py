@@ -285,6 +285,12 @@ class Flux(nn.Module):
                                      *(SingleStreamBlock(config) for _ in range(config.depth_single))])
         self.final_layer = LastLayer(h, config.in_channels)
 
+    def shard_units(self) -> list[nn.Module]:
+        """The modules outside the blocks that FSDP shards as units of their own, as torchtitan's
+        parallelize_flux does: each embedder and the final layer (the root then holds no weights to gather)."""
+        units = [self.img_in, self.time_in, self.vector_in, self.txt_in, self.final_layer]
+        return units + ([self.guidance_in] if self.guidance_in is not None else [])
+
     def reset_parameters(self) -> None:
         self.init_weights()
 
