@@ -191,3 +191,27 @@ def write_minimal_closed_log(path: Path, benchmark: str, global_batch_size: int,
     log.end("block_stop", metadata={"first_epoch_num": 1}, time_ms=t + 5)
     log.end("run_stop", metadata={"status": "success"}, time_ms=t + 6)
     log.close()
+
+
+def launch(fn: Any, *args: Any, nproc: int = 2) -> dict[int, Any]:
+    """`fn(*args)` in `nproc` local processes started by torch's elastic launcher (torchrun's machinery, a
+    fresh rendezvous each time): each rank's return value."""
+    import uuid
+
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:8],
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="spawn")
+    return elastic_launch(config, fn)(*args)
+
+
+def mean_step_losses(step: Any, batch: Any, steps: int, ctx: RuntimeContext) -> list[float]:
+    """`steps` training steps of one batch: each step's loss, averaged over the processes when several run
+    (each its own rows; processes that share rows have equal losses, which the mean leaves as they are)."""
+    out = []
+    for _ in range(steps):
+        loss = step(batch).detach()
+        if ctx.world_size > 1:
+            loss = ctx.all_reduce_sum(loss) / ctx.world_size
+        out.append(float(loss))
+    return out

@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from tests.conftest import read_log
+from tests.conftest import launch, read_log
 from tests.harness import fakes
 from trainperf.errors import TrainperfError
 from trainperf.harness import RunConfig, run
@@ -38,12 +37,6 @@ def _run(tmp_path: Path, workload: Any, recipe: Any = None, division: str = "ope
 
 def _values(records: list[dict], key: str = "eval_accuracy") -> list[tuple[Any, Any]]:
     return [(r["metadata"].get("epoch_num"), r["value"]) for r in records if r["key"] == key]
-
-
-def _launch(fn: Any, *args: Any, nproc: int = 2) -> dict[int, Any]:
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:8],
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="spawn")
-    return elastic_launch(config, fn)(*args)
 
 
 # -- 1. quality as named values, a target each ----------------------------------------------------
@@ -127,7 +120,7 @@ def _object_gather_run(tmp: str, async_eval: bool) -> dict[str, Any]:
 @pytest.mark.slow
 def test_object_gather_on_two_processes_agrees_with_one(tmp_path):
     single, _ = _run(tmp_path, fakes.ObjectGather(), name="single.txt")
-    ranks = _launch(_object_gather_run, str(tmp_path), False)
+    ranks = launch(_object_gather_run, str(tmp_path), False)
     assert ranks[0]["world"] == 2 and ranks[0] == ranks[1]  # every rank took rank 0's verdict
     assert ranks[0]["status"] == "success" and ranks[0]["epochs"] == single.epochs_to_target
     assert ranks[0]["values"] == pytest.approx([e.value for e in single.evaluations])
@@ -137,7 +130,7 @@ def test_object_gather_on_two_processes_agrees_with_one(tmp_path):
 @pytest.mark.slow
 def test_async_scoring_in_a_worker_process_on_two_ranks(tmp_path):
     single, _ = _run(tmp_path, fakes.ObjectGather(), name="single.txt")
-    ranks = _launch(_object_gather_run, str(tmp_path), True)
+    ranks = launch(_object_gather_run, str(tmp_path), True)
     assert ranks[0] == ranks[1] and ranks[0]["status"] == "success"
     # Scored in the background, the results are the same evaluations, logged in order; training
     # may run past the evaluation that met the target before rank 0 knows it.
@@ -346,7 +339,7 @@ def test_token_weighted_loss_on_two_processes_equals_one():
     tokens, mask = _token_batch()
     single = _token_parts()
     TrainStep(single, 1, fakes.fake_recipe(grad_accum_steps=2))((tokens, mask))
-    results = _launch(_token_step_on_ranks)
+    results = launch(_token_step_on_ranks)
     for rank in (0, 1):  # rank 0 holds 8 real tokens, rank 1 holds 7: unequal shares weigh right
         torch.testing.assert_close(results[rank][0], list(single.model.parameters())[0].detach())
 

@@ -8,15 +8,13 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from tests.conftest import build_parts, read_log, score
+from tests.conftest import build_parts, launch, read_log, score
 from trainperf.cli import main
 from trainperf.results.compliance import check
 from trainperf.runtime import distributed, speedups
@@ -25,12 +23,6 @@ from trainperf.runtime.step import TrainStep
 from trainperf.spec import ModelParts, RuntimeContext
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
-
-
-def _launch(fn, *args, nproc: int = 2) -> dict[int, object]:
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex[:8],
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="spawn")
-    return elastic_launch(config, fn)(*args)
 
 
 # -- functions run inside the launched processes (module level: spawn pickles them by name) ------
@@ -98,7 +90,7 @@ def test_sharded_evaluation_equals_single_process_on_odd_eval_set(tmp_path):
     torch.manual_seed(3)
     parts = build_parts(workload, recipe, ctx)
     single = score(parts, workload.load_data(recipe, data, ctx), recipe, ctx)
-    results = _launch(_sharded_top1, str(data))
+    results = launch(_sharded_top1, str(data))
     assert results[0] == results[1] == (single, 7)
 
 
@@ -107,7 +99,7 @@ def test_two_processes_one_step_equals_one_process_double_batch():
     parts = _tiny_parts()
     TrainStep(parts, steps_per_epoch=1)(_global_batch())
     expected = [p.detach() for p in parts.model.parameters()]
-    results = _launch(_one_ddp_step)
+    results = launch(_one_ddp_step)
     for rank in (0, 1):
         for got, want in zip(results[rank], expected, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

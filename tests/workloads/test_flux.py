@@ -8,19 +8,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from tests.conftest import epoch_view, launch, mean_step_losses
 from trainperf.errors import TrainperfError
 from trainperf.runtime import distributed
 from trainperf.runtime.fsdp import FSDPEngine
 from trainperf.runtime.step import TrainStep
-from trainperf.spec import EpochView, FullyShard, RuntimeContext
+from trainperf.spec import FullyShard, RuntimeContext
 from trainperf.workloads.flux1 import Flux1Workload, flow_loss, lr_factor, synthetic, validation_losses
 from trainperf.workloads.flux1 import data as D
 from trainperf.workloads.flux1.model import (
@@ -225,13 +224,7 @@ def _losses(world: int, steps: int = 12) -> list[float]:
                  "t": torch.rand(4, generator=g)}
         if world > 1:
             batch = {k: v[2 * ctx.rank:2 * ctx.rank + 2] for k, v in batch.items()}
-        out = []
-        for _ in range(steps):
-            loss = step(batch).detach()
-            if world > 1:
-                loss = ctx.all_reduce_sum(loss) / ctx.world_size
-            out.append(float(loss))
-        return out
+        return mean_step_losses(step, batch, steps, ctx)
     finally:
         if world > 1:
             distributed.shutdown()
@@ -239,9 +232,7 @@ def _losses(world: int, steps: int = 12) -> list[float]:
 
 def test_two_fsdp_processes_train_as_one():
     alone = _losses(1)
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=uuid.uuid4().hex[:8],
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="spawn")
-    both = elastic_launch(config, _losses)(2)
+    both = launch(_losses, 2)
     assert alone[-1] < alone[0] * 0.8  # it learns
     for rank in (0, 1):
         assert both[rank] == pytest.approx(alone, rel=1e-4, abs=1e-5), (rank, both[rank], alone)
@@ -262,8 +253,7 @@ def test_the_processes_split_each_global_batch_in_file_order(tmp_path):
         ctx = RuntimeContext(device=torch.device("cpu"), world_size=world, rank=rank)
         pipeline = D.FluxPipeline(recipe, tmp_path, ctx)
         assert pipeline.steps_per_epoch == 5
-        view = EpochView(epoch=number, model=torch.nn.Identity(), log=lambda *args, **kwargs: None)
-        return [batch["mean"] for batch in pipeline.train_batches(view)]
+        return [batch["mean"] for batch in pipeline.train_batches(epoch_view(number))]
 
     for number in (0, 1):
         alone = epoch(1, 0, number)

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import math
 import struct
-import uuid
 
 import numpy as np
 import pytest
 import torch
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from tests.conftest import write_minimal_closed_log
+from tests.conftest import launch, mean_step_losses, write_minimal_closed_log
 from trainperf import registry
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
@@ -244,28 +242,16 @@ def _losses(tp: int, fsdp: bool, steps: int = 20, meta_init: bool = False) -> li
         if fsdp and tp == 1:
             per = 4 // ctx.world_size
             batch = batch[ctx.rank * per:(ctx.rank + 1) * per]
-        out = []
-        for _ in range(steps):
-            loss = step(batch).detach()
-            if fsdp and tp == 1:
-                loss = ctx.all_reduce_sum(loss) / ctx.world_size
-            out.append(float(loss))
-        return out
+        return mean_step_losses(step, batch, steps, ctx)
     finally:
         if fsdp:
             distributed.shutdown()
 
 
-def _launch(fn, *args):
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=uuid.uuid4().hex[:8],
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="spawn")
-    return elastic_launch(config, fn)(*args)
-
-
 @pytest.mark.parametrize("tp", [1, 2], ids=["fsdp2", "tp2"])
 def test_two_processes_train_as_one(tp):
     alone = _losses(1, fsdp=False)
-    both = _launch(_losses, tp, True)
+    both = launch(_losses, tp, True)
     assert alone[-1] < alone[0] - 0.3  # it learns
     for rank in (0, 1):
         # float32 sums in another order (reduce-scatter, sharded matrix products): 20 steps stay within 1e-4.
@@ -288,7 +274,7 @@ def test_a_model_built_on_the_meta_device_is_initialised_after_sharding():
     assert losses[-1] < losses[0] - 0.3
     # Two processes, each initialising its own shards (on a CPU mesh both draw the same numbers, so the
     # weights differ from one process's): the buffers are computed again, and it learns.
-    for losses in _launch(_losses, 1, True, 20, True).values():
+    for losses in launch(_losses, 1, True, 20, True).values():
         assert losses[-1] < losses[0] - 0.3
 
 

@@ -10,6 +10,7 @@ import re
 import pytest
 import torch
 
+from tests.conftest import launch, mean_step_losses
 from trainperf.errors import TrainperfError
 from trainperf.workloads.llama2_70b_lora import hf
 from trainperf.workloads.llama2_70b_lora.lora import LowRank, adapter_parameters, add_adapters
@@ -268,13 +269,7 @@ def _lora_losses(tp: int = 1, steps: int = 8) -> list[float]:
         data_parallel = fsdp and tp == 1  # with tp=2 both processes read every row
         if data_parallel:
             batch = batch[ctx.rank * 2:(ctx.rank + 1) * 2]
-        out = []
-        for _ in range(steps):
-            loss = step(batch).detach()
-            if fsdp:
-                loss = ctx.all_reduce_sum(loss) / ctx.world_size
-            out.append(float(loss))
-        return out
+        return mean_step_losses(step, batch, steps, ctx)
     finally:
         if fsdp:
             distributed.shutdown()
@@ -284,14 +279,8 @@ def _lora_losses(tp: int = 1, steps: int = 8) -> list[float]:
 def test_two_processes_fine_tune_as_one(tp):
     # FSDP2 over two data-parallel processes, or the blocks and their adapters split between two tensor-
     # parallel ones (A replicated beside q|k|v and split beside the output projection, B the other way).
-    import uuid
-
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     alone = _lora_losses()
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=uuid.uuid4().hex[:8],
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="spawn")
-    both = elastic_launch(config, _lora_losses)(tp)
+    both = launch(_lora_losses, tp)
     assert alone[-1] < alone[0] - 0.5  # the adapters learn; the base read from the shipped checkpoint
     for rank in (0, 1):
         assert both[rank] == pytest.approx(alone, rel=1e-4, abs=1e-4), (rank, both[rank], alone)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import uuid
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from tests.conftest import launch, mean_step_losses
 from trainperf.errors import TrainperfError
 from trainperf.runtime import distributed
 from trainperf.runtime.fsdp import FSDPEngine
@@ -257,28 +256,16 @@ def _losses(ep: int, extra: list[str], steps: int = 20) -> list[float]:
         batch = torch.randint(0, 48, (4, 17), generator=torch.Generator().manual_seed(7))
         if ep > 1:
             batch = batch[2 * ctx.rank:2 * ctx.rank + 2]
-        out = []
-        for _ in range(steps):
-            loss = step(batch).detach()
-            if ep > 1:
-                loss = ctx.all_reduce_sum(loss) / ctx.world_size
-            out.append(float(loss))
-        return out
+        return mean_step_losses(step, batch, steps, ctx)
     finally:
         if ep > 1:
             distributed.shutdown()
 
 
-def _both(extra: list[str]) -> dict[int, list[float]]:
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=uuid.uuid4().hex[:8],
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="spawn")
-    return elastic_launch(config, _losses)(2, extra)
-
-
 @pytest.mark.parametrize("extra", [[], DEEPSEEK_LIKE], ids=["gpt_oss", "deepseek_like"])
 def test_expert_parallel_processes_train_as_one(extra):
     alone = _losses(1, extra)
-    both = _both(extra)
+    both = launch(_losses, 2, extra)
     assert alone[-1] < alone[0] - 0.3  # it learns
     for rank in (0, 1):
         # float32 sums in another order (the experts' rows regrouped, reduce-scatters): 20 steps within 1e-4.
