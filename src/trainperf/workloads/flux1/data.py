@@ -377,11 +377,17 @@ class PreprocessedFlux(DataSource):
     def __init__(self, train_rows: int = TRAIN_SAMPLES, valid_rows: int = EVAL_SAMPLES) -> None:
         self.train_rows, self.valid_rows = train_rows, valid_rows
 
+    # Who writes each missing file, said beside it (None: nobody to name: a generated dataset).
+    writers: dict[str, str] | None = {"state.json": "preprocess_flux_dataset.py", "npy": "save_empty_encodings.py"}
+
     def problems(self, data_dir: Path) -> list[str]:
-        found = [f"{data_dir / d / 'state.json'}: missing (the reference's preprocess_flux_dataset.py writes it)"
-                 for d in (TRAIN_DIR, VALID_DIR) if not (data_dir / d / "state.json").is_file()]
-        found += [f"{data_dir / EMPTY_DIR / f}: missing (the reference's save_empty_encodings.py writes it)"
-                  for f in EMPTY_FILES if not (data_dir / EMPTY_DIR / f).is_file()]
+        def missing(path: Path, writer: str) -> str:
+            return f"{path}: missing" + (f" (the reference's {self.writers[writer]} writes it)" if self.writers else "")
+
+        found = [missing(data_dir / d / "state.json", "state.json") for d in (TRAIN_DIR, VALID_DIR)
+                 if not (data_dir / d / "state.json").is_file()]
+        found += [missing(data_dir / EMPTY_DIR / f, "npy") for f in EMPTY_FILES
+                  if not (data_dir / EMPTY_DIR / f).is_file()]
         return found
 
     def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
