@@ -314,8 +314,9 @@ class FluxPipeline:
                                  f"{recipe.global_batch_size:,}")
         self.steps_per_epoch = math.ceil(self.rows / recipe.global_batch_size)
         empty = data_dir / EMPTY_DIR
-        self.empty_t5 = read_npy(empty / EMPTY_FILES[0], self.shapes.t5).to(ctx.device)
-        self.empty_clip = read_npy(empty / EMPTY_FILES[1], (self.shapes.pooled_dim,)).to(ctx.device)
+        # bf16 as the rows' encodings (the reference casts them so): replacing a prompt then casts nothing.
+        self.empty_t5 = read_npy(empty / EMPTY_FILES[0], self.shapes.t5).to(ctx.device, torch.bfloat16)
+        self.empty_clip = read_npy(empty / EMPTY_FILES[1], (self.shapes.pooled_dim,)).to(ctx.device, torch.bfloat16)
 
     def train_batches(self, view: EpochView) -> Iterator[dict[str, torch.Tensor]]:
         recipe, ctx = self.recipe, self.ctx
