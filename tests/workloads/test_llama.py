@@ -220,7 +220,8 @@ def _batch() -> torch.Tensor:
     return torch.randint(0, TINY.vocab_size, (4, 17), generator=torch.Generator().manual_seed(7))
 
 
-def _losses(tp: int, fsdp: bool, steps: int = 20, meta_init: bool = False) -> list[float]:
+def _losses(tp: int, fsdp: bool, steps: int = 20, meta_init: bool = False, sets: tuple[str, ...] = ()
+            ) -> list[float]:
     """20 AdamW steps of a tiny Llama on one global batch of 4 sequences: with FSDP each process trains on
     its rows, with tensor parallelism both on all of them; the global mean loss of each step."""
     ctx = distributed.init_from_env("cpu") if fsdp else RuntimeContext(device=torch.device("cpu"))
@@ -228,7 +229,7 @@ def _losses(tp: int, fsdp: bool, steps: int = 20, meta_init: bool = False) -> li
         workload = Llama31Workload()
         recipe = MINI.with_overrides(["model.layers=2", "model.dim=32", "model.heads=4", "model.kv_heads=2",
                                       "model.ffn_dim=64", "model.vocab_size=48", "seq_len=16", "global_batch_size=4",
-                                      "max_grad_norm=1.0", f"tp={tp}", f"meta_init={meta_init}"])
+                                      "max_grad_norm=1.0", f"tp={tp}", f"meta_init={meta_init}", *sets])
         torch.manual_seed(0)
         parts = workload.build(recipe, ctx, {})
         assert all(p.is_meta for p in parts.model.parameters()) == meta_init
@@ -276,6 +277,45 @@ def test_a_model_built_on_the_meta_device_is_initialised_after_sharding():
     # weights differ from one process's): the buffers are computed again, and it learns.
     for losses in launch(_losses, 1, True, 20, True).values():
         assert losses[-1] < losses[0] - 0.3
+
+
+def test_cuda_graphs_record_each_block_and_mark_every_step(monkeypatch):
+    # --cuda-graphs under FSDP: each block compiled for CUDA graph trees ("reduce-overhead"), FSDP's hooks
+    # left outside the compiled forward (fully_shard wraps the compiled block), and every step marked as a new
+    # iteration. The compiler is replaced by a recorder here (on a CPU torch skips the graphs anyway; the
+    # `compile`-marked test below trains through the real one).
+    compiled, marks = [], []
+
+    def record(module, **options):
+        compiled.append(options)
+        return module
+
+    monkeypatch.setattr(torch, "compile", record)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    recipe = MINI.with_overrides(["model.layers=2", "model.dim=32", "model.heads=4", "model.kv_heads=2",
+                                  "model.ffn_dim=64", "model.vocab_size=48", "seq_len=16", "global_batch_size=4",
+                                  "cuda_graphs=true"])
+    ctx = RuntimeContext(device=torch.device("cpu"))
+    FSDPEngine().check(FullyShard(), recipe, ctx)
+    parts = FSDPEngine().apply(FullyShard(), Llama31Workload().build(recipe, ctx, {}), recipe, ctx)
+    assert compiled == [{"mode": "reduce-overhead"}] * 2  # the two blocks
+    assert parts.layout["graphed_blocks"] and "replayed as CUDA graphs" in parts.layout["summary"][0]
+    step = TrainStep(parts, 100, recipe, ctx.device, ctx=ctx)
+    for _ in range(3):
+        step(_batch())
+    assert len(marks) == 3
+    eager = FSDPEngine().apply(FullyShard(), Llama31Workload().build(MINI, ctx, {}), MINI, ctx)
+    assert not eager.layout["graphed_blocks"] and len(compiled) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.compile
+def test_two_processes_with_graphed_blocks_train_as_eager():
+    # The real compiler, in mode "reduce-overhead", under FSDP2 on two processes: the blocks' compiled forward
+    # and backward (torch records no CUDA graph on a CPU) with FSDP's gathers between them give eager's losses.
+    eager = _losses(1, fsdp=False, steps=6)
+    for rank, losses in launch(_losses, 1, True, 6, False, ("cuda_graphs=true",)).items():
+        assert losses == pytest.approx(eager, rel=1e-4, abs=1e-4), (rank, losses, eager)
 
 
 def test_a_mesh_that_does_not_divide_the_processes_is_refused():

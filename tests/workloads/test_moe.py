@@ -229,6 +229,11 @@ def test_expert_parallelism_needs_launched_processes_that_it_divides():
         engine.check(FullyShard(ep=2), MINI, RuntimeContext(device=torch.device("cpu"), world_size=3))
     with pytest.raises(TrainperfError, match="not built"):
         FullyShard(ep=2, tp=2)
+    # The all-to-all's split sizes come from the host each step: CUDA graphs only without expert parallelism.
+    graphed = MINI.with_overrides(["cuda_graphs=true"])
+    with pytest.raises(TrainperfError, match="cuda_graphs with expert parallelism ep=2: .* use ep=1"):
+        engine.check(FullyShard(ep=2), graphed, RuntimeContext(device=torch.device("cpu"), world_size=2))
+    engine.check(FullyShard(ep=1), graphed, RuntimeContext(device=torch.device("cpu"), world_size=2))
 
 
 # -- expert parallelism on two processes ------------------------------------------------------------------

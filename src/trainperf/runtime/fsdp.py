@@ -6,6 +6,7 @@ composes it (its `parallelize` functions), from torch.distributed's own pieces:
 2. tensor + sequence parallelism over "tp" (`parallelize_module` with the model's own plan);
 3. activation checkpointing of the blocks (torch's checkpoint wrapper: every block, or every other);
 4. `torch.compile` of each block (the recipe's compile switch): small graphs, compiled once and reused;
+   with `--cuda-graphs` each block's forward and backward recorded as CUDA graphs and replayed;
 5. `fully_shard` of each block, then of the root, over "dp": parameters, gradients and optimizer state
    sharded, each block's weights gathered just before it runs; in bf16 the gathers carry bf16 weights and
    the gradients are reduced in fp32 (MixedPrecisionPolicy).
@@ -98,8 +99,10 @@ class FSDPEngine(Engine):
     def check(self, spec: Parallelism, recipe: Recipe, ctx: RuntimeContext) -> None:
         assert isinstance(spec, FullyShard)
         mesh_shape(ctx.world_size, spec.tp)
-        if recipe.cuda_graphs:
-            raise TrainperfError("cuda_graphs: not with FSDP (its collectives run between the blocks' graphs)")
+        if recipe.cuda_graphs and spec.ep > 1:
+            # Each MoE layer's all-to-all takes its split sizes (tokens per expert) from the host every step.
+            raise TrainperfError(f"cuda_graphs with expert parallelism ep={spec.ep}: the all-to-all's split sizes "
+                                 "are read by the host every step, which a CUDA graph cannot record; use ep=1")
         if recipe.precision == "fp16" and ctx.world_size > 1:
             # torch's GradScaler finds infinities in this process's shard only: ranks would skip different steps.
             raise TrainperfError("precision=fp16: not with FSDP over several processes (use bf16)")
@@ -139,9 +142,13 @@ class FSDPEngine(Engine):
                 # gradients are not those of its forward; without, saving the random state is wasted.
                 random = any(isinstance(m, nn.Dropout) and m.p > 0 for m in blocks[i].modules())
                 blocks[i] = checkpoint_wrapper(blocks[i], preserve_rng_state=random)
-        if recipe.compile:
+        if recipe.compile or recipe.cuda_graphs:
+            # With CUDA Graphs each block is recorded on its own ("reduce-overhead": torch's CUDA graph trees),
+            # and FSDP's gathers and reduce-scatters run between the blocks' replays, from its hooks outside
+            # the compiled forward; the step marks each iteration's start (TrainStep).
+            options = {"mode": "reduce-overhead"} if recipe.cuda_graphs else {}
             for i in range(len(blocks)):
-                blocks[i] = torch.compile(blocks[i])
+                blocks[i] = torch.compile(blocks[i], **options)
         if mesh is not None:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -174,8 +181,11 @@ class FSDPEngine(Engine):
                        f"{spec.ep} (expert parallelism) and sharded over {ctx.world_size // spec.ep}, activation "
                        f"checkpointing {spec.checkpointing}")
             parts.grad_norm = ep_grad_norm
+        if recipe.cuda_graphs:
+            summary += "; each block's forward and backward replayed as CUDA graphs, FSDP's collectives between them"
         parts.layout = {"engine": "fsdp", "mesh": shape, "checkpointing": spec.checkpointing,
-                        "compiled_blocks": bool(recipe.compile), "summary": [summary]}
+                        "compiled_blocks": bool(recipe.compile or recipe.cuda_graphs),
+                        "graphed_blocks": bool(recipe.cuda_graphs), "summary": [summary]}
         return parts
 
     @staticmethod

@@ -51,6 +51,7 @@ class TrainStep:
         self._no_sync = inner.no_sync if isinstance(inner, torch.nn.parallel.DistributedDataParallel) else None
         self._params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.grad_norm = parts.grad_norm
+        self.graphed = bool(recipe and recipe.cuda_graphs)
         self.steps = 0
 
     def _weights(self, micro_batches: list[Any]) -> list[torch.Tensor | float]:
@@ -70,6 +71,10 @@ class TrainStep:
         return [scale] * len(micro_batches)
 
     def __call__(self, batch: Any) -> torch.Tensor:
+        if self.graphed:
+            # CUDA graph trees reuse a graph's output memory at its next replay: a new step says so, which a
+            # model graphed in pieces (FSDP's blocks, TorchRec's dense modules) cannot leave them to infer.
+            torch.compiler.cudagraph_mark_step_begin()
         self.optimizer.zero_grad(set_to_none=True)
         micro_batches = self.split(batch, self.accum) if self.accum > 1 else [batch]
         weights = self._weights(micro_batches)

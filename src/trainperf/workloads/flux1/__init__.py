@@ -85,7 +85,7 @@ class Flux1Workload(Workload[FluxRecipe]):
     # averaged_validation_loss.
     metric = Metric("validation_loss", higher_is_better=False, also_logged_as=("averaged_validation_loss",))
     summary = "FLUX.1 text-to-image pretraining on CC12M latents, validation loss (mini: a 4-block FLUX on captions)"
-    speedups = frozenset({"precision", "compile", "fused_optimizer", "fp8"})
+    speedups = frozenset({"precision", "compile", "cuda_graphs", "fused_optimizer", "fp8"})
     sample_name = "images"
     # The full shape at a CPU's size: one block of each kind, 256 wide (head 128, the real rotary axes), 8 x 8
     # latents beside 16 text tokens of 512 values.

@@ -27,7 +27,7 @@ class GptOssWorkload(Llama31Workload):
     mlperf = MLPerf(ruleset="6.0.0", runs=10, full_eval_samples=1_024)
     summary = ("GPT-OSS-20B mixture-of-experts pretraining on C4, log perplexity (mini: a 2-block MoE of 8 "
                "experts on a Markov corpus)")
-    speedups = frozenset({"precision", "compile", "fused_optimizer"})
+    speedups = frozenset({"precision", "compile", "cuda_graphs", "fused_optimizer"})
     # The full step's operators at a CPU's size: 2 blocks (one windowed), 8 narrow experts, 256 tokens.
     step_probe = ("global_batch_size=1", "seq_len=256", "model.layers=2", "model.dim=256", "model.heads=8",
                   "model.kv_heads=2", "model.head_dim=32", "model.experts=8", "model.expert_dim=256",

@@ -64,7 +64,7 @@ class LoraWorkload(Workload[LoraRecipe]):
     metric = Metric("eval_loss", higher_is_better=False)
     summary = ("Llama 2 70B LoRA fine-tuning on GovReport, evaluation loss (mini: a shipped 2-block base "
                "fine-tuned on a generated document -> title task)")
-    speedups = frozenset({"precision", "fp8", "compile", "fused_optimizer"})
+    speedups = frozenset({"precision", "fp8", "compile", "cuda_graphs", "fused_optimizer"})
     sample_name = "sequences"
     step_probe = ("global_batch_size=1", "seq_len=256", "model.layers=2", "model.dim=512", "model.heads=8",
                   "model.ffn_dim=1792", "model.vocab_size=4096")

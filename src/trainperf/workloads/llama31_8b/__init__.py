@@ -53,7 +53,7 @@ class Llama31Workload(Workload[LlamaRecipe]):
     mlperf = MLPerf(ruleset="6.0.0", runs=10, full_eval_samples=EVAL_SAMPLES)
     metric = Metric("log_perplexity", higher_is_better=False)
     summary = "Llama 3.1 8B pretraining on C4, log perplexity (mini: a 2-layer Llama on a Markov corpus)"
-    speedups = frozenset({"precision", "compile", "fused_optimizer", "fp8"})
+    speedups = frozenset({"precision", "compile", "cuda_graphs", "fused_optimizer", "fp8"})
     sample_name = "sequences"
     # The full shape at a CPU's size: 2 blocks, narrower, a smaller vocabulary, 256 tokens (the same operators).
     step_probe = ("global_batch_size=1", "seq_len=256", "model.layers=2", "model.dim=512", "model.ffn_dim=1792",
