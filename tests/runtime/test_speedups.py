@@ -104,6 +104,24 @@ def test_warm_up_restores_the_weights():
     assert not parts.optimizer.state
 
 
+def test_graphed_evaluations_warm_twice_and_mark_each_batch(monkeypatch):
+    # CUDA graph trees warm a function at its first call and record it at its second, so the warm-up runs
+    # each evaluation size twice; every evaluation batch starts a new iteration of the trees. The compiler and
+    # the GPU are not needed to see it: the calls are counted on the CPU (cuda_graphs set past its GPU check).
+    workload, ctx, parts = _parts(BASE)
+    marks, sizes = [], []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    parts.eval_forward = lambda model, batch: sizes.append(len(batch[0]))
+    graphed = BASE.with_overrides(["cuda_graphs=true"])
+    speedups.warm_up(workload, graphed, ctx, parts, lambda: TrainStep(parts, 1, BASE, CPU), steps=1)
+    full = len(workload.synthetic_eval_batch(graphed, ctx, parts.model)[0])
+    assert sizes == [full, full, full // 2, full // 2, 1, 1]
+    assert len(marks) == len(sizes)
+    sizes.clear()
+    speedups.warm_up(workload, BASE, ctx, parts, lambda: TrainStep(parts, 1, BASE, CPU), steps=1)
+    assert len(sizes) == 3 and len(marks) == 6  # not graphed: once each, no marks
+
+
 def test_cuda_graphs_need_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")

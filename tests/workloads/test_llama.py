@@ -297,6 +297,8 @@ def test_cuda_graphs_record_each_block_and_mark_every_step(monkeypatch):
                                   "cuda_graphs=true"])
     ctx = RuntimeContext(device=torch.device("cpu"))
     FSDPEngine().check(FullyShard(), recipe, ctx)
+    with pytest.raises(TrainperfError, match="cuda_graphs with tensor parallelism tp=2: .* use tp=1"):
+        FSDPEngine().check(FullyShard(tp=2), recipe, RuntimeContext(device=torch.device("cpu"), world_size=2))
     parts = FSDPEngine().apply(FullyShard(), Llama31Workload().build(recipe, ctx, {}), recipe, ctx)
     assert compiled == [{"mode": "reduce-overhead"}] * 2  # the two blocks
     assert parts.layout["graphed_blocks"] and "replayed as CUDA graphs" in parts.layout["summary"][0]
@@ -304,6 +306,8 @@ def test_cuda_graphs_record_each_block_and_mark_every_step(monkeypatch):
     for _ in range(3):
         step(_batch())
     assert len(marks) == 3
+    # The graphed backward's buffers are not held as gradients past the step.
+    assert all(p.grad is None for p in parts.model.parameters())
     eager = FSDPEngine().apply(FullyShard(), Llama31Workload().build(MINI, ctx, {}), MINI, ctx)
     assert not eager.layout["graphed_blocks"] and len(compiled) == 2
 

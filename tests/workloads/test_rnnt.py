@@ -289,16 +289,16 @@ def test_initialisation_is_the_references():
     assert cfg.blank == cfg.pieces and model.joint_net[-1].out_features == cfg.pieces + 1
 
 
-def _greedy_one(model: M.RNNT, feats: torch.Tensor, max_symbols: int, max_per_frame: int) -> list[int]:
-    """The reference's greedy decoder, one utterance, a Python loop over its frames and pieces."""
-    enc, _ = model.encode(feats[None], torch.tensor([feats.shape[0]]))
+def _greedy_one(model: M.RNNT, enc: torch.Tensor, max_symbols: int, max_per_frame: int) -> list[int]:
+    """The reference's greedy decoder over one utterance's encoder frames: a Python loop over its frames
+    and pieces."""
     pred, state = M._predict_step(model, torch.tensor([[-1]]), None)
     found: list[int] = []
-    for t in range(enc.shape[1]):
+    for t in range(enc.shape[0]):
         for _ in range(max_per_frame):
             if len(found) >= max_symbols:
                 return found
-            best = int(model.joint_net(model.joint_enc(enc[:, t]) + model.joint_pred(pred)).argmax(-1))
+            best = int(model.joint_net(model.joint_enc(enc[t][None]) + model.joint_pred(pred)).argmax(-1))
             if best == model.cfg.blank:
                 break
             found.append(best)
@@ -306,8 +306,9 @@ def _greedy_one(model: M.RNNT, feats: torch.Tensor, max_symbols: int, max_per_fr
     return found
 
 
-@pytest.mark.parametrize("bias, max_symbols, max_per_frame", [(2.5, 30, 3), (6.0, 12, 2), (-0.55, 30, 30)],
-                         ids=["several-per-frame", "symbol-cap", "some-silent"])
+@pytest.mark.parametrize("bias, max_symbols, max_per_frame", [(2.5, 30, 3), (6.0, 12, 2), (6.0, 11, 2),
+                                                              (-0.55, 30, 30)],
+                         ids=["several-per-frame", "symbol-cap", "symbol-cap-mid-frame", "some-silent"])
 @torch.no_grad()
 def test_batched_greedy_decoding_is_the_reference_decoder_one_utterance_at_a_time(bias, max_symbols, max_per_frame):
     from trainperf.bench.stepcount import _Dispatched
@@ -315,19 +316,20 @@ def test_batched_greedy_decoding_is_the_reference_decoder_one_utterance_at_a_tim
     torch.manual_seed(0)
     model = M.RNNT(SMALL).eval()
     model.joint_net[-1].bias[: SMALL.pieces] += bias  # labels likely (the cap reached) or, below 0, some rows silent
-    feats = torch.randn(5, 20, 240)
-    frames = torch.tensor([20, 7, 13, 1, 16])
-    alone = [_greedy_one(model, feats[i, : int(frames[i])], max_symbols, max_per_frame) for i in range(5)]
+    feats = torch.randn(6, 20, 240)
+    frames = torch.tensor([20, 7, 13, 1, 0, 16])  # one utterance without a frame: nothing to decode
+    enc, enc_frames = model.encode(feats, frames)
+    alone = [_greedy_one(model, enc[i, : int(enc_frames[i])], max_symbols, max_per_frame) for i in range(6)]
     with _Dispatched() as counted:
         together = M.greedy_decode(model, feats, frames, max_symbols, max_per_frame, check_every=8)
     assert together == alone
     assert M.greedy_decode(model, feats, frames, max_symbols, max_per_frame) == alone  # checked every step
-    assert all(len(x) <= max_symbols for x in together) and any(together)
+    assert all(len(x) <= max_symbols for x in together) and any(together) and together[4] == []
     if bias > 0:
-        assert max(len(x) for x in together) > 5
+        assert max(len(x) for x in together) == max_symbols
     # Whether every utterance is done is read back once every 8 steps, and a step is one piece or one frame
     # of every utterance at once: at most (frames + pieces of the longest) / 8 + 1 reads for the batch.
-    longest = max(len(x) for x in together) + int(model.encode(feats, frames)[1].max())
+    longest = max(len(x) for x in together) + int(enc_frames.max())
     assert 1 <= counted.syncs["item"] <= longest // 8 + 2, counted.syncs
 
 

@@ -99,6 +99,10 @@ class FSDPEngine(Engine):
     def check(self, spec: Parallelism, recipe: Recipe, ctx: RuntimeContext) -> None:
         assert isinstance(spec, FullyShard)
         mesh_shape(ctx.world_size, spec.tp)
+        if recipe.cuda_graphs and spec.tp > 1:
+            # Tensor parallelism's collectives sit inside each block, so they would be recorded in its graphs.
+            raise TrainperfError(f"cuda_graphs with tensor parallelism tp={spec.tp}: its collectives would run inside "
+                                 "the blocks' graphs, which is not built or tested; use tp=1")
         if recipe.cuda_graphs and spec.ep > 1:
             # Each MoE layer's all-to-all takes its split sizes (tokens per expert) from the host every step.
             raise TrainperfError(f"cuda_graphs with expert parallelism ep={spec.ep}: the all-to-all's split sizes "

@@ -206,8 +206,11 @@ def evaluate_with(parts: ModelParts, recipe: Recipe, device: torch.device) -> Ca
     gradients, under the recipe's precision (the caller puts the model in eval mode)."""
     model = evaluation_model(parts)
     forward = parts.eval_forward or _call_model
+    graphed = recipe.cuda_graphs
 
     def run(batch: Any) -> Any:
+        if graphed:  # each batch a new iteration of CUDA graph trees (it copies out what is still held)
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.no_grad(), autocast(recipe, device):
             return forward(model, batch)
 
@@ -240,8 +243,10 @@ def warm_up(workload: Workload, recipe: Recipe, ctx: RuntimeContext, parts: Mode
     # (the last batch of many evaluation sets) is a graph of its own, as the compiler specialises
     # sizes 0 and 1.
     size = workload.batch_samples(eval_batch)
+    # CUDA graph trees run a function once to warm it and record it at its second call: twice each.
     for parts_count in (1, 2, size):
-        forward(workload.split_batch(eval_batch, parts_count)[0])
+        for _ in range(2 if recipe.cuda_graphs else 1):
+            forward(workload.split_batch(eval_batch, parts_count)[0])
     eval_model.train(was_training)
     _restore(parts, saved, optim_state)
 

@@ -102,6 +102,10 @@ class TrainStep:
         else:
             self.optimizer.step()
         self.scheduler.step()
+        if self.graphed:
+            # A graphed backward hands its output buffers to .grad as they are: dropped now, an evaluation
+            # before the next step does not find the training graphs' memory still in use.
+            self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         if self.after_step is not None:
             self.after_step(self.steps)

@@ -145,6 +145,8 @@ def greedy_decode(model: RNNT, feats: torch.Tensor, frames: torch.Tensor, max_sy
     over frames, no step that waits for the slowest row's emissions. Whether all are done is read back once
     every `check_every` steps (default: every step on a CPU, where reading costs nothing; every 16 on an
     accelerator, where a read waits for the queue to drain). The hypotheses come back in one transfer."""
+    if max_symbols < 1 or max_per_frame < 1:
+        raise ValueError(f"greedy_decode: max_symbols ({max_symbols}) and max_per_frame ({max_per_frame}) must be >= 1")
     enc, enc_frames = model.encode(feats, frames)
     b, t_max, _ = enc.shape
     blank = model.cfg.blank
