@@ -57,6 +57,10 @@ def test_bad_set_type(tmp_path, cli):
 @pytest.mark.parametrize("argv, message", [
     (["run", "dlrm", "--channels-last"], "channels_last=True: not supported by dlrm"),
     (["run", "resnet", "--cuda-graphs", "--device", "cpu"], "CUDA Graphs need a CUDA GPU; this run is on cpu"),
+    # A parallelism the processes cannot hold: the workload's record (Workload.parallelism) checked by its engine.
+    (["run", "gpt_oss_20b", "--set", "ep=2"], "gpt_oss_20b: expert parallelism ep=2: needs launched processes"),
+    (["run", "gpt_oss_20b", "--set", "ep=4", "--nproc", "2"], "ep=4: the 2 processes are not a multiple of it"),
+    (["scale", "gpt_oss_20b", "--set", "ep=2", "--nproc", "1,2"], "needs launched processes (--nproc 2"),
 ])
 def test_unsupported_switch_is_refused_before_anything_is_written(tmp_path, cli, argv, message):
     line = _one_line_error(cli(*argv, cwd=tmp_path))

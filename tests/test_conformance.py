@@ -85,6 +85,8 @@ def test_every_full_recipe_passes_the_closed_rules(tmp_path, name, recipe_name):
     ctx = RuntimeContext(device=torch.device("meta"), world_size=w.reference_devices(recipe))
     with torch.device("meta"):  # the reference model's structure, without its memory
         parts = w.build(recipe, ctx, {})
+    declared = w.parallelism(recipe)  # what run checks before building must be what build gives
+    assert declared is None or declared == parts.parallel, (declared, parts.parallel)
     hyper = w.mlperf_hyperparameters(recipe, ctx)
     if parts.epoch_hyperparameters is not None:
         steps = w.mlperf.full_epoch_samples // recipe.global_batch_size if w.mlperf.full_epoch_samples else None

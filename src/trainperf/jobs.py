@@ -215,12 +215,25 @@ def resolve_recipe(workload: Workload, scale: str, name: str | None, sets: list[
     return recipe
 
 
-def check_switches(workload: Workload, recipe: Recipe, device: str | None) -> None:
-    """An unsupported speedup is a one-line error before any run folder is written (the harness
-    checks again, on the device each process really gets)."""
-    from trainperf.runtime import speedups
+def check_switches(workload: Workload, recipe: Recipe, device: str | None, world_size: int | None = None) -> None:
+    """An unsupported speedup, or a parallelism the processes cannot hold (ep=2 on one process, say), is a
+    one-line error before any run folder is written (the harness checks again, on the device each process
+    really gets). `world_size`: the processes the run will have (default: the launcher's, else one)."""
+    from trainperf.runtime import distributed, parallel, speedups
+    from trainperf.spec import RuntimeContext
 
-    speedups.check_supported(workload, recipe, devices.resolve(device))
+    resolved = devices.resolve(device)
+    speedups.check_supported(workload, recipe, resolved)
+    spec = workload.parallelism(recipe)
+    if spec is None:
+        return
+    if world_size is None:
+        placement = distributed.env_placement()
+        world_size = placement[2] if placement is not None else 1
+    try:
+        parallel.engine_for(spec).check(spec, recipe, RuntimeContext(device=resolved, world_size=world_size))
+    except TrainperfError as exc:
+        raise TrainperfError(f"{workload.name}: {exc}") from None
 
 
 def start(request: RunRequest, say: Say = print, warn: Say = print) -> RunOutcome:
@@ -245,7 +258,7 @@ def start(request: RunRequest, say: Say = print, warn: Say = print) -> RunOutcom
     if request.nproc > 1 and recipe.global_batch_size % request.nproc:
         raise TrainperfError(f"--nproc {request.nproc}: global_batch_size {recipe.global_batch_size} "
                              "is not divisible by the number of processes")
-    check_switches(workload, recipe, request.device)
+    check_switches(workload, recipe, request.device, placement[2] if in_group else request.nproc)
     out_dir = Path(request.out) if request.out else default_run_dir(workload.name)
     is_main = placement is None or placement[0] == 0
     if is_main and request.runs is None:

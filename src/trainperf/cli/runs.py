@@ -253,7 +253,8 @@ def cmd_scale(args: argparse.Namespace) -> int:
     recipe = jobs.resolve_recipe(workload, args.scale, args.recipe, args.set)
     if args.runs < 1:
         raise TrainperfError(f"--runs {args.runs}: expected >= 1")
-    jobs.check_switches(workload, recipe, args.device)
+    for n in nprocs:  # every leg of the study must hold the recipe's parallelism
+        jobs.check_switches(workload, recipe, args.device, n)
     jobs.prepared_data(workload, args.scale, args.data)
     out_dir = Path(args.out) if args.out else Path("runs") / f"scale-{workload.name}-{stamp()}"
     if (out_dir / "scaling.json").exists():

@@ -201,6 +201,12 @@ class Workload(ABC, Generic[R]):
         EpochView.log), with the values a run of `recipe` logs: MiniGo's self-play games per generation."""
         return {}
 
+    def parallelism(self, recipe: R) -> Any:
+        """The parallelism record (spec.parallel) that `build` gives its parts for `recipe`, known without
+        building: `run` and `bench` check it against the processes before any folder is written. None:
+        data parallelism (DDP), which fits any number of processes."""
+        return None
+
     def check_recipe(self, recipe: R) -> None:
         """A recipe's target fits the metric (one value, or one per named value); a workload adds its rules
         across fields and recipes here (a field's own interval is declared with it: spec.fields)."""

@@ -115,7 +115,10 @@ class Flux1Workload(Workload[FluxRecipe]):
                                       **kernels(recipe.fused_optimizer))
         return ModelParts(model=model, optimizer=optimizer, loss_fn=flow_loss,
                           lr_schedule=lambda steps: lr_factor(recipe), eval_forward=validation_losses,
-                          parallel=FullyShard(checkpointing=recipe.checkpointing))
+                          parallel=self.parallelism(recipe))
+
+    def parallelism(self, recipe: FluxRecipe) -> FullyShard:
+        return FullyShard(checkpointing=recipe.checkpointing)
 
     def formula_flops(self, recipe: FluxRecipe) -> tuple[float, int, str] | None:
         return (recipe.model.flops_per_sample(recipe.image_tokens, recipe.text_tokens), recipe.seq_len,

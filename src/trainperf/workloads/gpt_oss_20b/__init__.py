@@ -63,7 +63,10 @@ class GptOssWorkload(Llama31Workload):
         return ModelParts(model=model, optimizer=optimizer, loss_fn=moe_loss,
                           lr_schedule=lambda steps: lr_factor(recipe), eval_forward=moe_token_losses,
                           after_step=(lambda step: update_corrections(model, rate)) if rate else None,
-                          parallel=FullyShard(checkpointing=recipe.checkpointing, ep=recipe.ep))
+                          parallel=self.parallelism(recipe))
+
+    def parallelism(self, recipe: MoERecipe) -> FullyShard:
+        return FullyShard(checkpointing=recipe.checkpointing, ep=recipe.ep)
 
     def formula_flops(self, recipe: MoERecipe) -> tuple[float, int, str] | None:  # type: ignore[override]
         return (recipe.model.flops_per_token(recipe.seq_len) * recipe.seq_len, recipe.seq_len,

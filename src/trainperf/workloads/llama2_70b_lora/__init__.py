@@ -109,7 +109,10 @@ class LoraWorkload(Workload[LoraRecipe]):
                                       weight_decay=recipe.weight_decay, **kernels(recipe.fused_optimizer))
         return ModelParts(model=model, optimizer=optimizer, loss_fn=gov.summary_loss,
                           lr_schedule=lambda steps: lr_factor(recipe), eval_forward=gov.sample_losses,
-                          parallel=FullyShard(tp=recipe.tp, checkpointing=recipe.checkpointing))
+                          parallel=self.parallelism(recipe))
+
+    def parallelism(self, recipe: LoraRecipe) -> FullyShard:
+        return FullyShard(tp=recipe.tp, checkpointing=recipe.checkpointing)
 
     def formula_flops(self, recipe: LoraRecipe) -> tuple[float, int, str] | None:
         c = recipe.model

@@ -90,7 +90,10 @@ class Llama31Workload(Workload[LlamaRecipe]):
             **kernels(recipe.fused_optimizer))
         return ModelParts(model=model, optimizer=optimizer, loss_fn=next_token_loss,
                           lr_schedule=lambda steps: lr_factor(recipe), eval_forward=token_losses,
-                          parallel=FullyShard(tp=recipe.tp, checkpointing=recipe.checkpointing))
+                          parallel=self.parallelism(recipe))
+
+    def parallelism(self, recipe: LlamaRecipe) -> FullyShard:
+        return FullyShard(tp=recipe.tp, checkpointing=recipe.checkpointing)
 
     def formula_flops(self, recipe: LlamaRecipe) -> tuple[float, int, str] | None:
         return (recipe.model.flops_per_token(recipe.seq_len) * recipe.seq_len, recipe.seq_len,
