@@ -165,6 +165,10 @@ class FSDPEngine(Engine):
             for layer in experts:
                 fully_shard(layer.experts, mesh=mesh["dp_mod_ep"], mp_policy=policy)
                 layer.experts.set_gradient_divide_factor(float(ctx.world_size))
+                if ctx.device.type == "cpu" and ctx.world_size > spec.ep:
+                    # The experts' group of several processes: gloo has no pre-multiplied sum (NCCL's PreMulSum),
+                    # so sum, then scale. (A group of one reduces nothing and keeps torch's path.)
+                    layer.experts.set_force_sum_reduction_for_comms(True)
             last = len(blocks) - 1
             for i, block in enumerate(blocks):
                 # The last block's weights are needed again at once by the backward: keep them gathered.
