@@ -219,7 +219,7 @@ def check_switches(workload: Workload, recipe: Recipe, device: str | None, world
     """An unsupported speedup, or a parallelism the processes cannot hold (ep=2 on one process, say), is a
     one-line error before any run folder is written (the harness checks again, on the device each process
     really gets). `world_size`: the processes the run will have (default: the launcher's, else one)."""
-    from trainperf.runtime import distributed, parallel, speedups
+    from trainperf.runtime import distributed, speedups
     from trainperf.spec import RuntimeContext
 
     resolved = devices.resolve(device)
@@ -230,10 +230,7 @@ def check_switches(workload: Workload, recipe: Recipe, device: str | None, world
     if world_size is None:
         placement = distributed.env_placement()
         world_size = placement[2] if placement is not None else 1
-    try:
-        parallel.engine_for(spec).check(spec, recipe, RuntimeContext(device=resolved, world_size=world_size))
-    except TrainperfError as exc:
-        raise TrainperfError(f"{workload.name}: {exc}") from None
+    speedups.check_parallelism(workload, spec, recipe, RuntimeContext(device=resolved, world_size=world_size))
 
 
 def start(request: RunRequest, say: Say = print, warn: Say = print) -> RunOutcome:

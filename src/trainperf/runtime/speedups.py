@@ -18,7 +18,8 @@ import torch
 
 from trainperf import devices
 from trainperf.errors import TrainperfError
-from trainperf.spec import Assets, ModelParts, Recipe, RuntimeContext, Workload, bare_model
+from trainperf.runtime.engine import Engine
+from trainperf.spec import Assets, ModelParts, Parallelism, Recipe, RuntimeContext, Workload, bare_model
 
 
 @dataclass(frozen=True)
@@ -110,11 +111,7 @@ def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: As
     if recipe.precision == "fp8":
         to_float8(parts.model)
     spec = parallel.spec_of(parts)
-    engine = parallel.engine_for(spec)
-    try:
-        engine.check(spec, recipe, ctx)
-    except TrainperfError as exc:
-        raise TrainperfError(f"{workload.name}: {exc}") from None
+    engine = check_parallelism(workload, spec, recipe, ctx)
     parts = engine.apply(spec, parts, recipe, ctx)
     # An engine that compiles the model itself (per block) leaves only the evaluation forward to compile here.
     options: dict[str, Any] = {}
@@ -139,6 +136,19 @@ def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: As
         # The evaluation forward is compiled on its own (it runs the unwrapped module, without DDP).
         parts.eval_forward = torch.compile(parts.eval_forward)
     return parts
+
+
+def check_parallelism(workload: Workload, spec: Parallelism, recipe: Recipe, ctx: RuntimeContext) -> Engine:
+    """The engine of `spec`, once it has found the recipe and the processes fit it (else one line naming the
+    workload): before building (`jobs.check_switches`) and again on the processes the run really has."""
+    from trainperf.runtime import parallel
+
+    engine = parallel.engine_for(spec)
+    try:
+        engine.check(spec, recipe, ctx)
+    except TrainperfError as exc:
+        raise TrainperfError(f"{workload.name}: {exc}") from None
+    return engine
 
 
 def compile_rnns() -> None:

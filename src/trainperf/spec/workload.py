@@ -14,6 +14,7 @@ from trainperf.spec.assets import Assets
 from trainperf.spec.batches import count_samples, split_batch
 from trainperf.spec.context import RuntimeContext
 from trainperf.spec.mlperf import MLPerf
+from trainperf.spec.parallel import Parallelism
 from trainperf.spec.parts import DataParts, ModelParts
 from trainperf.spec.quality import SCALES, Metric
 from trainperf.spec.recipe import R
@@ -201,7 +202,7 @@ class Workload(ABC, Generic[R]):
         EpochView.log), with the values a run of `recipe` logs: MiniGo's self-play games per generation."""
         return {}
 
-    def parallelism(self, recipe: R) -> Any:
+    def parallelism(self, recipe: R) -> Parallelism | None:
         """The parallelism record (spec.parallel) that `build` gives its parts for `recipe`, known without
         building: `run` and `bench` check it against the processes before any folder is written. None:
         data parallelism (DDP), which fits any number of processes."""
