@@ -16,7 +16,7 @@ import importlib
 
 import numpy as np
 
-from trainperf import registry
+from trainperf import jobs, registry
 from trainperf.workloads.common.coco import data as C
 from trainperf.workloads.common.coco import masks as K
 from trainperf.workloads.common.coco import scoring
@@ -34,9 +34,7 @@ def main() -> None:
     parser.add_argument("workload")
     args = parser.parse_args()
     workload = registry.get(args.workload)
-    root = workload.default_data_dir("mini")
-    if workload.data_problems("mini", root):
-        workload.prepare("mini", root, print)
+    root = jobs.prepared_data(workload, "mini", None)  # generated and recorded on first use
     module = importlib.import_module(type(workload).__module__)
     data = getattr(module, "DATA", None)
     if data is not None and data.masks:

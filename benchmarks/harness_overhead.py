@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from trainperf import registry
+from trainperf import jobs, registry
 from trainperf.harness import RunConfig, run
 from trainperf.runtime import speedups
 from trainperf.spec import Assets, EpochView, RuntimeContext
@@ -61,9 +61,7 @@ def main() -> None:
     workload = registry.get(args.workload)
     # An unreachable target so both sides train exactly the same number of epochs and evaluations.
     recipe = workload.recipe("mini").with_overrides([f"max_epochs={args.epochs}", "target=2.0"])
-    data_dir = workload.default_data_dir("mini")
-    if workload.data_problems("mini", data_dir):
-        workload.prepare("mini", data_dir, print)
+    data_dir = jobs.prepared_data(workload, "mini", None)  # generated and recorded on first use
     harness, minimal = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):

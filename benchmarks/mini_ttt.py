@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainperf import registry
+from trainperf import jobs, registry
 from trainperf.harness import RunConfig, run
 from trainperf.spec import RuntimeContext
 
@@ -93,9 +93,7 @@ def main() -> None:
 
     workload = registry.get(args.workload)
     recipe = workload.recipe("mini").with_overrides(args.set)
-    data_dir = workload.default_data_dir("mini")
-    if workload.data_problems("mini", data_dir):
-        workload.prepare("mini", data_dir, print)
+    data_dir = jobs.prepared_data(workload, "mini", None)  # generated and recorded on first use
     ours, plain = [], []
     for seed in range(args.first_seed, args.first_seed + args.runs):
         ours.append(trainperf_run(workload, recipe, data_dir, seed))

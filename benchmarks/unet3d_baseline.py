@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from scipy.ndimage import gaussian_filter
 
-from trainperf import registry
+from trainperf import jobs, registry
 from trainperf.workloads.unet3d import data as D
 from trainperf.workloads.unet3d import model as M
 
@@ -53,9 +53,7 @@ def search(cases: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, tuple[flo
 def main() -> None:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     workload = registry.get("unet3d")
-    root = workload.default_data_dir("mini")
-    if workload.data_problems("mini", root):
-        workload.prepare("mini", root, print)
+    root = jobs.prepared_data(workload, "mini", None)  # generated and recorded on first use
     recipe = workload.recipe("mini")
     train_ids, eval_ids = D.split(D.list_cases(root), recipe.evaluation_cases)
     paths = D.list_cases(root)

@@ -108,13 +108,9 @@ def cut_short_run(argv: list[str], out: Path, ruleset: str) -> dict:
 
 def mini_data(name: str) -> Path:
     """The session's mini dataset of a workload, generated on first use."""
-    from trainperf import registry
+    from trainperf import jobs, registry
 
-    workload = registry.get(name)
-    root = workload.default_data_dir("mini")
-    if workload.data_problems("mini", root):
-        workload.prepare("mini", root, say=lambda s: None)
-    return root
+    return jobs.prepared_data(registry.get(name), "mini", None, say=lambda s: None)
 
 
 class Page(HTMLParser):

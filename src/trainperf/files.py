@@ -32,9 +32,12 @@ class AtomicOutput:
             write_to(tmp)
     """
 
-    def __init__(self, path: Path, directory: bool = False) -> None:
+    def __init__(self, path: Path, directory: bool = False, replace: bool = True) -> None:
         self.path = Path(path)
         self.directory = directory
+        # replace=False: a folder output only takes the place of a missing or empty folder (rename(2)
+        # onto an empty folder is atomic); anything found there is left alone and the output refused.
+        self.replace = replace
         self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
 
     def __enter__(self) -> Path:
@@ -56,9 +59,15 @@ class AtomicOutput:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-            elif self.path.is_dir():
+                os.replace(self.tmp, self.path)
+                return
+            try:
+                os.replace(self.tmp, self.path)  # onto a missing or empty folder
+            except OSError:
+                if not self.replace or not self.path.is_dir() or self.path.is_symlink():
+                    raise
                 shutil.rmtree(self.path)
-            os.replace(self.tmp, self.path)
+                os.replace(self.tmp, self.path)
         except BaseException:
             self._discard()
             raise
@@ -127,29 +136,32 @@ def remove_stale_partials_around(folder: Path) -> list[Path]:
     return removed
 
 
+# Lock files that older trainperf versions left inside a full dataset and beside a generated folder.
 LOCK_NAME = ".trainperf-lock"
 
 
-def folder_lock_path(folder: Path, inside: bool = False) -> Path:
-    """Where `folder_lock` keeps its lock file (made by trainperf: its presence says trainperf prepared
-    this folder before, or is preparing it now)."""
+def remove_old_lock_files(folder: Path) -> None:
+    """Remove the empty lock files an older trainperf left in and beside a data folder (they hold nothing;
+    trainperf now locks the folder itself). Silently keeps what it may not remove (a read-only volume)."""
     folder = Path(folder)
-    return folder / LOCK_NAME if inside else folder.parent / f".{folder.name}.trainperf-lock"
+    for path in (folder / LOCK_NAME, folder.parent / f".{folder.name}{LOCK_NAME}"):
+        with contextlib.suppress(OSError):
+            if path.is_file() and not path.is_symlink() and path.stat().st_size == 0:
+                path.unlink()
 
 
 @contextlib.contextmanager
-def folder_lock(folder: Path, inside: bool = False) -> Iterator[bool]:
-    """An exclusive lock on preparing `folder`, held by one process at a time (a second `prepare` or
-    `run` of the same data waits for the first, then finds its work done). The lock file lies beside
-    a folder generated whole (which is replaced), or `inside` a user's dataset (whose parent is not
-    ours to write). Yields False, without locking, where no lock file can be made (read-only): there
-    is nothing to write there either."""
+def folder_lock(folder: Path) -> Iterator[bool]:
+    """An exclusive lock on preparing `folder`, held by one process at a time (a second `prepare` or `run`
+    of the same data waits for the first, then finds its work done): `flock` on the folder's own
+    descriptor. Nothing is created inside or beside the folder, so a dataset on a read-only or shared
+    volume stays as its owner left it, and no lock file can outlive its process. The folder must exist.
+    Yields False, without locking, where the folder cannot be opened (then nothing can be written there
+    either)."""
     import fcntl
 
-    lock_path = folder_lock_path(folder, inside)
     try:
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         yield False
         return
@@ -157,7 +169,7 @@ def folder_lock(folder: Path, inside: bool = False) -> Iterator[bool]:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield True
     finally:
-        os.close(fd)  # releases the lock; the file stays, so two lockers always share one inode
+        os.close(fd)  # releases the lock
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:

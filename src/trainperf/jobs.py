@@ -18,10 +18,6 @@ from trainperf import devices, prepared, registry
 from trainperf.errors import TrainperfError
 from trainperf.files import (
     copy_atomic,
-    folder_lock,
-    folder_lock_path,
-    is_partial,
-    remove_stale_partials_around,
     write_json_atomic,
 )
 from trainperf.runtime.load import busy_note
@@ -129,59 +125,55 @@ def eval_set_problems(workload: Workload, folder: Path) -> list[str]:
 
 
 def generate(workload: Workload, folder: Path, problems: list[str], say: Say = print) -> None:
-    """Generate mini data, again from scratch when the copy there is damaged, and record its files.
-    Only into a folder trainperf may write (see `check_generation_target`); one process at a time."""
-    try:
-        check_generation_target(workload, folder)
-    except TrainperfError:
-        # Another process may be generating into it right now (its files there, its record not yet):
-        # then its lock file is beside the folder, and the check is made again once it is done.
-        if not folder_lock_path(folder).exists():
-            raise
-    with folder_lock(folder):
-        for stale in remove_stale_partials_around(folder):
-            say(f"removed {stale}, left by a prepare that was killed")
-        problems = data_problems(workload, "mini", folder)
-        if not problems:
+    """Generate mini data into `folder`, again when trainperf's copy there is damaged: only into a folder
+    trainperf may write (`check_generation_target`), as a folder written whole (prepared.write_owned:
+    a temporary sibling renamed onto the missing or empty folder, the record of its files inside), one
+    process at a time (a lock on the folder itself: nothing is left beside it)."""
+    check_generation_target(workload, folder)
+
+    def still_needed() -> bool:
+        now = data_problems(workload, "mini", folder)
+        if not now:
             say(f"{workload.name}: mini dataset in {folder} made by another process meanwhile")
-            return
-        check_generation_target(workload, folder)
-        if prepared.generated_problems(folder):
-            say(f"{problems[0]}: generating it again")
-            shutil.rmtree(folder)
+            return False
+        if prepared.read_generated(folder) is not None:
+            say(f"{now[0]}: generating it again")
         else:
             say(f"{workload.name}: generating the mini dataset in {folder} (first use only)")
-        workload.prepare("mini", folder, say)
-        prepared.record_generated(folder)
+        return True
+
+    prepared.write_owned(folder, workload.name, lambda tmp, said: workload.prepare("mini", tmp, said), say,
+                         check=lambda: check_generation_target(workload, folder), needed=still_needed,
+                         option="--data")
 
 
-def check_generation_target(workload: Workload, folder: Path) -> None:
-    """A mini generator replaces the folder it writes: refuse any folder that holds what trainperf did
-    not write there. Allowed: a missing or empty folder, one holding trainperf's record of generated
-    files, and the workload's own mini folder in trainperf's cache (made by trainperf, even before
-    it recorded its files)."""
+def check_generation_target(workload: Workload, folder: Path) -> prepared.GeneratedRecord | None:
+    """A mini generator writes only into a missing or empty folder, or one it generated before (its record
+    says so), and deletes only the files its record names: any other folder is refused in one line,
+    before anything is written — a user's real dataset given to a mini (a forgotten --scale full) first.
+    Returns the record of what trainperf generated there (None: nothing there yet)."""
     here = Path.cwd().resolve()
     if folder.resolve() == here or folder.resolve() in here.parents:
         raise TrainperfError(f"--data {folder}: is the current folder (or holds it); mini data replaces the folder it "
                              "is generated into: name another folder, or leave --data out")
-    if not folder.exists() and not folder.is_symlink():
-        return
-    if not folder.is_dir() or folder.is_symlink():
-        raise TrainperfError(f"--data {folder}: exists and is not a folder; mini data is generated only into a "
-                             "new or empty folder")
-    if (folder / prepared.GENERATED_MANIFEST).is_file() or folder == workload.default_data_dir("mini"):
-        return
-    try:
-        entries = sorted(e.name for e in folder.iterdir() if not is_partial(e.name))
-    except OSError as exc:
-        raise TrainperfError(f"--data {folder}: cannot list it ({exc.strerror})") from None
-    if not entries:
-        return
-    shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
-    raise TrainperfError(
-        f"--data {folder}: holds {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} trainperf did not write "
-        f"({shown}); mini data is generated only into a new or empty folder, or one trainperf made. If this is "
-        f"the real dataset, add --scale full; for the mini, leave --data out or name a new folder")
+    record = prepared.read_generated(folder) if folder.is_dir() and not folder.is_symlink() else None
+    if record is not None and not record.by_generator and folder != workload.default_data_dir("mini"):
+        raise TrainperfError(
+            f"--data {folder}: its {prepared.GENERATED_MANIFEST} was written by an older trainperf, which also "
+            "recorded real datasets given to a mini, so it does not show trainperf generated this folder and "
+            "nothing in it is deleted. If this is the real dataset, delete that file and add --scale full; if "
+            "trainperf generated it, delete the folder and run again")
+
+    def unowned(foreign: list[str], shown: str) -> str:
+        complete = not workload.data_problems("mini", folder)
+        what = (f"a complete {workload.name} dataset trainperf did not generate" if complete else
+                f"{len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} trainperf did not write")
+        return (f"holds {what} ({shown}); mini data is generated only into a new or empty folder, or one trainperf "
+                "generated. If this is the real dataset, add --scale full; for the mini, leave --data out or name "
+                "a new folder")
+
+    return prepared.owned_target(folder, workload.name, "--data", unowned, what="mini dataset",
+                                 legacy_ok=True)
 
 
 def prepared_data(workload: Workload, scale: str, data: str | None, say: Say = print) -> Path:
@@ -192,15 +184,7 @@ def prepared_data(workload: Workload, scale: str, data: str | None, say: Say = p
         raise TrainperfError(problems[0])
     if problems:
         generate(workload, folder, problems, say)
-    elif scale == "mini":
-        record_once(folder)
     return folder
-
-
-def record_once(folder: Path) -> None:
-    """Mini data generated before its files were recorded: record them now (from now on, damage shows)."""
-    if not (folder / prepared.GENERATED_MANIFEST).exists():
-        prepared.record_generated(folder)
 
 
 def needs_data(synthetic: bool, data: str | None) -> bool:
@@ -264,11 +248,11 @@ def start(request: RunRequest, say: Say = print, warn: Say = print) -> RunOutcom
         raise TrainperfError("--resume: only a series (--runs) can be resumed")
     if problems and not in_group:
         generate(workload, folder, problems, say)
-    elif request.scale == "mini" and not in_group:
-        record_once(folder)
     if not in_group:
         # Files build() reads (metadata, weights): a missing one is named before any folder is written.
-        Assets(workload.assets(recipe, folder)).check()
+        assets = Assets(workload.assets(recipe, folder))
+        assets.check()
+        workload.check_assets(recipe, assets)
         for note in workload.notes(recipe, request.scale):
             say(f"note: {note}")
     seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "little") % (2**31)

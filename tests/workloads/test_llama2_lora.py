@@ -328,14 +328,16 @@ def test_the_full_scale_reads_the_references_files(tmp_path, capsys):
     assert main(["prepare", "llama2_70b_lora", "--scale", "full", "--data", str(tmp_path)]) == 2
     assert "validation-00000-of-00001.parquet: missing" in capsys.readouterr().err
     gov.write_rows(tmp_path / gov.VALID, ids[32:], labels[32:])
-    assert main(["prepare", "llama2_70b_lora", "--scale", "full", "--data", str(tmp_path)]) == 0
-    assert "32 rows" in capsys.readouterr().out
+    assert main(["prepare", "llama2_70b_lora", "--scale", "full", "--data", str(tmp_path)]) == 2
+    assert "base/config.json: missing" in capsys.readouterr().err  # not "ready" without the base (issue 60, 14)
     small = LlamaConfig(layers=1, dim=32, heads=4, kv_heads=2, ffn_dim=64, vocab_size=96, rope_theta=10_000.0,
                         rope_factor=0.0, rope_original_context=4096)
     torch.manual_seed(4)
     base = Llama(small, 128)
     base.reset_parameters()
     hf.write(base, small, tmp_path / "base", dtype=torch.bfloat16)
+    assert main(["prepare", "llama2_70b_lora", "--scale", "full", "--data", str(tmp_path)]) == 0
+    assert "32 rows" in capsys.readouterr().out
     sets = ["model.layers=1", "model.dim=32", "model.heads=4", "model.kv_heads=2", "model.ffn_dim=64",
             "model.vocab_size=96", "seq_len=128", "eval_samples=8", "eval_batch_size=4", "max_samples=32",
             "eval_every_samples=16", "eval_first_samples=16", "precision=fp32", "fused_optimizer=false"]
@@ -346,11 +348,24 @@ def test_the_full_scale_reads_the_references_files(tmp_path, capsys):
     records = read_log(out / "mlperf_log.txt")
     assert [r["metadata"]["samples_count"] for r in records if r["key"] == "eval_accuracy"] == [16, 32]
     assert next(r["value"] for r in records if r["key"] == "train_samples") == 32
-    # A base of another shape than the recipe's is refused in one line naming its config.json.
+    # A base of another shape than the recipe's, or missing a tensor, is refused in one line naming the file,
+    # before any run folder is written (as a missing config.json is: one rule, exit 2).
+    capsys.readouterr()
     code = main(["run", "llama2_70b_lora", "--scale", "full", "--data", str(tmp_path), "--out", str(tmp_path / "x"),
                  "--quiet", *[x for s in sets if not s.startswith("model.dim") for x in ("--set", s)]])
-    assert code == 1  # an aborted run, its log valid
-    assert "base/config.json: dim 32 in the checkpoint, 8192 in the recipe" in capsys.readouterr().out
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and not (tmp_path / "x").exists()
+    assert len(err) == 1 and "base/config.json: dim 32 in the checkpoint, 8192 in the recipe" in err[0], err
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(tmp_path / "base" / hf.SINGLE)
+    del tensors["model.layers.0.mlp.down_proj.weight"]
+    save_file(tensors, tmp_path / "base" / hf.SINGLE)
+    code = main(["run", "llama2_70b_lora", "--scale", "full", "--data", str(tmp_path), "--out", str(tmp_path / "x"),
+                 "--quiet", *[x for s in sets for x in ("--set", s)]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and not (tmp_path / "x").exists()
+    assert len(err) == 1 and "no tensor model.layers.0.mlp.down_proj.weight" in err[0], err
 
 
 def test_bench_counts_the_frozen_base_as_forward_and_input_gradients():
@@ -450,3 +465,24 @@ def test_fp8_runs_the_frozen_products_in_float8_and_keeps_the_adapters():
         losses[precision] = [float(step(batch)) for _ in range(6)]
     assert losses["fp8"][0] == pytest.approx(losses["bf16"][0], rel=0.03)
     assert losses["fp8"][-1] < losses["fp8"][0] - 0.3  # the adapters learn through the float8 base
+
+
+def test_a_replaced_shipped_base_is_refused_before_the_run(tmp_path, monkeypatch, capsys):
+    """Issue 60, 3: a base rebuilt over the shipped one made the mini miss its calibrated target with no
+    word. The shipped base's SHA-256 is checked at use, as BERT's phase-1 checkpoint and MiniGo's target."""
+    import shutil
+
+    from trainperf.cli import main
+    from trainperf.workloads.llama2_70b_lora import synthetic
+
+    synthetic.verify_shipped_base(synthetic.BASE)  # the shipped one passes
+    copy = tmp_path / "base"
+    shutil.copytree(synthetic.BASE, copy)
+    data = bytearray((copy / "model.safetensors").read_bytes())
+    data[-1] ^= 1
+    (copy / "model.safetensors").write_bytes(bytes(data))
+    monkeypatch.setattr(synthetic, "BASE", copy)
+    assert main(["run", "llama2_70b_lora", "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.safetensors: SHA-256 differs" in err[0], err
+    assert not (tmp_path / "run").exists()  # refused before any run folder is written

@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ from trainperf.cli.options import (
 )
 from trainperf.cli.perf import project_scaling
 from trainperf.errors import TrainperfError
-from trainperf.files import folder_lock, remove_stale_partials_around
+from trainperf.files import folder_lock, remove_old_lock_files, remove_stale_partials_around
 
 
 def add_list(sub: Any) -> None:
@@ -102,14 +103,14 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         problems = jobs.data_problems(workload, "mini", data_dir)
         if not problems:
             # Generated data is deterministic: a complete copy is never rewritten (its files are checked).
-            jobs.record_once(data_dir)
             print(f"{workload.name} mini: already present and complete in {data_dir}")
             return 0
         jobs.generate(workload, data_dir, problems, print)
         return 0
     if not data_dir.is_dir():
         raise TrainperfError(f"--data {data_dir}: no such folder")
-    with folder_lock(data_dir, inside=True):
+    with folder_lock(data_dir):
+        remove_old_lock_files(data_dir)
         for stale in remove_stale_partials_around(data_dir):
             print(f"removed {stale}, left by a prepare that was killed")
         workload.prepare(args.scale, data_dir, print)
@@ -153,18 +154,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     return outcome.code
 
 
+def make_asset(command: str, out: str | None, default: str, write: Callable[[Path, Callable[[str], None]], Any]
+               ) -> Path:
+    """A `make-*` command's folder: --out, else ./DEFAULT, never inside the installed package (the shipped
+    asset is checked by its SHA-256 where it is used). Written whole, only into a new or empty folder or
+    one this command wrote before (prepared.write_owned)."""
+    from trainperf import prepared
+
+    folder = Path(out).expanduser().absolute() if out else Path(default).absolute()
+
+    def unowned(foreign: list[str], shown: str) -> str:
+        return (f"holds {len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} trainperf did not write ({shown}); "
+                f"{command} writes only into a new or empty folder, or one it wrote before")
+
+    def check() -> prepared.GeneratedRecord | None:
+        return prepared.owned_target(folder, command, "--out", unowned, what=f"{command} output")
+
+    prepared.write_owned(folder, command, write, lambda line: print(line, flush=True), check=check)
+    print(f"{command}: wrote {folder}", flush=True)
+    return folder
+
+
 def add_make_minigo_target(sub: Any) -> None:
     p = sub.add_parser("make-minigo-target", help="train the mini MiniGo's target model (shipped in the package)")
     p.add_argument("--generations", type=positive_int, help="self-play generations (default: the shipped target's)")
     add_seed(p, help="random seed (default: the shipped target's)")
-    add_out(p, "folder for target.pt and target.json (default: the package's)")
+    add_out(p, "a new folder for target.pt and target.json (default: ./minigo-target; the shipped one is never "
+               "replaced)")
     p.set_defaults(func=cmd_make_minigo_target)
 
 
 def cmd_make_minigo_target(args: argparse.Namespace) -> int:
     workload = registry.get("minigo")
-    out = Path(args.out) if args.out else Path(sys.modules[type(workload).__module__].__file__).parent / "mini"
-    workload.make_target(out, lambda line: print(line, flush=True), args.generations, args.seed)
+    make_asset("make-minigo-target", args.out, "minigo-target",
+               lambda out, say: workload.make_target(out, say, args.generations, args.seed))
     return 0
 
 
@@ -172,14 +195,15 @@ def add_make_phase1(sub: Any) -> None:
     p = sub.add_parser("make-phase1", help="train the mini BERT's phase-1 checkpoint (shipped in the package)")
     add_steps(p, steps=6000, warmup=None, what="phase-1 training ")
     add_seed(p, default=1, help="random seed (default: 1, the shipped checkpoint's)")
-    add_out(p, "folder for vocab.txt, phase1.pt, phase1.json (default: the package's)")
+    add_out(p, "a new folder for vocab.txt, phase1.pt, phase1.json (default: ./bert-phase1; the shipped one is "
+               "never replaced)")
     p.set_defaults(func=cmd_make_phase1)
 
 
 def cmd_make_phase1(args: argparse.Namespace) -> int:
     workload = registry.get("bert")
-    out = Path(args.out) if args.out else Path(sys.modules[type(workload).__module__].__file__).parent / "mini"
-    workload.make_phase1(out, args.steps, lambda line: print(line, flush=True), seed=args.seed)
+    make_asset("make-phase1", args.out, "bert-phase1",
+               lambda out, say: workload.make_phase1(out, args.steps, say, seed=args.seed))
     return 0
 
 
@@ -187,14 +211,15 @@ def add_make_lora_base(sub: Any) -> None:
     p = sub.add_parser("make-lora-base", help="train the LoRA mini's base model (shipped in the package)")
     add_steps(p, steps=800, warmup=None, what="language-model training ")
     add_seed(p, default=1, help="random seed (default: 1, the shipped base's)")
-    add_out(p, "folder for config.json, model.safetensors, base.json (default: the package's)")
+    add_out(p, "a new folder for config.json, model.safetensors, base.json (default: ./lora-base; the shipped one "
+               "is never replaced)")
     p.set_defaults(func=cmd_make_lora_base)
 
 
 def cmd_make_lora_base(args: argparse.Namespace) -> int:
     workload = registry.get("llama2_70b_lora")
-    out = Path(args.out) if args.out else Path(sys.modules[type(workload).__module__].__file__).parent / "mini" / "base"
-    workload.make_base(out, args.steps, lambda line: print(line, flush=True), seed=args.seed)
+    make_asset("make-lora-base", args.out, "lora-base",
+               lambda out, say: workload.make_base(out, args.steps, say, seed=args.seed))
     return 0
 
 

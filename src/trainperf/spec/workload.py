@@ -125,6 +125,12 @@ class Workload(ABC, Generic[R]):
         """Files `build` reads, by name. None by default."""
         return {}
 
+    def check_assets(self, recipe: R, assets: Assets) -> None:
+        """Check what `build` will read without reading it whole (a shipped file's SHA-256, a checkpoint's
+        config and tensor headers): a damaged or mismatched one raises TrainperfError naming the file
+        before any run folder is written, as a missing one does. Nothing beyond their existence by
+        default."""
+
     def initialized_tensors(self, recipe: R, model: torch.nn.Module) -> list[str]:
         """Names of the tensors the model initialised, logged as `weights_initialization` events
         (rulesets that require them: RetinaNet's 2.0.0), in the reference's naming. None by default.

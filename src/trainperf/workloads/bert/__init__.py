@@ -89,6 +89,10 @@ class BertWorkload(Workload[BertRecipe]):
                     "cadence and budget stay in sequences"]
         return []
 
+    def check_assets(self, recipe: BertRecipe, assets: Assets) -> None:
+        if "phase-1 checkpoint" in assets and "mini vocabulary" in assets:
+            verify_mini_checkpoint(assets["phase-1 checkpoint"], assets["mini vocabulary"])
+
     def build(self, recipe: BertRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         cfg = dataclasses.replace(recipe.model, max_positions=max(recipe.model.max_positions, recipe.max_seq_length))
         state = None
@@ -207,7 +211,8 @@ def verify_mini_checkpoint(checkpoint: Path, vocab: Path) -> None:
     for path, key in ((checkpoint, "checkpoint_sha256"), (vocab, "vocab_sha256")):
         if path.parent == bert_data.PACKAGE and bert_data.sha256(path) != manifest.get(key):
             raise TrainperfError(f"{path}: SHA-256 differs from {bert_data.PACKAGE / 'phase1.json'} (a damaged or "
-                                 "replaced file; `trainperf make-phase1` rebuilds both)")
+                                 "replaced file: the mini's target was calibrated with the shipped one; reinstall "
+                                 "trainperf)")
 
 
 # What trainperf's registry finds in this package (registry.py reads this line; nothing is imported).

@@ -41,9 +41,15 @@ class GovReportFiles(DataSource):
     """The reference's prepared GovReport: checked, never downloaded."""
 
     def problems(self, data_dir: Path) -> list[str]:
-        return [f"{data_dir / name}: missing (the Hugging Face dataset regisss/scrolls_gov_report_preprocessed_"
-                "mlperf_2, as the reference's download script leaves it)"
-                for name in (gov.TRAIN, gov.VALID) if not (data_dir / name).is_file()]
+        missing = [f"{data_dir / name}: missing (the Hugging Face dataset regisss/scrolls_gov_report_preprocessed_"
+                   "mlperf_2, as the reference's download script leaves it)"
+                   for name in (gov.TRAIN, gov.VALID) if not (data_dir / name).is_file()]
+        if not (data_dir / "base" / "config.json").is_file():
+            # The base is part of what a run needs from --data: `prepare` says ready only with it.
+            missing.append(f"{data_dir / 'base' / 'config.json'}: missing (the Llama 2 70B base as a Hugging Face "
+                           "checkpoint folder base/: config.json and safetensors shards, as the reference's "
+                           "conversion leaves it)")
+        return missing
 
     def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
         problems = self.problems(data_dir)
@@ -86,16 +92,31 @@ class LoraWorkload(Workload[LoraRecipe]):
                 "lora_rank": recipe.lora_rank, "lora_alpha": recipe.lora_alpha,
                 "opt_learning_rate_warmup_factor": 0.0}
 
-    def build(self, recipe: LoraRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
-        checkpoint = hf.Checkpoint(assets["base checkpoint"].parent) if "base checkpoint" in assets else None
+    def check_assets(self, recipe: LoraRecipe, assets: Assets) -> None:
+        checkpoint = self._checkpoint(recipe, assets)
         if checkpoint is not None:
-            # The context it was trained at is the checkpoint's to say (Llama 2: 4,096; the mini's: 128).
-            differ = [f"{f.name} {getattr(checkpoint.config, f.name)} in the checkpoint, "
-                      f"{getattr(recipe.model, f.name)} in the recipe" for f in dataclasses.fields(recipe.model)
-                      if f.name not in ("rope_original_context", "init_std")
-                      and getattr(checkpoint.config, f.name) != getattr(recipe.model, f.name)]
-            if differ:
-                raise TrainperfError(f"{checkpoint.folder / 'config.json'}: " + "; ".join(differ))
+            checkpoint.check_headers()
+
+    def _checkpoint(self, recipe: LoraRecipe, assets: Assets) -> hf.Checkpoint | None:
+        """The base checkpoint the recipe names (the shipped one checked by its SHA-256), its config
+        held equal to the recipe's model."""
+        if "base checkpoint" not in assets:
+            return None
+        folder = assets["base checkpoint"].parent
+        if folder == synthetic.BASE:
+            synthetic.verify_shipped_base(folder)
+        checkpoint = hf.Checkpoint(folder)
+        # The context it was trained at is the checkpoint's to say (Llama 2: 4,096; the mini's: 128).
+        differ = [f"{f.name} {getattr(checkpoint.config, f.name)} in the checkpoint, "
+                  f"{getattr(recipe.model, f.name)} in the recipe" for f in dataclasses.fields(recipe.model)
+                  if f.name not in ("rope_original_context", "init_std")
+                  and getattr(checkpoint.config, f.name) != getattr(recipe.model, f.name)]
+        if differ:
+            raise TrainperfError(f"{checkpoint.folder / 'config.json'}: " + "; ".join(differ))
+        return checkpoint
+
+    def build(self, recipe: LoraRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
+        checkpoint = self._checkpoint(recipe, assets)
         # On the meta device: the engine gives each process storage for its shards and Llama.init_weights
         # reads them from the checkpoint (the adapters drawn), never the whole base on one device.
         with torch.device("meta"):

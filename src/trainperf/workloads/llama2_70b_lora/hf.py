@@ -26,7 +26,7 @@ from torch import nn
 
 from trainperf.errors import TrainperfError, shown
 from trainperf.files import write_json_atomic
-from trainperf.workloads.llama31_8b.model import LlamaConfig
+from trainperf.workloads.llama31_8b.model import Llama, LlamaConfig
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -156,6 +156,22 @@ class Checkpoint:
         if dtype is None:
             raise TrainperfError(f"{self.files[name]}: {name} is {piece.get_dtype()}, expected BF16, F16 or F32")
         return piece
+
+    def check_headers(self) -> None:
+        """Every base tensor the config implies is in its shard with its shape and a float dtype, read from
+        the safetensors headers only (nothing is loaded): a partial or mismatched checkpoint is one line
+        before a run starts, not an aborted run."""
+        c = self.config
+        q_rows, kv_rows = c.heads * c.head_dim, c.kv_heads * c.head_dim
+        with torch.device("meta"):
+            shapes = {name: tuple(p.shape) for name, p in _plain_named(Llama(c, 1))}
+        for ours, theirs in hf_names(c):
+            module = theirs.split(".")[-2]
+            fused = theirs.replace(f".{module}.", ".qkv_proj.")
+            if module in ("q_proj", "k_proj", "v_proj") and fused in self.files and theirs not in self.files:
+                self._tensor(fused, (q_rows + 2 * kv_rows, c.dim))
+            else:
+                self._tensor(theirs, shapes[ours])
 
     def full(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """One of this Llama's base tensors, whole, in Meta's row order."""

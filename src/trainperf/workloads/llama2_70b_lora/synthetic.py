@@ -149,6 +149,39 @@ class GovReportLike(DataSource):
         return []
 
 
+BASE_FILES = ("config.json", "model.safetensors")
+
+
+def sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def verify_shipped_base(folder: Path) -> None:
+    """The shipped base (the one the mini's target was calibrated with) is the one its manifest names:
+    a damaged or replaced file is one line, never a run that misses its target without a word."""
+    import json
+
+    from trainperf.errors import TrainperfError
+
+    manifest = folder / "base.json"
+    try:
+        expected = json.loads(manifest.read_text(encoding="utf-8"))["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise TrainperfError(f"{manifest}: unreadable manifest of the shipped LoRA base (reinstall trainperf)"
+                             ) from None
+    for name in BASE_FILES:
+        path = folder / name
+        try:
+            found = sha256(path)
+        except OSError as exc:
+            raise TrainperfError(f"{path}: cannot read the shipped LoRA base ({exc.strerror})") from None
+        if found != expected.get(name):
+            raise TrainperfError(f"{path}: SHA-256 differs from {manifest} (a damaged or replaced file: the mini's "
+                                 "target was calibrated with the shipped base; reinstall trainperf)")
+
+
 def make_base(out: Path, steps: int, say: Callable[[str], None], seed: int) -> dict[str, Any]:
     """`trainperf make-lora-base`: train the mini's base model as a language model on documents and write
     it as a Hugging Face checkpoint (fp32) with a manifest of how it was made."""
@@ -177,6 +210,7 @@ def make_base(out: Path, steps: int, say: Callable[[str], None], seed: int) -> d
         held = next_token_loss(model, held_out).item()
     hf.write(model, BASE_CONFIG, out, dtype=torch.float32)
     manifest = {"steps": steps, "seed": seed, "batch": 16, "held_out_lm_loss": round(held, 4),
+                "sha256": {name: sha256(out / name) for name in BASE_FILES},
                 "command": f"trainperf make-lora-base --steps {steps} --seed {seed}"}
     write_json_atomic(out / "base.json", manifest)
     say(f"wrote {out} (held-out language-model loss {held:.3f})")

@@ -152,6 +152,10 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=_forward,
                           lr_schedule=lambda steps_per_epoch: lr_factor(recipe))
 
+    def check_assets(self, recipe: MiniGoRecipe, assets: Assets) -> None:
+        if "target model" in assets:
+            self.target_network(recipe, assets)  # a few MB: loaded and shape-checked before the run
+
     def target_network(self, recipe: MiniGoRecipe, assets: Assets) -> minigo_model.DualNet:
         """The fixed opponent, loaded with weights_only=True and shape-checked; the shipped mini target
         must also match its manifest's SHA-256."""
@@ -159,8 +163,8 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
         if path == MINI_TARGET:
             manifest = json.loads(MINI_MANIFEST.read_text())
             if sha256(path) != manifest.get("sha256"):
-                raise TrainperfError(f"{path}: SHA-256 differs from {MINI_MANIFEST} (a damaged or replaced file; "
-                                     "`trainperf make-minigo-target` rebuilds both)")
+                raise TrainperfError(f"{path}: SHA-256 differs from {MINI_MANIFEST} (a damaged or replaced file: "
+                                     "the mini's target was calibrated against the shipped one; reinstall trainperf)")
         target = self.network(recipe)
         target.load_state_dict(assets.state_dict("target model", like=target.state_dict(),
                                                  what="this recipe's network"))
