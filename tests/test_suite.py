@@ -30,7 +30,7 @@ def test_a_round_of_two_fast_workloads_runs_to_target_and_writes_one_report(tmp_
         assert row.score_kind == "single" and row.score_minutes == pytest.approx(row.times_s[0] / 60, rel=0.01)
         assert row.epochs_to_target >= 1 and row.samples_per_s > 0 and row.wall_s >= row.times_s[0]
         # Each is an MLPerf results folder the official checker passes and the scorer reads.
-        scored = scoring.score_folder(Path(row.results), rcp=False)
+        scored = scoring.score_folder(Path(row.results))
         assert scored.converged == 1 and scored.benchmark == name
     assert (out / "round-1.0.0" / "results").is_dir() and (out / "round-0.7.0" / "results").is_dir()
     html = (out / "suite.html").read_text(encoding="utf-8")
@@ -113,3 +113,25 @@ def test_an_interrupted_round_resumes_with_what_finished_kept(tmp_path, monkeypa
     assert started == [("dlrm", True, seed)]  # ncf kept, dlrm run with the round's seed
     rows = suite.load(out)["rows"]
     assert [(r.workload, r.status) for r in rows] == [("ncf", "ok"), ("dlrm", "ok")]
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--system", "another"], "--system (the default), this command says --system another"),
+    (["--data", "elsewhere"], "--data (the default), this command says --data"),
+    (["--device", "cpu"], "--device (the default), this command says --device cpu")])
+def test_a_resumed_suite_must_be_the_same_system_data_and_device(tmp_path, monkeypatch, capsys, extra, said):
+    """Issue 60, 8: `suite --resume` accepted another --system or --data, and the row then counted both
+    systems' runs ("4/3 converged")."""
+    from trainperf import jobs
+
+    def stop(request, say, warn):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jobs, "start", stop)
+    monkeypatch.chdir(tmp_path)
+    argv = ["suite", "--only", "ncf", "--out", str(tmp_path / "round")]
+    assert cli.main(argv) == 130
+    capsys.readouterr()
+    assert cli.main([*argv, "--resume", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0] and "a resumed suite must be the same round" in err[0], err

@@ -90,26 +90,33 @@ def _tree_name(ruleset: str) -> str:
     return f"round-{ruleset}"
 
 
-def resumable(out_dir: Path, names: Sequence[str], scale: str, runs: int, seed: int | None) -> dict[str, Any]:
+def resumable(out_dir: Path, names: Sequence[str], scale: str, runs: int, seed: int | None,
+              system: str | None = None, data_root: Path | None = None, device: str | None = None
+              ) -> dict[str, Any]:
     """What a suite folder being resumed holds: its seed and the rows of the workloads that finished
-    (the rest run again, each series resumed). The same round only: the same workloads, scale and
-    run count, and the seed it drew (one line naming what differs otherwise)."""
+    (the rest run again, each series resumed). The same round only: the same workloads, scale, run
+    count, system, data and device, and the seed it drew (one line naming what differs otherwise): a
+    row never counts the runs of two systems."""
     path = out_dir / "suite.json"
     if not path.exists():
         return {"seed": seed, "rows": {}}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         recorded = {"scale": data["scale"], "runs": data["runs"], "seed": data["seed"],
-                    "only": data.get("workloads") or [r["workload"] for r in data["rows"]]}
+                    "only": data.get("workloads") or [r["workload"] for r in data["rows"]],
+                    # Suites recorded before these were kept ran with the defaults.
+                    "system": data.get("system"), "data": data.get("data"), "device": data.get("device")}
         rows = {r["workload"]: SuiteRow(**r) for r in data["rows"]}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise TrainperfError(f"{path}: not a trainperf suite file ({type(exc).__name__}); choose another "
                              "folder") from None
-    asked = {"scale": scale, "runs": runs, "seed": recorded["seed"] if seed is None else seed, "only": list(names)}
+    asked = {"scale": scale, "runs": runs, "seed": recorded["seed"] if seed is None else seed, "only": list(names),
+             "system": system, "data": _root(data_root), "device": device}
     for key, value in asked.items():
         if value != recorded[key]:
-            shown = ",".join(value) if key == "only" else value
-            was = ",".join(recorded[key]) if key == "only" else recorded[key]
+            shown = ",".join(value) if key == "only" else "(the default)" if value is None else value
+            was = ",".join(recorded[key]) if key == "only" else "(the default)" if recorded[key] is None else \
+                recorded[key]
             raise TrainperfError(f"--resume: {path} is a suite with --{key} {was}, this command says --{key} "
                                  f"{shown}; a resumed suite must be the same round")
     done = {name: row for name, row in rows.items() if row.status != "not run" and row.reason != INTERRUPTED}
@@ -128,6 +135,7 @@ def run_suite(names: Sequence[str], scale: str, runs: int, out_dir: Path, seed: 
         raise TrainperfError(f"--out {out_dir}: already holds a suite; add --resume to go on with it, or choose "
                              "another folder")
     resume, done = done is not None, done or {}
+    same = {"system": system, "data": _root(data_root), "device": device}  # what a resumed suite must repeat
     workloads = [registry.get(n) for n in names]
     rows: list[SuiteRow] = []
     used: dict[str, set[str]] = {}
@@ -177,11 +185,11 @@ def run_suite(names: Sequence[str], scale: str, runs: int, out_dir: Path, seed: 
         if stopped:  # the user stopped the round: what finished is kept and reported, the rest is not run
             row.status, row.reason = "failed", INTERRUPTED
             rows += [_row(w, scale, runs, "not run", "the round was interrupted") for w in workloads[index:]]
-            _save(out_dir, rows, scale, runs, seed, started, names)
+            _save(out_dir, rows, scale, runs, seed, started, names, same)
             warn(f"suite: interrupted during {workload.name}; the finished workloads are kept (add --resume to "
                  "the same command to go on)")
             return rows
-        _save(out_dir, rows, scale, runs, seed, started, names)
+        _save(out_dir, rows, scale, runs, seed, started, names, same)
         estimate = estimate_s(workload, scale, runs)
         if estimate is not None and row.times_s and row.converged == row.runs:
             ttt_seen += sum(row.times_s)
@@ -236,7 +244,7 @@ def _fill(row: SuiteRow, tree: Path, wall: float) -> None:
     folders = sorted(tree.glob(f"results/*/{row.benchmark}"))
     if folders and any(folders[0].glob("result_*.txt")):
         row.results = str(folders[0])
-        scored = scoring.score_folder(folders[0], rcp=False)
+        scored = scoring.score_folder(folders[0])
         if scored.score is not None:
             row.score_minutes, row.score_kind = scored.score, "olympic"
         elif scored.mean is not None:
@@ -251,11 +259,15 @@ def _fill(row: SuiteRow, tree: Path, wall: float) -> None:
     row.status = "ok" if row.converged == row.runs else "partial" if row.converged else "failed"
 
 
+def _root(data_root: Path | None) -> str | None:
+    return str(Path(data_root).expanduser().absolute()) if data_root is not None else None
+
+
 def _save(out_dir: Path, rows: list[SuiteRow], scale: str, runs: int, seed: int, started: float,
-          names: Sequence[str]) -> None:
+          names: Sequence[str], same: dict[str, Any]) -> None:
     write_json_atomic(out_dir / "suite.json", {
-        "scale": scale, "runs": runs, "seed": seed, "workloads": list(names), "wall_s": time.perf_counter() - started,
-        "rows": [asdict(r) for r in rows]})
+        "scale": scale, "runs": runs, "seed": seed, "workloads": list(names), **same,
+        "wall_s": time.perf_counter() - started, "rows": [asdict(r) for r in rows]})
 
 
 def load(out_dir: Path) -> dict[str, Any]:

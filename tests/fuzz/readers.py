@@ -230,7 +230,7 @@ def _check_log(path: Path) -> object:
 def _score_log(path: Path) -> object:
     from trainperf.results import scoring
 
-    return [scoring.score_folder(folder, rcp=False) for folder in
+    return [scoring.score_folder(folder) for folder in
             scoring.find_benchmark_folders(_results_folder(path, "result_0.txt"))]
 
 

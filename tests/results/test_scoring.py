@@ -64,7 +64,7 @@ def test_non_converged_runs_match_official(tmp_path, spoiled, valid):
     for name in spoiled:  # result_1.txt already misses the target in the published logs
         _spoil(folder / name)
     _, score = _official(folder, "resnet")
-    ours = scoring.score_folder(folder, rcp=False)
+    ours = scoring.score_folder(folder)
     assert ours.converged == 4 - len(spoiled)
     assert ours.valid is valid
     if valid:
@@ -161,7 +161,7 @@ def test_a_run_stopped_before_it_started_never_converges(tmp_path, capsys):
     for i in range(5):
         shutil.copy(FIXTURES / "dgxa100_ngc21.05_mxnet" / "resnet" / "result_0.txt", folder / f"result_{i}.txt")
         _stop_before_start(folder / f"result_{i}.txt")
-    ours = scoring.score_folder(folder, rcp=False)
+    ours = scoring.score_folder(folder)
     assert [r.minutes for r in ours.runs] == pytest.approx([-100 / 60] * 5)  # shown as measured ...
     assert ours.converged == 0 and not ours.valid and ours.score is None  # ... never scored
     assert all(r.reason == "run_stop is not after run_start" for r in ours.runs)
@@ -178,7 +178,7 @@ def test_a_folder_mixing_benchmarks_is_refused(tmp_path, capsys, first, other):
     write_minimal_closed_log(folder / "result_0.txt", first, 32, {}, 0.99, 1)
     write_minimal_closed_log(folder / "result_1.txt", other, 32, {}, 0.99, 1)
     with pytest.raises(TrainperfError, match=f"result_1.txt: benchmark {other} among {first} logs"):
-        scoring.score_folder(folder, rcp=False)
+        scoring.score_folder(folder)
     assert main(["score", str(tmp_path)]) == 2
     assert f"benchmark {other} among {first} logs" in capsys.readouterr().err
 
@@ -188,7 +188,7 @@ def _fake_scores(monkeypatch, roots: dict[str, list[scoring.BenchmarkScore]]) ->
     by_folder = {f"{root}/{i}": s for root, found in roots.items() for i, s in enumerate(found)}
     monkeypatch.setattr(scoring, "find_benchmark_folders", lambda root: [Path(k) for k in by_folder
                                                                         if k.startswith(f"{root}/")])
-    monkeypatch.setattr(scoring, "score_folder", lambda folder, ruleset=None, rcp=True: by_folder[str(folder)])
+    monkeypatch.setattr(scoring, "score_folder", lambda folder, ruleset=None: by_folder[str(folder)])
 
 
 def _bench(system: str, score: float | None, mean: float | None, valid: bool) -> scoring.BenchmarkScore:
@@ -251,7 +251,7 @@ def test_score_flags_runs_timed_on_a_busy_machine(tmp_path):
     detail.mkdir(parents=True)
     (detail / "result.json").write_text(json.dumps(
         {"machine_load": {"busy": True, "why": "other processes used 1.8 of 2 cores on average during the run"}}))
-    result = scoring.score_folder(folder, rcp=False)
+    result = scoring.score_folder(folder)
     assert [bool(r.busy) for r in result.runs] == [False, True, False]
     assert "1 run(s) timed on a busy machine" in result.note
 
@@ -260,16 +260,16 @@ def test_score_flags_runs_timed_on_a_busy_machine(tmp_path):
 def test_a_scaling_json_multiplies_the_score_as_the_official_summarizer_does(tmp_path):
     folder = tmp_path / "results" / "sys" / "resnet"
     shutil.copytree(FIXTURES / "dgxa100_ngc21.05_mxnet" / "resnet", folder)
-    plain = scoring.score_folder(folder, rcp=False)
+    plain = scoring.score_folder(folder)
     (folder / "scaling.json").write_text('{"scaling_factor": 1.25}')
     _, official_score = _official(folder, "resnet")
-    ours = scoring.score_folder(folder, rcp=False)
+    ours = scoring.score_folder(folder)
     assert ours.scaling == 1.25 and ours.scaling_source == "scaling.json" and ours.unscaled == plain.score
     assert ours.score == pytest.approx(official_score, rel=1e-12) == pytest.approx(1.25 * plain.score)
     assert "multiplied by 1.2500, its scaling.json" in ours.note
     (folder / "scaling.json").write_text('{"scaling": 2}')
     with pytest.raises(TrainperfError, match=r"scaling.json: expected JSON \{\"scaling_factor\""):
-        scoring.score_folder(folder, rcp=False)
+        scoring.score_folder(folder)
 
 
 @needs_fixtures
@@ -316,7 +316,7 @@ def test_a_current_rounds_folder_is_scored_by_the_ruleset_its_workload_declares(
         write_minimal_closed_log(folder / f"result_{i}.txt", "llama31_8b", recipe.global_batch_size, hyper, 3.29,
                                  12_288, train_samples=12_288, eval_samples=1_024)
     assert check(folder / "result_0.txt", None).ruleset == "6.0.0"
-    ours = scoring.score_folder(folder, rcp=False)
+    ours = scoring.score_folder(folder)
     assert ours.ruleset == "6.0.0" and ours.converged == 2 and ours.required_runs == 10
     assert "2 of the 10 runs MLPerf requires" in ours.note
 
@@ -338,13 +338,13 @@ def test_a_llama2_70b_lora_folder_scores_as_the_official_summarizer_with_its_sca
     for i in range(10):
         write_minimal_closed_log(folder / f"result_{i}.txt", "llama2_70b_lora", recipe.global_batch_size, hyper,
                                  0.92, 3_072, train_samples=3_901, eval_samples=173)
-    plain = scoring.score_folder(folder, rcp=False)
+    plain = scoring.score_folder(folder)
     assert plain.ruleset == "6.0.0" and plain.converged == 10 and plain.required_runs == 10
     (folder / "scaling.json").write_text('{"scaling_factor": 1.1}')
     with contextlib.redirect_stdout(io.StringIO()):
         _, _, official_score, _, _ = official._compute_strong_score_standalone(
             "llama2_70b_lora", "sys", False, str(folder), "training", "6.0.0", return_full_scores=True)
-    ours = scoring.score_folder(folder, rcp=False)
+    ours = scoring.score_folder(folder)
     assert ours.scaling == 1.1 and ours.score == pytest.approx(official_score, rel=1e-12)
     assert ours.score == pytest.approx(1.1 * plain.score)
 
@@ -366,9 +366,67 @@ def test_a_dlrm_dcnv2_folder_scores_as_the_official_summarizer(tmp_path):
     for i in range(10):
         write_minimal_closed_log(folder / f"result_{i}.txt", "dlrm_dcnv2", recipe.global_batch_size, hyper,
                                  0.8029, 0.75, train_samples=4_195_197_692, eval_samples=89_137_319)
-    ours = scoring.score_folder(folder, rcp=False)
+    ours = scoring.score_folder(folder)
     assert ours.ruleset == "6.0.0" and ours.converged == 10 and ours.required_runs == 10
     with contextlib.redirect_stdout(io.StringIO()):
         _, _, official_score, _, _ = official._compute_strong_score_standalone(
             "dlrm_dcnv2", "sys", False, str(folder), "training", "6.0.0", return_full_scores=True)
-    assert ours.score == pytest.approx(official_score, rel=1e-12)
+    # The folder has no scaling.json: the summarizer scores it as it is; trainperf also applies the factor the
+    # package checker would write into scaling.json (one scoring path for score, compare and report).
+    assert ours.unscaled == pytest.approx(official_score, rel=1e-12) and ours.scaling_source == "rcp_checker"
+    assert ours.score == pytest.approx(official_score * ours.scaling, rel=1e-12)
+
+
+def _dcnv2_folder(root: Path, runs: int = 10) -> Path:
+    """A closed v6.0 DLRM-DCNv2 folder without scaling.json whose runs converge faster than the RCPs: the
+    RCP checker's normalisation is not 1."""
+    import torch
+
+    from tests.conftest import write_minimal_closed_log
+    from trainperf import registry
+    from trainperf.spec import RuntimeContext
+
+    workload = registry.get("dlrm_dcnv2")
+    recipe = workload.recipe("full")
+    hyper = workload.mlperf_hyperparameters(recipe, RuntimeContext(device=torch.device("meta")))
+    folder = root / "results" / "sys" / "dlrm_dcnv2"
+    folder.mkdir(parents=True)
+    for i in range(runs):
+        write_minimal_closed_log(folder / f"result_{i}.txt", "dlrm_dcnv2", recipe.global_batch_size, hyper,
+                                 0.8029, 0.75, train_samples=4_195_197_692, eval_samples=89_137_319)
+    return folder
+
+
+def test_score_compare_and_report_share_one_scoring_path(tmp_path, capsys):
+    """Issue 60, 4: `score` applied the RCP normalisation to a closed 4.0+ folder without scaling.json,
+    `compare` and `report` did not (65.051 vs 64.500 minutes; two identical submissions at 0.99x)."""
+    pytest.importorskip("torchrec")
+    from trainperf.report import collect
+
+    a = tmp_path / "a"
+    folder = _dcnv2_folder(a)
+    shutil.copytree(a, tmp_path / "b")
+    scored = scoring.score_folder(folder)
+    assert scored.scaling_source == "rcp_checker" and scored.scaling != 1.0
+    comparison = scoring.compare(a, tmp_path / "b")
+    assert comparison.rows == [("dlrm_dcnv2", scored.score, scored.score, 1.0)]
+    data = collect.collect([a])
+    (group,) = [g for g in data.groups if g.benchmark == "dlrm_dcnv2"]
+    assert group.score == scored.score
+    assert main(["score", str(a)]) == 0
+    assert f"olympic score: {scored.score:.3f} minutes" in capsys.readouterr().out
+
+
+def test_a_folder_short_of_the_required_runs_has_no_olympic_score(tmp_path, capsys):
+    """Issue 60, 14: a 9-run folder of a 10-run benchmark got an olympic score, and `compare` showed it
+    without a warning."""
+    pytest.importorskip("torchrec")
+    folder = _dcnv2_folder(tmp_path / "a", runs=9)
+    _dcnv2_folder(tmp_path / "b")
+    scored = scoring.score_folder(folder)
+    assert scored.score is None and scored.valid and scored.mean is not None
+    assert "9 of the 10 runs MLPerf requires: no olympic score" in scored.note
+    assert main(["score", str(tmp_path / "a")]) == 0
+    assert "olympic score: none (too few runs)" in capsys.readouterr().out
+    comparison = scoring.compare(tmp_path / "a", tmp_path / "b")
+    assert any("A holds 9 of the 10 runs MLPerf requires" in w for w in comparison.warnings), comparison.warnings

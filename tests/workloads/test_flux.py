@@ -125,7 +125,7 @@ def test_what_we_write_reads_back_and_damage_is_one_line(tmp_path):
         rows.timestep(1)
     bad = dict(cells, mean=[b"not npy", D.encode(torch.zeros(4, 2, 2))])
     D.write_dataset(tmp_path / "bad", bad)
-    with pytest.raises(TrainperfError, match="row 0 column mean: not readable as .npy bytes"):
+    with pytest.raises(TrainperfError, match="row 0 column mean: not readable as .npy data"):
         D.ArrowRows(tmp_path / "bad").tensor(0, "mean", (4, 2, 2))
     import io
 
@@ -140,6 +140,50 @@ def test_what_we_write_reads_back_and_damage_is_one_line(tmp_path):
     (tmp_path / "ok" / "data-00001-of-00002.arrow").write_bytes(b"\0" * 20)
     with pytest.raises(TrainperfError, match="data-00001-of-00002.arrow: not an Arrow stream"):
         D.ArrowRows(tmp_path / "ok")
+
+
+def test_a_state_json_naming_a_file_twice_is_refused(tmp_path):
+    """Issue 60, 5: a state.json listing a file twice was trusted: its rows read twice, and a short
+    validation set passed the size check and logged eval_samples it did not hold."""
+    cells = {"__key__": ["a", "b"], "timestep": [3, 4], "t5_encodings": [D.encode(torch.ones(2, 3))] * 2,
+             "clip_encodings": [D.encode(torch.ones(4))] * 2, "mean": [D.encode(torch.zeros(4, 2, 2))] * 2,
+             "logvar": [D.encode(torch.zeros(4, 2, 2))] * 2}
+    D.write_dataset(tmp_path / "valid", cells)
+    state = tmp_path / "valid" / "state.json"
+    data = json.loads(state.read_text())
+    data["_data_files"] = data["_data_files"] * 2
+    state.write_text(json.dumps(data))
+    with pytest.raises(TrainperfError, match=r"state.json: `_data_files` names data-00000-of-00001.arrow twice"):
+        D.ArrowRows(tmp_path / "valid")
+
+
+def test_damaged_arrow_offsets_and_a_cell_claiming_2_tib_are_one_line(tmp_path):
+    """Issue 60, 7 and 10: patched binary offsets made pyarrow read outside its mapping and the process die
+    (SIGBUS: no run_stop, no result.json); a cell whose .npy header claims 2 TiB was allocated."""
+    import struct
+
+    cell = D.encode(torch.zeros(2, 2))
+    cells = {"__key__": [f"k{i}" for i in range(4)], "timestep": [0, 1, 2, 3],
+             **{c: [cell] * 4 for c in D.BINARY}}
+    D.write_dataset(tmp_path / "offsets", cells)
+    arrow = tmp_path / "offsets" / "data-00000-of-00001.arrow"
+    raw = bytearray(arrow.read_bytes())
+    at = raw.find(struct.pack("<5i", *(k * len(cell) for k in range(5))))
+    assert at > 0
+    raw[at + 8:at + 12] = struct.pack("<i", 2**30)
+    arrow.write_bytes(bytes(raw))
+    with pytest.raises(TrainperfError, match=r"data-00000-of-00001.arrow: record batch 0 is damaged \(.*out of bounds"):
+        D.ArrowRows(tmp_path / "offsets")
+    header = np.lib.format.header_data_from_array_1_0(np.zeros((2, 2), np.uint16))
+    header["shape"] = (1 << 20, 1 << 20)
+    import io
+
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, header)
+    D.write_dataset(tmp_path / "huge", dict(cells, mean=[buffer.getvalue() + b"\0" * 8] * 4))
+    with pytest.raises(TrainperfError, match=r"row 0 column mean: its .npy header says uint16 \[1048576, 1048576\] "
+                                             r"\(2,199,023,255,552 bytes\), it holds 8 bytes"):
+        D.ArrowRows(tmp_path / "huge").tensor(0, "mean", (4, 2, 2))
 
 
 def test_the_empty_prompt_replaces_both_encodings_or_neither():
@@ -388,3 +432,20 @@ def test_verify_decodes_every_cell_and_names_each_bad_one(tmp_path):
     bad = D.PreprocessedFlux().verify(tmp_path, 1, lambda done, total, n: seen.append((done, total, n)))
     assert len(bad) == 2 and "row 2 column t5_encodings: non-finite" in bad[0] and "row 5 column mean" in bad[1]
     assert seen[-1] == (8, 8, 2)
+
+
+def test_prepare_verify_does_not_promise_a_skip_the_loaders_do_not_make(tmp_path, capsys):
+    """Issue 60, 6: `prepare --verify` said "the loaders skip them" and reported ready, but no list was kept
+    and a run aborted at the first listed row. FLUX's loaders read every row, as the reference's do: the
+    damaged rows are listed and the dataset refused."""
+    from trainperf.cli import main
+
+    synthetic.write(tmp_path, train_rows=16, valid_rows=8)
+    rows = D.ArrowRows(tmp_path / D.VALID_DIR)
+    cells = {c: [rows.cell(i, c) for i in range(len(rows))] for c in D.COLUMNS}
+    cells["mean"][5] = b"junk"
+    D.write_dataset(tmp_path / D.VALID_DIR, cells)
+    assert main(["prepare", "flux1", "--scale", "full", "--data", str(tmp_path), "--verify"]) == 2
+    out, err = capsys.readouterr()
+    assert "row 5 column mean" in out and "skip" not in out
+    assert "1 unreadable sample(s)" in err and "a run would stop at the first" in err and "ready" not in out

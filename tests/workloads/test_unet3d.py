@@ -144,7 +144,16 @@ def test_bad_cases_are_one_line_naming_the_case(tmp_path):
         D.load_case("00005", *D.list_cases(tmp_path)["00005"])
     (tmp_path / "case_00006_x.npy").write_bytes(b"not numpy")
     (tmp_path / "case_00006_y.npy").write_bytes(b"not numpy")
-    with pytest.raises(TrainperfError, match="case 00006: cannot read"):
+    with pytest.raises(TrainperfError, match="case 00006: case_00006_x.npy: not readable as .npy data"):
+        D.load_case("00006", *D.list_cases(tmp_path)["00006"])
+    # A header claiming 2 TiB: refused from the header and the file's size, nothing allocated (issue 60, 10).
+    header = np.lib.format.header_data_from_array_1_0(np.zeros((1, 16, 16, 16), np.float32))
+    header["shape"] = (1, 8192, 8192, 8192)
+    with (tmp_path / "case_00006_x.npy").open("wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, header)
+        fh.write(b"\0" * 64)
+    with pytest.raises(TrainperfError, match=r"case_00006_x.npy: its .npy header says float32 \[1, 8192, 8192, 8192\] "
+                                             r"\(2,199,023,255,552 bytes\), it holds 64 bytes"):
         D.load_case("00006", *D.list_cases(tmp_path)["00006"])
     (tmp_path / "case_00007_y.npy").write_bytes(b"")
     with pytest.raises(TrainperfError, match="case 00007 has no image"):

@@ -98,7 +98,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             bad = workload.verify(args.scale, data_dir, workers, progress)
         for line in bad:
             print(line)
-        print(f"{len(bad)} unreadable sample(s); the loaders skip them" if bad else "every sample reads")
+        if bad and not workload.skips_unreadable(args.scale):
+            raise TrainperfError(f"--verify: {len(bad)} unreadable sample(s) in {data_dir} (listed above); "
+                                 f"{workload.name}'s loaders read every sample, as the reference's do, so a run would "
+                                 "stop at the first: replace the damaged files")
+        print(f"{len(bad)} unreadable sample(s); the loaders skip them ({data_dir})" if bad else "every sample reads")
     if args.scale == "mini":
         problems = jobs.data_problems(workload, "mini", data_dir)
         if not problems:
@@ -320,7 +324,8 @@ def cmd_suite(args: argparse.Namespace) -> int:
     out_dir = Path(args.out) if args.out else Path("runs") / f"suite-{args.scale}-{stamp()}"
     seed, done = args.seed, None
     if args.resume:
-        kept = suite.resumable(out_dir, names, args.scale, args.runs, args.seed)
+        kept = suite.resumable(out_dir, names, args.scale, args.runs, args.seed, system=args.system,
+                               data_root=Path(args.data) if args.data else None, device=args.device)
         seed, done = kept["seed"], kept["rows"]
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little") % (2**31)

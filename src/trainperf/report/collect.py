@@ -236,7 +236,7 @@ def _add_results_tree(data: ReportData, root: Path) -> None:
     for folder in scoring.find_benchmark_folders(root):
         if not data.first_time(folder):
             continue
-        scored = scoring.score_folder(folder, rcp=False)
+        scored = scoring.score_folder(folder)
         system = _shown(scored.system)
         # OUT/results/<system>/<benchmark>: OUT (or "/" for a shallower folder) may hold trainperf/ and systems/.
         out = Path(os.path.abspath(folder)).parent.parent.parent

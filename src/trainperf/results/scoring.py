@@ -181,9 +181,12 @@ def score_run(path: Path, ruleset: str) -> tuple[RunScore, str | None]:
     return run, info["benchmark"]
 
 
-def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True,
+def score_folder(folder: Path, ruleset: str | None = None,
                  progress: Callable[[int, int], None] | None = None) -> BenchmarkScore:
-    """Score the result_*.txt logs of one benchmark folder; `progress(done, total)` after each log."""
+    """Score the result_*.txt logs of one benchmark folder; `progress(done, total)` after each log. The one
+    scoring path of `score`, `compare`, `report` and `suite`: the olympic mean, with the RCP normalisation
+    the official results tables apply (scaling.json, else the RCP checker's factor for a closed v4.0+
+    folder). Fewer runs than MLPerf requires: no olympic score (the mean of converged runs is kept)."""
     files = sorted(folder.glob("result_*.txt"), key=lambda p: (len(p.name), p.name))
     if not files:
         raise TrainperfError(f"{folder}: no result_*.txt logs")
@@ -209,7 +212,10 @@ def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True,
     minutes = [r.minutes for r in result.runs if r.converged and r.minutes is not None]
     non_converged = len(result.runs) - len(minutes)
     drop = max_dropped(benchmark, first["workload"])
-    result.score = olympic_mean(minutes, non_converged, benchmark, first["workload"])
+    short = result.required_runs is not None and len(files) < result.required_runs
+    # An olympic score is MLPerf's over the runs it requires: a folder short of them has none (a 9-run
+    # folder of a 10-run benchmark is not a score to compare), only the mean of its converged runs.
+    result.score = None if short else olympic_mean(minutes, non_converged, benchmark, first["workload"])
     result.mean = statistics.fmean(minutes) if minutes else None
     result.valid = non_converged <= drop and bool(minutes)
     notes = []
@@ -217,8 +223,8 @@ def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True,
         notes.append(f"invalid: {non_converged} non-converged runs (at most {drop} allowed)")
     elif non_converged:
         notes.append(f"{non_converged} non-converged run(s) counted as the slowest")
-    if result.required_runs and len(files) < result.required_runs:
-        notes.append(f"{len(files)} of the {result.required_runs} runs MLPerf requires")
+    if short:
+        notes.append(f"{len(files)} of the {result.required_runs} runs MLPerf requires: no olympic score")
     if result.score is None and result.valid:
         notes.append(f"too few runs for olympic scoring; mean of converged runs {result.mean:.3f} minutes")
     busy = _busy_runs(folder, result)
@@ -228,11 +234,9 @@ def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True,
     factor = read_scaling(folder)
     if factor is not None:
         result.scaling, result.scaling_source = factor, "scaling.json"
-    if rcp:
-        result.rcp, norm = rcp_check(folder, ruleset, first["division"],
-                                     keys.rcp_in_samples(benchmark, first["workload"]))
-        if factor is None and norm is not None and norm != 1.0 and _version(ruleset) >= SCALING_FROM:
-            result.scaling, result.scaling_source = norm, "rcp_checker"
+    result.rcp, norm = rcp_check(folder, ruleset, first["division"], keys.rcp_in_samples(benchmark, first["workload"]))
+    if factor is None and norm is not None and norm != 1.0 and _version(ruleset) >= SCALING_FROM:
+        result.scaling, result.scaling_source = norm, "rcp_checker"
     if result.scaling != 1.0:
         result.unscaled = result.score
         if result.score is not None:
@@ -242,7 +246,7 @@ def score_folder(folder: Path, ruleset: str | None = None, rcp: bool = True,
                  "would write it)")
         notes.append(f"score multiplied by {result.scaling:.4f}, {where}")
         result.note = "; ".join(notes)
-    elif (rcp and factor is None and first["division"] == "closed" and _version(ruleset) >= SCALING_FROM
+    elif (factor is None and first["division"] == "closed" and _version(ruleset) >= SCALING_FROM
           and (result.rcp or "").startswith("pass")):
         notes.append("no RCP scaling: the RCP checker applies none to these runs")
         result.note = "; ".join(notes)
@@ -328,7 +332,7 @@ def compare(root_a: Path, root_b: Path, ruleset: str | None = None) -> Compariso
     def scores(root: Path) -> dict[str, BenchmarkScore]:
         found: dict[str, BenchmarkScore] = {}
         for folder in find_benchmark_folders(root):
-            result = score_folder(folder, ruleset, rcp=False)
+            result = score_folder(folder, ruleset)
             if result.benchmark in found:
                 raise TrainperfError(f"{root}: {result.benchmark} results of two systems "
                                      f"({found[result.benchmark].system}, {result.system}); "
@@ -351,6 +355,10 @@ def compare(root_a: Path, root_b: Path, ruleset: str | None = None) -> Compariso
     for key in common:
         sa, sb = headline(a[key]), headline(b[key])
         rows.append((key, sa, sb, sa / sb if sa is not None and sb is not None else None))
+        for side, found in (("A", a[key]), ("B", b[key])):
+            if found.required_runs is not None and len(found.runs) < found.required_runs:
+                warnings.append(f"{key}: {side} holds {len(found.runs)} of the {found.required_runs} runs MLPerf "
+                                "requires: the mean of its converged runs, not an olympic score")
         # A mini result and a full one are different datasets: their times say nothing of each other.
         if a[key].eval_samples != b[key].eval_samples:
             warnings.append(f"{key}: the two were evaluated on different datasets (eval_samples "

@@ -22,6 +22,10 @@ from typing import Any
 # of the machine (half a core on 2 cores: one busy foreign thread is enough to disturb a CPU run).
 BUSY_SHARE = 0.25
 SAMPLE_EVERY_S = 2.0
+# The shortest window a CPU share is measured over. /proc counts CPU time in ticks of 10 ms: over the 3-5 ms
+# between the monitor's start and its first sample a share could only read 0, 1 or 2 cores, and idle runs
+# were called busy "at the start" (35 of 200 readings >= 1 core). Over a second, a tick is 0.01 core.
+MIN_WINDOW_S = 1.0
 # The launcher of a multi-process run exports its pid, so each rank counts its siblings as the run's.
 LAUNCHER_ENV = "TRAINPERF_LAUNCHER_PID"
 _PROC = Path("/proc")
@@ -82,7 +86,8 @@ def _machine_busy_jiffies() -> tuple[int, int] | None:
 class Sample:
     at_s: float  # since the monitor started
     load_1min: float | None
-    others_cores: float | None  # other processes' CPU since the previous sample, in cores
+    others_cores: float | None  # other processes' CPU over the window ending here, in cores
+    window_s: float = 0.0  # the window others_cores was measured over (at least MIN_WINDOW_S but at the end)
 
 
 @dataclass
@@ -99,7 +104,7 @@ class LoadMonitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = time.monotonic()
-        self._previous = self._cpu_state()
+        self._previous, self._since = self._cpu_state(), self._t0
 
     def _cpu_state(self) -> tuple[int, int, int] | None:
         machine = _machine_busy_jiffies()
@@ -108,25 +113,30 @@ class LoadMonitor:
         ours = sum(j for pid in run_processes() if (j := _jiffies(pid)) is not None)
         return machine[0], machine[1], ours
 
-    def sample(self) -> Sample:
-        """One sample now: the load average, and other processes' CPU since the last sample."""
+    def sample(self, last: bool = False) -> Sample:
+        """One sample now: the load average, and other processes' CPU over the window since the previous
+        share, once that window is MIN_WINDOW_S long (shorter, it is left to grow; the `last` sample closes
+        it, as short as it is, only when nothing was measured before)."""
         try:
             load = os.getloadavg()[0]
         except OSError:
             load = None
-        now, others = self._cpu_state(), None
-        if now is not None and self._previous is not None:
-            busy, total, ours = (a - b for a, b in zip(now, self._previous, strict=True))
-            if total > 0:
-                # total counts every CPU's ticks: busy/total is the machine's busy share.
-                others = max(0.0, (busy - ours) / total * self.cores)
-        self._previous = now
+        at, others, window = time.monotonic(), None, 0.0
+        measured = any(s.others_cores is not None for s in self.samples)
+        if at - self._since >= MIN_WINDOW_S or (last and not measured):
+            now = self._cpu_state()
+            if now is not None and self._previous is not None:
+                busy, total, ours = (a - b for a, b in zip(now, self._previous, strict=True))
+                if total > 0:
+                    # total counts every CPU's ticks: busy/total is the machine's busy share.
+                    others, window = max(0.0, (busy - ours) / total * self.cores), at - self._since
+            self._previous, self._since = now, at
         if self.gpu_index is not None:
             from trainperf import devices
 
             self.gpu_others |= set(devices.gpu_processes(self.gpu_index)) - run_processes()
-        found = Sample(at_s=round(time.monotonic() - self._t0, 3), load_1min=load,
-                       others_cores=None if others is None else round(others, 3))
+        found = Sample(at_s=round(at - self._t0, 3), load_1min=load,
+                       others_cores=None if others is None else round(others, 3), window_s=round(window, 3))
         self.samples.append(found)
         return found
 
@@ -144,14 +154,17 @@ class LoadMonitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.sample()
+        self.sample(last=True)
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
         """What result.json records: the start, the mean and peak of other processes' CPU, and the verdict."""
-        shares = [s.others_cores for s in self.samples if s.others_cores is not None]
+        measured = [s for s in self.samples if s.others_cores is not None]
+        shares = [s.others_cores for s in measured]
         loads = [s.load_1min for s in self.samples if s.load_1min is not None]
-        mean = sum(shares) / len(shares) if shares else None
+        weight = sum(s.window_s for s in measured)
+        mean = (sum(s.others_cores * s.window_s for s in measured) / weight if weight > 0 else
+                sum(shares) / len(shares) if shares else None)  # each window by its length
         # The start: the first window with a CPU share (the load average alone before it).
         start = next((s for s in self.samples if s.others_cores is not None), None)
         reasons = []

@@ -39,9 +39,14 @@ class DataSource(ABC):
         `problems` names it and `prepare` redoes the work. None for data read as it is."""
         return {}
 
+    # Whether the loaders skip what `verify` found unreadable (it keeps their list: ResNet's images). Where they
+    # do not (the reference reads every row), a damaged sample stops a run and `prepare --verify` says so.
+    skips_unreadable: bool = False
+
     def verify(self, data_dir: Path, workers: int, progress: Callable[[int, int, int], None]) -> list[str] | None:
         """Read every sample once, outside any timed region (`prepare --verify`); one line per unreadable
-        sample, which the loaders then skip. progress(done, total, bad). None: not available here."""
+        sample (which the loaders then skip where `skips_unreadable`). progress(done, total, bad). None: not
+        available here."""
         return None
 
     def eval_set(self, data_dir: Path) -> tuple[Path, int] | None:

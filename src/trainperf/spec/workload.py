@@ -108,6 +108,10 @@ class Workload(ABC, Generic[R]):
             raise TrainperfError(f"--verify: not available for {self.name} {scale}")
         return bad
 
+    def skips_unreadable(self, scale: str) -> bool:
+        """See DataSource.skips_unreadable."""
+        return self.scale(scale).data.skips_unreadable
+
     def eval_set(self, scale: str, data_dir: Path) -> tuple[Path, int] | None:
         """See DataSource.eval_set."""
         return self.scale(scale).data.eval_set(data_dir)

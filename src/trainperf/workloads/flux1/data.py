@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainperf.arrays import load_npy
 from trainperf.errors import TrainperfError
 from trainperf.spec import DataParts, DataSource, EpochView, EvalPartial, RuntimeContext
 from trainperf.workloads.flux1.recipes import EVAL_SAMPLES, TRAIN_SAMPLES, FluxRecipe
@@ -64,10 +65,7 @@ def decode(cell: bytes | None, where: str) -> torch.Tensor:
     """A stored cell back as a bf16 tensor; anything else is one line naming `where`."""
     if not cell:
         raise TrainperfError(f"{where}: empty, expected the np.save bytes of a bf16 tensor")
-    try:
-        array = np.load(io.BytesIO(cell), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise TrainperfError(f"{where}: not readable as .npy bytes ({str(exc).splitlines()[0][:120]})") from None
+    array = load_npy(cell, where)  # its header checked against the bytes there before anything is allocated
     if array.dtype != np.uint16:
         raise TrainperfError(f"{where}: .npy of {array.dtype}, expected uint16 (the bits of bf16 values)")
     return torch.from_numpy(np.ascontiguousarray(array)).view(torch.bfloat16)
@@ -76,10 +74,9 @@ def decode(cell: bytes | None, where: str) -> torch.Tensor:
 def read_npy(path: Path, shape: tuple[int, ...]) -> torch.Tensor:
     """An empty-prompt encoding file (float16 .npy, a leading batch dimension of 1) as an fp32 tensor of
     `shape`."""
-    try:
-        array = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise TrainperfError(f"{path}: not a readable .npy file ({str(exc).splitlines()[0][:120]})") from None
+    if not path.is_file():
+        raise TrainperfError(f"{path}: missing")
+    array = load_npy(path)
     if array.dtype.kind != "f":
         raise TrainperfError(f"{path}: {array.dtype} values, expected floats (float16 as the reference saves them)")
     if array.shape not in (shape, (1, *shape)):
@@ -152,6 +149,9 @@ class ArrowRows:
             raise TrainperfError(f"{state}: expected JSON with a `_data_files` list of {{\"filename\": ...}}") from None
         if not files or not all(isinstance(f, str) and f and "/" not in f and f not in (".", "..") for f in files):
             raise TrainperfError(f"{state}: `_data_files` names no arrow file of this folder")
+        twice = next((f for i, f in enumerate(files) if f in files[:i]), None)
+        if twice is not None:  # its rows would be read twice: a training set duplicated, an evaluation set padded
+            raise TrainperfError(f"{state}: `_data_files` names {twice} twice; save_to_disk names each file once")
         self.batches: list[tuple[Path, int, Any]] = []  # (file, its first row in the file, record batch)
         self.starts = [0]
         self.files = 0
@@ -165,6 +165,15 @@ class ArrowRows:
             except (pa.ArrowException, OSError, ValueError) as exc:
                 raise TrainperfError(f"{path}: not an Arrow stream ({str(exc).splitlines()[0][:120]})") from None
             self._check_schema(path, reader.schema)
+            for k, batch in enumerate(batches):
+                # Offsets past their buffers (a damaged file) make pyarrow read outside the mapping and the
+                # process die (SIGBUS/SIGSEGV, no log closed): every offset is checked before any cell is read,
+                # in O(rows) (the cells themselves are not read).
+                try:
+                    batch.validate(full=True)
+                except (pa.ArrowException, ValueError) as exc:
+                    raise TrainperfError(f"{path}: record batch {k} is damaged ({str(exc).splitlines()[0][:160]})"
+                                         ) from None
             self.files += 1
             first = 0
             for batch in batches:

@@ -266,6 +266,8 @@ class Digits(_ImageFolders):
 class ImageNetFolder(_ImageFolders):
     """ILSVRC-2012 as train/<wnid>/*.JPEG and val/<wnid>/*.JPEG (the reference's layout)."""
 
+    skips_unreadable = True  # verify_images keeps the list the loaders honour
+
     def problems(self, data_dir: Path) -> list[str]:
         problems = layout_problems(data_dir)
         if not problems:

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainperf.arrays import load_npy
 from trainperf.errors import TrainperfError
 
 EVAL_CASES = tuple(f"{n:05d}" for n in (
@@ -84,12 +85,8 @@ def split(cases: dict[str, tuple[Path, Path]], eval_cases: tuple[str, ...]) -> t
 
 def load_case(case: str, image_path: Path, label_path: Path) -> tuple[np.ndarray, np.ndarray]:
     """A case's image (float32, 1 x D x H x W) and label (uint8), checked: same shape, classes 0/1/2."""
-    try:
-        image = np.load(image_path, allow_pickle=False)
-        label = np.load(label_path, allow_pickle=False)
-    except Exception as exc:  # noqa: BLE001 - a damaged .npy header raises EOFError, SyntaxError, TokenError...
-        detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        raise TrainperfError(f"case {case}: cannot read {image_path.name} / {label_path.name} ({detail})") from None
+    image = load_npy(image_path, f"case {case}: {image_path.name}")  # headers checked against the file sizes
+    label = load_npy(label_path, f"case {case}: {label_path.name}")
     if image.ndim == 3:
         image = image[None]
     if label.ndim == 3:
