@@ -151,9 +151,11 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 def write_minimal_closed_log(path: Path, benchmark: str, global_batch_size: int, hyperparameters: dict,
                              accuracy: float, epoch_num: float, train_samples: int = 1000,
-                             eval_samples: int = 100, initialized: list[str] | tuple[str, ...] = ()) -> None:
+                             eval_samples: int = 100, initialized: list[str] | tuple[str, ...] = (),
+                             division: str = "closed", status: str = "success") -> None:
     """A closed-division log with one block, one evaluation and the given hyperparameter keys: what
-    the official checker needs to judge a full recipe's hyperparameters without training it."""
+    the official checker needs to judge a full recipe's hyperparameters without training it (`division`,
+    `status`: another division, a run stopped after that evaluation)."""
     from trainperf.harness.mlperf_log import MLPerfLog
     from trainperf.spec import Logged
 
@@ -161,7 +163,7 @@ def write_minimal_closed_log(path: Path, benchmark: str, global_batch_size: int,
     t = 1_700_000_000_000
     log.event("cache_clear", True, time_ms=t)
     for key, value in (("submission_org", "trainperf"), ("submission_platform", "8xGPU"),
-                       ("submission_division", "closed"), ("submission_status", "onprem"),
+                       ("submission_division", division), ("submission_status", "onprem"),
                        ("submission_benchmark", benchmark)):
         log.event(key, value, time_ms=t)
     log.start("init_start", time_ms=t)
@@ -185,7 +187,7 @@ def write_minimal_closed_log(path: Path, benchmark: str, global_batch_size: int,
     log.event("eval_accuracy", accuracy, metadata={"epoch_num": epoch_num, "samples_count": train_samples},
               time_ms=t + 5)
     log.end("block_stop", metadata={"first_epoch_num": 1}, time_ms=t + 5)
-    log.end("run_stop", metadata={"status": "success"}, time_ms=t + 6)
+    log.end("run_stop", metadata={"status": status}, time_ms=t + 6)
     log.close()
 
 

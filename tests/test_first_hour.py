@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -177,7 +178,11 @@ def test_every_option_and_positional_has_help():
 def test_a_run_says_what_to_do_next(tmp_path, capsys):
     assert main(["run", "resnet", "--seed", "0", "--out", str(tmp_path / "r"), "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert f"trainperf report {tmp_path / 'r'}" in out and "--runs --out sub/ && trainperf score sub/" in out
+    assert f"trainperf report {tmp_path / 'r'}" in out and "--runs 5 --out sub/ && trainperf score sub/" in out
+    # Each printed command works when pasted (issue 60, 14: `--runs` without its count did not).
+    series = out.split("the MLPerf runs: ", 1)[1].split(" && ")[0]
+    args = build_parser().parse_args(shlex.split(series)[1:])
+    assert args.runs == 5 and args.out == "sub/"
 
 
 def test_check_verbose_names_the_users_log_not_a_temporary_copy(tmp_path, capsys):

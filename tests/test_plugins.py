@@ -99,5 +99,43 @@ def test_a_broken_entry_point_is_one_line_and_the_others_still_work(installed, m
     from trainperf.errors import TrainperfError
 
     with pytest.raises(TrainperfError, match=r"^workload 'gone' \(from an installed package\): cannot load "
-                                             r"no_such_module:Gone \(No module named 'no_such_module'\)$"):
+                                             r"no_such_module:Gone \(ModuleNotFoundError: No module named "
+                                             r"'no_such_module'\)$"):
         registry.get("gone")
+
+
+def test_a_plugin_that_raises_at_import_or_lacks_a_dependency_leaves_list_whole(installed, tmp_path, monkeypatch,
+                                                                                capsys):
+    """Issue 60, 10: a plugin raising at import was a traceback that also broke `trainperf list`, and a plugin's
+    missing dependency cut `list` short. Each is one line; every other workload is still listed and usable."""
+    import importlib.metadata
+
+    from trainperf.cli import main
+
+    (tmp_path / "raising_plugin.py").write_text("raise RuntimeError('its config file is missing')\n")
+    (tmp_path / "needy_plugin.py").write_text("import a_dependency_not_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    real = importlib.metadata.entry_points
+
+    def with_broken(**kwargs):
+        if kwargs.get("group") != registry.ENTRY_POINTS:
+            return real(**kwargs)  # other libraries' (triton's backends) as they are
+        return [*real(**kwargs), importlib.metadata.EntryPoint("raising", "raising_plugin:W", registry.ENTRY_POINTS),
+                importlib.metadata.EntryPoint("needy", "needy_plugin:W", registry.ENTRY_POINTS)]
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", with_broken)
+    registry._found.cache_clear()
+    assert main(["list"]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    listed = [line.split()[0] for line in out.splitlines() if line and not line.startswith(" ")]
+    assert set(registry.names()) <= set(listed) and "circles" in listed and "resnet" in listed
+    flat = " ".join(out.split())  # the lines are wrapped to the terminal
+    assert "cannot be loaded: workload 'raising'" in flat and "RuntimeError: its config file is missing" in flat
+    assert "needy" in flat and "No module named 'a_dependency_not_installed'" in flat
+    assert "(2 cannot be loaded)" in flat
+    assert registry.by_benchmark("resnet").name == "resnet"  # scoring still finds the others
+    assert "warning: workload 'raising'" in capsys.readouterr().err  # said once, as left out
+    assert main(["run", "raising"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "RuntimeError: its config file is missing" in err[0]

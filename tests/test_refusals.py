@@ -120,3 +120,27 @@ def test_a_global_batch_larger_than_an_epoch_is_never_logged_as_used(tmp_path, c
     result = json.loads((out / "result.json").read_text())
     assert "global_batch_size=100000000: expected at most" in result["abort_reason"]
     assert result["steps"] == 0 and not result["evaluations"]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["run", "ncf", "--set", f"global_batch_size={10**400}"], "out of range (at most 9,223,372,036,854,775,807)"),
+    (["run", "ncf", "--set", f"global_batch_size={2**63}"], "out of range"),
+    (["plan", "llama31_8b", "--set", f"seq_len={-10**30}"], "out of range"),
+])
+def test_an_integer_past_64_bits_is_one_line(argv, expected, tmp_path, capsys, monkeypatch):
+    """Issue 60, 10: `--set global_batch_size=10**400` was an OverflowError traceback."""
+    monkeypatch.chdir(tmp_path)
+    _refused(argv, capsys, expected)
+    assert not list(tmp_path.iterdir())
+
+
+def test_plan_never_hangs_on_a_huge_batch_or_device_count(capsys):
+    """Issue 60, 11: `plan llama31_8b --batch-size 1000000000000` walked every number up to the batch, and
+    `plan dlrm_dcnv2 --devices 50000` ran TorchRec's planner over 50,000 devices: neither ended."""
+    import time
+
+    start = time.perf_counter()
+    assert cli.main(["plan", "llama31_8b", "--batch-size", "1000000000000"]) == 0
+    assert time.perf_counter() - start < 120  # 13 s on this CPU
+    assert "| 8 | full |" in capsys.readouterr().out
+    _refused(["plan", "dlrm_dcnv2", "--devices", "50000"], capsys, "at most 1,024")

@@ -466,7 +466,8 @@ def summary(workload: Workload, scale: str, result: dict[str, Any], out_dir: Pat
             + f"\nlog: {out_dir / 'mlperf_log.txt'}\nresult: {out_dir / 'result.json'}"
             + f"\nnext: trainperf report {out_dir} -o report.html (a page with the convergence curve); "
             + f"trainperf check {out_dir / 'mlperf_log.txt'}; for a score, the MLPerf runs: trainperf run "
-            + f"{workload.name}{' --scale full' if scale == 'full' else ''} --runs --out sub/ && trainperf score sub/")
+            + f"{workload.name}{' --scale full' if scale == 'full' else ''} --runs {workload.mlperf.runs} --out sub/ "
+            + "&& trainperf score sub/")
 
 
 def command_line(argv: list[str]) -> str:

@@ -70,10 +70,28 @@ def names() -> list[str]:
     return list(_found())
 
 
+def usable(names_: list[str] | None = None) -> dict[str, Workload]:
+    """name -> workload of those that load (all by default): an installed workload that cannot be imported
+    (a missing dependency, an error at import) is said once on stderr and left out, never fatal to the
+    others or to the command that lists them."""
+    found = {}
+    for name in names_ if names_ is not None else names():
+        try:
+            found[name] = get(name)
+        except TrainperfError as exc:
+            if name not in _WARNED:
+                _WARNED.add(name)
+                print(f"trainperf: warning: {exc}; left out", file=sys.stderr)
+    return found
+
+
+_WARNED: set[str] = set()
+
+
 def by_benchmark(benchmark: str) -> Workload | None:
     """The workload whose MLPerf key is `benchmark`: the one named like the key where several share it
     (ssd: SSD, not RetinaNet, which was logged under it in v2.0), else the first."""
-    matches = [name for name in _found() if get(name).benchmark == benchmark]
+    matches = [name for name, workload in usable().items() if workload.benchmark == benchmark]
     if not matches:
         return None
     return get(benchmark if benchmark in matches else matches[0])
@@ -87,10 +105,12 @@ def get(name: str) -> Workload:
     module_name, _, cls_name = target.partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), cls_name)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - an installed package's module may raise anything at import
         if module_name.startswith("trainperf."):
-            raise
-        raise TrainperfError(f"workload {name!r} (from {origin(name)}): cannot load {target} ({exc})") from None
+            raise  # a built-in workload that does not import is a bug of trainperf's
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+        raise TrainperfError(f"workload {name!r} (from {origin(name)}): cannot load {target} "
+                             f"({type(exc).__name__}{': ' if first else ''}{first[:200]})") from None
     if not (isinstance(cls, type) and issubclass(cls, Workload)) or cls.name != name:
         raise TrainperfError(f"workload {name!r} (from {origin(name) or 'trainperf'}): {target} is not a Workload "
                              f"class named {name!r}")

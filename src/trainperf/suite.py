@@ -58,7 +58,7 @@ def parse_only(text: str | None, scale: str = "mini") -> list[str]:
     that declares the scale (a full-scale-only workload has no mini to run)."""
     known = registry.names()
     if text is None:
-        return [n for n in known if scale in registry.get(n).scales]
+        return [n for n, w in registry.usable().items() if scale in w.scales]
     wanted = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in wanted if n not in known]
     if unknown or not wanted:

@@ -714,6 +714,90 @@ def _read_flux_arrow(path: Path) -> object:
             for i in range(len(rows))]
 
 
+def _flux_offsets_past_their_buffer() -> bytes:
+    """The arrow shard with one binary offset patched past its data (pyarrow read outside its mapping: SIGBUS)."""
+    import struct
+
+    raw = bytearray(_flux_arrow())
+    for at in range(0, len(raw) - 12, 4):  # the first offsets buffer: 0, then rising int32 values
+        first, second, third = struct.unpack_from("<3i", raw, at)
+        if first == 0 and 0 < second < third < len(raw):
+            raw[at + 4:at + 8] = struct.pack("<i", 2**30)
+            return bytes(raw)
+    raise AssertionError("no offsets buffer found")
+
+
+def _flux_state() -> bytes:
+    return json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}], "_split": None}).encode()
+
+
+def _read_flux_state(path: Path) -> object:
+    """A (mutated) state.json beside a valid shard: its rows counted and read as a run reads them."""
+    from trainperf.workloads.flux1 import data as flux
+
+    (path.parent / "data-00000-of-00001.arrow").write_bytes(_flux_arrow())
+    rows = flux.ArrowRows(path.parent)
+    return [rows.tensor(i, "mean", (4, 2, 2)) for i in range(len(rows))]
+
+
+def _flux_empty_npy() -> bytes:
+    return _npy(np.zeros((1, 4, 8), np.float16))
+
+
+def _npy_claiming(shape: tuple[int, ...], dtype: type = np.float16) -> bytes:
+    """A .npy whose header claims `shape` (2 TiB, say) in front of a few bytes."""
+    buffer = io.BytesIO()
+    header = np.lib.format.header_data_from_array_1_0(np.zeros(1, dtype))
+    header["shape"] = shape
+    np.lib.format.write_array_header_1_0(buffer, header)
+    return buffer.getvalue() + b"\0" * 16
+
+
+def _read_flux_empty(path: Path) -> object:
+    from trainperf.workloads.flux1 import data as flux
+
+    return flux.read_npy(path, (4, 8))
+
+
+def _generated_record() -> bytes:
+    return json.dumps({"generator": "trainperf", "workload": "ncf", "files": {"ratings.csv": 8},
+                       "dirs": []}).encode()
+
+
+def _read_generated_record(path: Path) -> object:
+    """A (mutated) record of generated files in a mini folder: read as `prepare` reads it to decide what it may
+    replace. Nothing outside the folder may be named, nothing ever deleted by reading it."""
+    from trainperf import jobs, registry
+
+    (path.parent / "ratings.csv").write_bytes(b"1,2,3,4\n")
+    try:
+        return jobs.check_generation_target(registry.get("ncf"), path.parent)
+    finally:
+        assert (path.parent / "ratings.csv").read_bytes() == b"1,2,3,4\n"
+
+
+def _suite_json() -> bytes:
+    return json.dumps({"scale": "mini", "runs": 1, "seed": 3, "workloads": ["ncf"], "system": None, "data": None,
+                       "device": None, "wall_s": 1.0, "rows": []}).encode()
+
+
+def _read_suite_json(path: Path) -> object:
+    from trainperf import suite
+
+    return suite.resumable(path.parent, ["ncf"], "mini", 1, None)
+
+
+def _megatron_float_tokens() -> bytes:
+    """An index whose token dtype code says float32 (Megatron's table allows it): NaN/inf ids must be one line."""
+    import struct
+
+    from trainperf.workloads.llama31_8b import indexed
+
+    raw = bytearray(_megatron_pair()[0])
+    struct.pack_into("<B", raw, len(indexed.MAGIC) + 8, 7)
+    return bytes(raw)
+
+
 READERS: list[Reader] = [
     Reader("imagenet jpeg", "n0_0.JPEG", _jpeg, _decode, workloads=("resnet",)),
     Reader("imagenet png named JPEG", "n0_1.JPEG", _png, _decode, workloads=("resnet",)),
@@ -742,7 +826,8 @@ READERS: list[Reader] = [
     Reader("librispeech trans.txt", "19-198.trans.txt", _transcripts, _read_transcripts, workloads=("rnnt",)),
     Reader("rnnt manifest", "librispeech-dev-clean.json", _manifest, _read_manifest, workloads=("rnnt",)),
     Reader("sentencepiece model", "librispeech1023.model", _spm_model, _read_spm_model, workloads=("rnnt",)),
-    Reader("kits19 case image .npy", "case_00000_x.npy", _kits_image, _read_kits_image, workloads=("unet3d",)),
+    Reader("kits19 case image .npy", "case_00000_x.npy", _kits_image, _read_kits_image, workloads=("unet3d",),
+           damaged=(("a header claiming 2 TiB", lambda: _npy_claiming((1, 1 << 14, 1 << 14, 1 << 12), np.float32)),)),
     Reader("kits19 case label .npy", "case_00000_y.npy", _kits_label, _read_kits_label, workloads=("unet3d",)),
     Reader("kits19 nifti", "imaging.nii.gz", _nifti, _read_nifti, workloads=("unet3d",)),
     Reader("kits19 float nifti case, preprocessed", "imaging.nii", _float_nifti, _preprocess_nifti_case,
@@ -754,7 +839,8 @@ READERS: list[Reader] = [
     Reader("megatron indexed dataset .idx", "c4.idx", lambda: _megatron_pair()[0],
            lambda p: _read_megatron(p, 1), workloads=("llama31_8b", "llama31_405b", "gpt_oss_20b", "deepseekv3_671b"),
            damaged=(("truncated index", lambda: _megatron_pair()[0][:-5]),
-                    ("an empty index", lambda: b""))),
+                    ("an empty index", lambda: b""),
+                    ("float32 token ids", _megatron_float_tokens))),
     Reader("megatron indexed dataset .bin", "c4.bin", lambda: _megatron_pair()[1],
            lambda p: _read_megatron(p, 0), workloads=("llama31_8b", "llama31_405b", "gpt_oss_20b", "deepseekv3_671b"),
            damaged=(("truncated tokens", lambda: _megatron_pair()[1][:-3]),)),
@@ -765,7 +851,18 @@ READERS: list[Reader] = [
     Reader("minigo target network", "target.pt", _minigo_network, _read_minigo_network, workloads=("minigo",)),
     Reader("flux.1 preprocessed arrow shard", "data-00000-of-00001.arrow", _flux_arrow, _read_flux_arrow,
            workloads=("flux1",), damaged=(("truncated shard", lambda: _flux_arrow()[:-40]),
-                                          ("an empty shard", lambda: b""))),
+                                          ("an empty shard", lambda: b""),
+                                          ("a binary offset past its buffer", _flux_offsets_past_their_buffer))),
+    Reader("flux.1 save_to_disk state.json", "state.json", _flux_state, _read_flux_state, workloads=("flux1",),
+           damaged=(("a file named twice", lambda: json.dumps({"_data_files": [
+               {"filename": "data-00000-of-00001.arrow"}] * 2}).encode()),)),
+    Reader("flux.1 empty-prompt encoding .npy", "t5_empty.npy", _flux_empty_npy, _read_flux_empty, workloads=("flux1",),
+           damaged=(("a header claiming 2 TiB", lambda: _npy_claiming((1 << 20, 1 << 20))),)),
+    Reader("trainperf record of generated files", ".trainperf-generated.json", _generated_record,
+           _read_generated_record,
+           damaged=(("a file outside the folder", lambda: json.dumps({"generator": "trainperf", "workload": "ncf",
+                                                                      "files": {"../x": 1}}).encode()),)),
+    Reader("suite.json (suite --resume)", "suite.json", _suite_json, _read_suite_json),
     Reader("criteo day.gz", "day_0.gz", _gz(_criteo_day), _parse_gz_day, workloads=("dlrm",)),
     Reader("multi-hot criteo sparse .npz", "day_0_sparse_multi_hot.npz",
            lambda: _multi_hot_day()["day_0_sparse_multi_hot.npz"], _read_multi_hot, workloads=("dlrm_dcnv2",),

@@ -3,8 +3,10 @@ schedule, the closed rules, and FSDP2 / tensor parallelism on two gloo processes
 
 from __future__ import annotations
 
+import json
 import math
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -441,3 +443,58 @@ def test_bench_counts_flops_as_torchtitan_and_megatron_do():
     products = 6 * (config.parameters() - config.vocab_size * config.dim) * 256
     assert result.flops_per_sample == pytest.approx(products, rel=0.01)
     assert "counted as published" in describe(result)
+
+
+def test_float_tokens_and_a_huge_index_are_one_line_before_anything_is_read(tmp_path, monkeypatch, capsys):
+    """Issue 60, 10: NaN/inf float tokens made `prepare --verify` a traceback, and a 40 GB .idx was read
+    whole before its header was checked."""
+    from trainperf.cli import main
+
+    rng = np.random.default_rng(0)
+    valid = "c4-validation-91205-samples.en_text_document"
+    indexed.write(tmp_path / "c4-train.en_6_text_document", [rng.integers(0, 500, 20) for _ in range(8)],
+                  np.dtype(np.int32))
+    indexed.write(tmp_path / valid, [np.array([1.0, float("nan"), float("inf")], np.float32)], np.dtype(np.float32))
+    assert main(["prepare", "llama31_8b", "--scale", "full", "--data", str(tmp_path), "--verify"]) == 2
+    out, err = capsys.readouterr()
+    assert f"{valid}.idx: token dtype float32, expected integers" in out and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+    # A header naming one sequence in a file of 40 GB (sparse): refused from the header and the size alone.
+    huge = tmp_path / "huge.idx"
+    with huge.open("wb") as fh:
+        fh.write(indexed.MAGIC + struct.pack("<QBQQ", 1, 4, 1, 2))
+        fh.truncate(40 << 30)
+    (tmp_path / "huge.bin").write_bytes(b"\0" * 8)
+    real_read_bytes = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail(f"{self} read whole") if self == huge
+                        else real_read_bytes(self))
+    with pytest.raises(TrainperfError, match=r"huge.idx: 42,949,672,960 bytes, but its header \(1 sequences, 2 "
+                                             r"document boundaries\) needs 62"):
+        indexed.IndexedDataset(tmp_path / "huge")
+
+
+def test_token_ids_past_the_vocabulary_stop_a_run_in_one_line(tmp_path, capsys):
+    """Issue 60, 10: a token id past the model's vocabulary was an IndexError traceback inside the step (a
+    device-side assert on a GPU), reported through the DataLoader worker's 21-line traceback."""
+    from tests.conftest import read_log
+    from trainperf.cli import main
+
+    rng = np.random.default_rng(0)
+    train = [rng.integers(0, 500, int(n)) for n in rng.integers(5, 60, 60)]
+    train[7][2] = 9_999  # past model.vocab_size=512
+    indexed.write(tmp_path / "c4-train.en_6_text_document", train, indexed.token_dtype(128_256))
+    indexed.write(tmp_path / "c4-validation-91205-samples.en_text_document",
+                  [rng.integers(0, 500, int(n)) for n in rng.integers(5, 60, 12)], indexed.token_dtype(128_256))
+    small = ["model.layers=1", "model.dim=64", "model.heads=4", "model.kv_heads=2", "model.ffn_dim=128",
+             "model.vocab_size=512", "seq_len=32", "global_batch_size=4", "eval_samples=8", "eval_batch_size=4",
+             "eval_every_samples=16", "max_samples=64", "num_workers=1", "precision=fp32", "fused_optimizer=false"]
+    out = tmp_path / "run"
+    code = main(["run", "llama31_8b", "--scale", "full", "--data", str(tmp_path), "--out", str(out), "--quiet",
+                 *[x for s in small for x in ("--set", s)]])
+    assert code == 1
+    reason = json.loads((out / "result.json").read_text())["abort_reason"]
+    assert reason == ("c4-train.en_6_text_document.bin: token id 9,999 outside the model's vocabulary of 512 "
+                      "(`trainperf prepare --scale full --verify` checks every token)".join([str(tmp_path) + "/", ""]))
+    stop = next(r for r in read_log(out / "mlperf_log.txt") if r["key"] == "run_stop")
+    assert stop["metadata"]["status"] == "aborted" and "\n" not in stop["metadata"].get("reason", "")
+    assert "Traceback" not in capsys.readouterr().err

@@ -117,9 +117,14 @@ def layout(shape: Shape, tp: int, checkpointing: str, dp: int, ep: int = 1) -> L
     return Layout(tp, checkpointing, dp, state, gathered, activations, ep)
 
 
+# No cluster holds more data-parallel replicas than this: the search for the fewest that fit stops here
+# (it once walked every number up to the global batch: `--batch-size 1000000000000` never ended).
+MAX_DP = 1 << 20
+
+
 def data_parallel_sizes(global_batch: int) -> list[int]:
-    """Every dp that divides the global batch (each replica takes an equal share)."""
-    return [d for d in range(1, global_batch + 1) if global_batch % d == 0]
+    """Every dp that divides the global batch (each replica takes an equal share), up to MAX_DP."""
+    return [d for d in range(1, min(global_batch, MAX_DP) + 1) if global_batch % d == 0]
 
 
 def plan(workload: Workload, recipe: Recipe, memory: int, devices: int | None = None) -> list[dict[str, Any]]:

@@ -236,6 +236,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise TrainperfError(f"plan {workload.name}: --devices N is required (the GPUs its tables are sharded over)")
     if args.devices < 1 or (args.local_devices is not None and args.local_devices < 1):
         raise TrainperfError("--devices and --local-devices: expected numbers of devices >= 1")
+    if args.devices > recsys.MAX_PLAN_DEVICES:
+        raise TrainperfError(f"--devices {args.devices}: TorchRec's planner searches every table's shards over every "
+                             f"device, in time that grows with their count (512: about 2 minutes on a 2-core CPU); "
+                             f"at most {recsys.MAX_PLAN_DEVICES:,}")
     recipe = jobs.resolve_recipe(workload, "full", args.recipe, [*workload.model_parallel_sets, *args.set])
     local = args.local_devices or min(args.devices, 8)
     batch = (args.batch_size or recipe.global_batch_size) // args.devices

@@ -60,8 +60,14 @@ def cmd_list(args: argparse.Namespace) -> int:
     names = registry.names()
     indent = max(len(n) for n in names) + 2
     wrap = textwrap.TextWrapper(width=width, initial_indent="", subsequent_indent=" " * indent)
+    broken = 0
     for name in names:
-        w = registry.get(name)
+        try:
+            w = registry.get(name)
+        except TrainperfError as exc:  # an installed workload that does not load: said, the others still listed
+            broken += 1
+            print(wrap.fill(f"{name:<{indent - 2}}  cannot be loaded: {exc}"))
+            continue
         if "mini" in w.scales:
             mini_dir = w.default_data_dir("mini")
             ready = "mini data " + ("ready" if mini_dir is not None and not jobs.data_problems(w, "mini", mini_dir)
@@ -74,7 +80,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         facts = (f"MLPerf key {w.benchmark} (ruleset {w.mlperf.ruleset}); {w.metric.name}: {', '.join(targets)}; "
                  f"{ready}")
         print(textwrap.fill(facts, width=width, initial_indent=" " * indent, subsequent_indent=" " * indent))
-    print(f"\n{len(names)} workloads. Run one: trainperf run {names[0]}   Details: docs/workloads/<name>.md")
+    unusable = f" ({broken} cannot be loaded)" if broken else ""
+    print(f"\n{len(names)} workloads{unusable}. Run one: trainperf run {names[0]}   Details: docs/workloads/<name>.md")
     return 0
 
 

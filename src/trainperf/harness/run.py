@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from mlperf_logging.mllog import constants
 
-from trainperf.errors import Interrupted, RunAborted, TrainperfError
+from trainperf.errors import Interrupted, RunAborted, TrainperfError, one_line
 from trainperf.harness.clock import Clock, abort_on_signals, clear_page_cache
 from trainperf.harness.mlperf_log import MLPerfLog
 from trainperf.harness.progress import NoProgress, PlainProgress
@@ -136,11 +136,10 @@ def _outcome(loop: _TimedLoop, reached: bool, failure: BaseException | None, sig
     if isinstance(failure, TrainperfError):
         return "aborted", str(failure), None
     if isinstance(failure, Exception) and ctx.distributed and _collective_failure(failure):
-        first_line = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
+        first_line = one_line(failure) or type(failure).__name__
         return "aborted", f"rank {ctx.rank}: a collective failed, another rank died or hung ({first_line})", None
     # A bug (or SystemExit): one line in the log and the result; the traceback goes to the terminal.
-    first_line = next((line for line in str(failure).splitlines() if line.strip()), "")
-    return "aborted", f"internal error: {type(failure).__name__}: {first_line}", failure
+    return "aborted", f"internal error: {type(failure).__name__}: {one_line(failure)}", failure
 
 
 def close_for_rank0(config: RunConfig, world_size: int, reason: str, records: list[dict[str, Any]]) -> RunResult:

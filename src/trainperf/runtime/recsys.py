@@ -249,6 +249,12 @@ def _fused_and_dense(fused: Any, dense: Any) -> Any:
     return FusedAndDense([("embeddings", fused), ("dense", dense)])
 
 
+# `trainperf plan` of tables: TorchRec's planner enumerates every table's shardings over every device (512
+# devices: ~100 s, 2,048: over 5 minutes on a 2-core CPU; 50,000 never ended). The largest MLPerf DLRM systems
+# are below this.
+MAX_PLAN_DEVICES = 1024
+
+
 def plan_for(workload: Workload, recipe: Recipe, devices_count: int, local_devices: int, device_bytes: int,
              host_bytes: int, batch_size: int) -> dict[str, Any]:
     """The plan of `workload`'s model-parallel tables at `recipe` on `devices_count` GPUs of `device_bytes`

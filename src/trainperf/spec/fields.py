@@ -49,7 +49,8 @@ def within(value: float, bounds: tuple[float, bool, float, bool]) -> bool:
     low, low_open, high, high_open = bounds
     above = value > low if low_open else value >= low
     below = value < high if high_open else value <= high
-    return math.isfinite(value) and above and below
+    # A Python int of any size compares with the bounds; math.isfinite would overflow converting it.
+    return (isinstance(value, int) or math.isfinite(value)) and above and below
 
 
 def shown(bounds: tuple[float, bool, float, bool]) -> str:

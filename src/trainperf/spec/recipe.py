@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from trainperf.errors import TrainperfError
+from trainperf.errors import shown as shown_text
 from trainperf.spec import fields
 from trainperf.spec.cadence import Cadence
 from trainperf.spec.fields import Count, Counts
@@ -181,7 +182,7 @@ class Recipe:
                 raise TrainperfError(
                     f"--set {item!r}: unknown recipe field {key!r}; valid fields: " + ", ".join(sorted(fields)))
             *outer, leaf, annotation = path
-            value = _parse_value(raw.strip(), annotation, f"--set {item!r}")
+            value = _parse_value(raw.strip(), annotation, f"--set {shown_text(item, 60)}")
             if outer:
                 nested.setdefault(outer[0], {})[leaf] = value
             else:
@@ -215,6 +216,9 @@ def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+INT64_MAX = 2**63 - 1
+
+
 def _parse_value(raw: str, annotation: Any, where: str) -> Any:
     origin = typing.get_origin(annotation)
     if origin is tuple:
@@ -230,9 +234,12 @@ def _parse_value(raw: str, annotation: Any, where: str) -> Any:
         raise TrainperfError(f"{where}: expected a boolean (true/false), got {raw!r}")
     if annotation is int:
         try:
-            return int(raw)
+            value = int(raw)
         except ValueError:
-            raise TrainperfError(f"{where}: expected an integer, got {raw!r}") from None
+            raise TrainperfError(f"{where}: expected an integer, got {shown_text(raw)}") from None
+        if abs(value) > INT64_MAX:  # every count ends in a tensor or a C loop: 64 bits at most
+            raise TrainperfError(f"{where}: out of range (at most {INT64_MAX:,})")
+        return value
     if annotation is float:
         try:
             return float(raw)

@@ -96,12 +96,12 @@ class C4Pipeline:
         trains = [indexed.IndexedDataset(data_dir / name) for name in corpus.trains]
         valid = indexed.IndexedDataset(data_dir / corpus.valid)
         for data in (*trains, valid):
-            if data.dtype.kind not in "iu":
-                raise TrainperfError(f"{data.idx_path}: token dtype {data.dtype}, expected integers")
+            data.check_integers()
         seed = ctx.stream_seed("samples")
-        self.train = indexed.Blend([indexed.Samples(data, recipe.seq_len, seed + 1_000_003 * j)
+        vocab = recipe.model.vocab_size
+        self.train = indexed.Blend([indexed.Samples(data, recipe.seq_len, seed + 1_000_003 * j, vocab_size=vocab)
                                     for j, data in enumerate(trains)])
-        self.valid = indexed.Samples(valid, recipe.seq_len, 0, shuffle=False)
+        self.valid = indexed.Samples(valid, recipe.seq_len, 0, shuffle=False, vocab_size=vocab)
         if self.valid.per_epoch < recipe.eval_samples:
             raise TrainperfError(f"{valid.bin_path}: {self.valid.per_epoch:,} sequences of {recipe.seq_len + 1:,} "
                                  f"tokens, the evaluation needs {recipe.eval_samples:,}")

@@ -13,6 +13,7 @@ pair is refused in one line naming the file.
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -44,27 +45,31 @@ class IndexedDataset:
         for path in (self.idx_path, self.bin_path):
             if not path.is_file():
                 raise TrainperfError(f"{path}: missing (an indexed dataset is a .bin and an .idx of one name)")
-        raw = self.idx_path.read_bytes()
         where = str(self.idx_path)
-        if len(raw) < _HEADER or raw[:len(MAGIC)] != MAGIC:
+        # The header first, and the file's size against it: an .idx is never read whole before it is known
+        # to be one (a 40 GB file of something else would be read into memory); its arrays are mapped.
+        with self.idx_path.open("rb") as fh:
+            head = fh.read(_HEADER)
+            idx_size = os.fstat(fh.fileno()).st_size
+        if len(head) < _HEADER or head[:len(MAGIC)] != MAGIC:
             raise TrainperfError(f"{where}: not a Megatron indexed-dataset index (expected the magic "
                                  f"{MAGIC!r} and a {_HEADER}-byte header)")
-        version, code, count, boundaries = struct.unpack_from("<QBQQ", raw, len(MAGIC))
+        version, code, count, boundaries = struct.unpack_from("<QBQQ", head, len(MAGIC))
         if version != VERSION:
             raise TrainperfError(f"{where}: index version {version}, expected {VERSION}")
         if code not in DTYPES:
             raise TrainperfError(f"{where}: token dtype code {code}, expected one of {sorted(DTYPES)}")
         self.dtype = np.dtype(DTYPES[code])
         expected = _HEADER + count * 4 + count * 8 + boundaries * 8
-        if len(raw) != expected:
-            raise TrainperfError(f"{where}: {len(raw):,} bytes, but its header ({count:,} sequences, "
+        if idx_size != expected:
+            raise TrainperfError(f"{where}: {idx_size:,} bytes, but its header ({count:,} sequences, "
                                  f"{boundaries:,} document boundaries) needs {expected:,}")
         at = _HEADER
-        self.lengths = np.frombuffer(raw, np.int32, count, at)
+        self.lengths = _mapped(self.idx_path, np.int32, count, at)
         at += count * 4
-        self.offsets = np.frombuffer(raw, np.int64, count, at)
+        self.offsets = _mapped(self.idx_path, np.int64, count, at)
         at += count * 8
-        self.documents = np.frombuffer(raw, np.int64, boundaries, at)
+        self.documents = _mapped(self.idx_path, np.int64, boundaries, at)
         size = self.bin_path.stat().st_size
         if count:
             if (self.lengths < 0).any():
@@ -94,12 +99,26 @@ class IndexedDataset:
         return np.asarray(self.tokens[start:start + int(self.lengths[i])])
 
     def check_vocabulary(self, vocab_size: int) -> None:
-        """Every token id below the model's vocabulary (read in chunks: a C4 shard is gigabytes)."""
+        """Every token id an integer below the model's vocabulary (read in chunks: a C4 shard is gigabytes)."""
+        self.check_integers()
         chunk = 1 << 24
         for start in range(0, self.tokens.shape[0], chunk):
             part = np.asarray(self.tokens[start:start + chunk])
             if part.size and (int(part.max()) >= vocab_size or int(part.min()) < 0):
-                raise TrainperfError(f"{self.bin_path}: token ids outside the vocabulary of {vocab_size:,}")
+                bad = start + int(np.flatnonzero((part >= vocab_size) | (part < 0))[0])
+                raise TrainperfError(f"{self.bin_path}: token id {int(self.tokens[bad]):,} (token {bad:,}) outside "
+                                     f"the vocabulary of {vocab_size:,}")
+
+    def check_integers(self) -> None:
+        """Token ids are integers: an index of float tokens (Megatron's format allows the dtype) is refused."""
+        if self.dtype.kind not in "iu":
+            raise TrainperfError(f"{self.idx_path}: token dtype {self.dtype}, expected integers (token ids)")
+
+
+def _mapped(path: Path, dtype: type[np.generic], count: int, offset: int) -> np.ndarray:
+    if count == 0:
+        return np.zeros(0, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,))
 
 
 def write(prefix: Path, documents: list[np.ndarray], dtype: np.dtype) -> None:
@@ -128,8 +147,10 @@ class Samples:
     seq_len + 1 (the last token is the next sample's first: the labels of the last position), the samples
     then shuffled. The orders are drawn from `seed` and the epoch, so a seed gives one sequence of batches."""
 
-    def __init__(self, data: IndexedDataset, seq_len: int, seed: int, shuffle: bool = True) -> None:
+    def __init__(self, data: IndexedDataset, seq_len: int, seed: int, shuffle: bool = True,
+                 vocab_size: int | None = None) -> None:
         self.data, self.seq_len, self.seed, self.shuffle = data, seq_len, seed, shuffle
+        self.vocab_size = vocab_size  # each sample's ids checked against it (a host-side max: no device read)
         total = data.total_tokens
         self.per_epoch = (total - 1) // seq_len if total > seq_len else 0
         if self.per_epoch == 0:
@@ -162,6 +183,11 @@ class Samples:
             out[filled:filled + take] = tokens[lo:lo + take]
             filled += take
             doc += 1
+        if self.vocab_size is not None and (int(out.max()) >= self.vocab_size or int(out.min()) < 0):
+            # On the host, in the loader: an embedding indexed past its table is a device-side assert on a GPU.
+            bad = int(out[(out >= self.vocab_size) | (out < 0)][0])
+            raise TrainperfError(f"{self.data.bin_path}: token id {bad:,} outside the model's vocabulary of "
+                                 f"{self.vocab_size:,} (`trainperf prepare --scale full --verify` checks every token)")
         return out
 
 
