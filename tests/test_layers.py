@@ -11,7 +11,7 @@ import trainperf
 
 PACKAGE = Path(trainperf.__file__).parent
 LEAVES = {"__init__", "errors", "rulesets", "files", "plots", "paths", "prepared", "loaders", "devices", "optional",
-          "calibration", "signals"}
+          "calibration", "signals", "arrays"}
 # What each part may import, besides itself and the leaves.
 ALLOWED: dict[str, set[str]] = {
     "spec": set(),
