@@ -3,6 +3,11 @@
     python benchmarks/mini_ttt.py resnet --runs 5
     python benchmarks/mini_ttt.py resnet --runs 10 --set base_lr=0.2     # calibrate a recipe change
     python benchmarks/mini_ttt.py resnet --runs 5 --vs-plain             # against a plain PyTorch loop
+    python benchmarks/mini_ttt.py resnet --runs 10 --record              # calibrate: calibration.json, goldens.json
+
+`--record` writes the calibration, and for the mini recipe itself the golden record of its first steps
+(goldens.json) measured on the same code, its hash kept in the calibration. It refuses unless the second
+test tier passed on this code (`python benchmarks/second_tier.py`, docs/testing.md).
 
 `--vs-plain` (resnet) also trains a plain PyTorch loop, written the way the PyTorch tutorials do
 (torchvision ImageFolder + DataLoader over the same JPEG folder, a small CNN, Adam), to the same
@@ -13,6 +18,7 @@ noise hits both alike. Its clock starts where run_start is (before the data is o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -94,6 +100,13 @@ def main() -> None:
     workload = registry.get(args.workload)
     recipe = workload.recipe("mini").with_overrides(args.set)
     data_dir = jobs.prepared_data(workload, "mini", None)  # generated and recorded on first use
+    golden = None
+    if args.record:
+        from trainperf.bench import goldens, tiers
+
+        tiers.require_second_tier_passed()  # a calibration is recorded only on code the second tier passed
+        if not args.set and workload.golden is not None:
+            golden = goldens.measure(workload, data_dir)  # its first steps, on the code calibrated below
     ours, plain = [], []
     for seed in range(args.first_seed, args.first_seed + args.runs):
         ours.append(trainperf_run(workload, recipe, data_dir, seed))
@@ -110,7 +123,7 @@ def main() -> None:
         ratio = statistics.median(t for t, _, _ in plain) / statistics.median(t for t, _, _ in ours)
         print(f"speed vs plain loop (median plain / median trainperf): {ratio:.2f}x")
     if args.record:
-        record(workload, recipe, args, ours)
+        record(workload, recipe, args, ours, golden)
 
 
 def _range(values: list) -> str:
@@ -121,11 +134,12 @@ def _range(values: list) -> str:
     return text[0] if text[0] == text[1] else f"{text[0]}–{text[1]}"
 
 
-def record(workload, recipe, args, rows: list[tuple[float, bool, int | None]]) -> None:
+def record(workload, recipe, args, rows: list[tuple[float, bool, int | None]], golden: dict | None) -> None:
     import datetime
     import shlex
 
     from trainperf import calibration
+    from trainperf.bench import goldens
     from trainperf.runtime import environment
 
     times = [t for t, _, _ in rows]
@@ -140,6 +154,11 @@ def record(workload, recipe, args, rows: list[tuple[float, bool, int | None]]) -
         command=shlex.join(["python", "benchmarks/mini_ttt.py", workload.name, "--runs", str(args.runs),
                             *[x for s in args.set for x in ("--set", s)]]),
         sets=list(args.set), nproc=1, note=args.note)
+    if golden is not None:
+        # The golden record and the calibration are written together, from the same code.
+        digest = goldens.record(workload.name, golden)
+        entry = dataclasses.replace(entry, goldens_sha256=digest, goldens_note="measured with this calibration")
+        print(f"golden record {digest} recorded in {goldens.PATH}")
     calibration.record(entry)
     print(f"recorded in {calibration.PATH}")
 

@@ -10,6 +10,8 @@ import torch
 from trainperf.results.logs import read_records
 from trainperf.spec import Assets, DataParts, EpochView, ModelParts, Recipe, RuntimeContext, Workload
 
+pytest_plugins = ["tests.tiers"]  # the two tiers' audit and the budget printed at the end of every run
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `gpu` skip cleanly on a machine without a CUDA GPU (CI has none)."""

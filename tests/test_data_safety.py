@@ -322,6 +322,7 @@ def _prepare_in_child(folder: str, queue: multiprocessing.Queue) -> None:
     queue.put((code, out.getvalue()))
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_two_prepares_of_one_folder_at_once_both_succeed(tmp_path):
     ctx = multiprocessing.get_context("spawn")

@@ -119,6 +119,7 @@ def test_the_readme_stays_a_front_page():
     ("llama31_8b", ["max_samples=256", "eval_every_samples=256"], True),
     ("flux1", ["max_samples=256", "eval_every_samples=256", "eval_samples=256"], True),
     ("ncf", ["max_epochs=1"], False)])
+@pytest.mark.second_tier
 def test_a_log_stopped_short_of_its_target_fails_only_the_rules_that_bound_a_value(tmp_path, name, sets, bounded):
     """docs/commands.md (exit 130) says what the log of a run stopped after its first evaluation passes: every
     rule of the official checker but those bounding an evaluation's value (issue 60, 14: it said "passes

@@ -208,7 +208,7 @@ def test_stale_partials_of_dead_processes_are_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_an_interrupted_series_resumes(tmp_path, capsys):
     out = tmp_path / "sub"
     assert main(["run", "resnet", "--runs", "2", "--seed", "5", "--out", str(out), "--quiet"]) == 0
@@ -269,7 +269,7 @@ def test_a_truncated_ncf_mini_is_regenerated_before_a_run(tmp_path, capsys):
     assert any("generating it again" in line for line in said) and ratings.stat().st_size == size
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_a_resumed_series_must_be_the_same_series(tmp_path, capsys):
     out = tmp_path / "sub"
     assert main(["run", "ncf", "--runs", "2", "--seed", "5", "--org", "lab", "--out", str(out), "--quiet"]) == 0

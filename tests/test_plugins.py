@@ -60,6 +60,7 @@ def test_the_installed_workload_is_listed_and_passes_the_conformance_tests(insta
     assert registry.get("circles").data_problems("mini", data) == []
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_the_installed_workload_runs_its_mini_to_its_target(site, tmp_path):
     env = _env(site)

@@ -13,6 +13,7 @@ from trainperf.errors import TrainperfError
 from trainperf.results import scoring
 
 
+@pytest.mark.to_target
 @pytest.mark.slow
 def test_a_round_of_two_fast_workloads_runs_to_target_and_writes_one_report(tmp_path, capsys):
     out = tmp_path / "round"
@@ -82,7 +83,7 @@ def test_an_interrupted_round_keeps_what_finished_and_reports_the_rest_not_run(t
     assert "interrupted during ncf" in capsys.readouterr().err and (out / "suite.html").is_file()
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_an_interrupted_round_resumes_with_what_finished_kept(tmp_path, monkeypatch, capsys):
     from trainperf import jobs
 

@@ -38,6 +38,10 @@ class Calibration:
     # best quality seen (a target near either would measure nothing).
     baseline: str = ""
     best: str = ""
+    # The golden record of the mini's first steps measured on the same code (bench/goldens.py: its hash in
+    # goldens.json): a test holds them equal, so numbers that moved cannot keep a stale calibration.
+    goldens_sha256: str = ""
+    goldens_note: str = ""
 
     @property
     def variant(self) -> tuple[str, tuple[str, ...], int]:
@@ -78,3 +82,11 @@ def record(entry: Calibration, path: Path = PATH) -> None:
         data["calibrations"].append(asdict(entry))
     # Kept as people read and diff it: one-space indent, "–" as itself.
     write_text_atomic(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+
+
+def link_goldens(workload: str, digest: str, note: str, path: Path = PATH) -> None:
+    """Record in `workload`'s main calibration the hash of the golden record its code produces."""
+    entry = main(workload, path)
+    if entry is None:
+        raise TrainperfError(f"{path}: no calibration of {workload} to link a golden record to")
+    record(replace(entry, goldens_sha256=digest, goldens_note=note), path)

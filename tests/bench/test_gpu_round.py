@@ -20,6 +20,7 @@ def _round(out: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_the_round_summarises_its_sections(tmp_path):
     done = _round(tmp_path, "--sections", "env,nccl,bench", "--workloads", "resnet", "--budget-min", "5")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -85,7 +86,7 @@ def test_a_command_the_budget_stops_is_a_skip_not_a_failure(tmp_path, monkeypatc
     assert "| rnnt | budget (stopped after 51 s) |" in text and "| minigo | failed |" in text
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_the_graphs_section_climbs_eager_compile_graphs_for_each_workload_offering_them(tmp_path):
     done = _round(tmp_path, "--sections", "graphs", "--workloads", "ncf", "--budget-min", "6")
     assert done.returncode == 0, done.stdout + done.stderr

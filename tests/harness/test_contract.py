@@ -117,7 +117,7 @@ def _object_gather_run(tmp: str, async_eval: bool) -> dict[str, Any]:
         distributed.shutdown()
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_object_gather_on_two_processes_agrees_with_one(tmp_path):
     single, _ = _run(tmp_path, fakes.ObjectGather(), name="single.txt")
     ranks = launch(_object_gather_run, str(tmp_path), False)
@@ -127,7 +127,7 @@ def test_object_gather_on_two_processes_agrees_with_one(tmp_path):
 
 
 # -- 3. asynchronous host scoring: a worker process, several ranks ---------------------------------
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_async_scoring_in_a_worker_process_on_two_ranks(tmp_path):
     single, _ = _run(tmp_path, fakes.ObjectGather(), name="single.txt")
     ranks = launch(_object_gather_run, str(tmp_path), True)
@@ -334,7 +334,7 @@ def test_token_weighted_loss_divides_by_the_tokens_of_the_whole_batch():
         torch.testing.assert_close(list(parts.model.parameters())[0].detach(), expected[0])
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_token_weighted_loss_on_two_processes_equals_one():
     tokens, mask = _token_batch()
     single = _token_parts()
@@ -378,7 +378,7 @@ def test_after_step_hook_and_ema_weights_are_what_evaluation_scores(tmp_path):
 
 
 # -- 8. a compiled evaluation forward, warmed up before run_start -----------------------------------
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_compiled_eval_forward_leaves_nothing_to_compile_after_run_start(tmp_path):
     from torch._dynamo.utils import counters
 

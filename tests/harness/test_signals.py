@@ -149,7 +149,9 @@ def test_the_launcher_leaves_the_signal_handlers_as_they_were():
     assert os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE") == env
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [pytest.param("SIGTERM", marks=pytest.mark.multiprocess),
+                                 pytest.param("SIGINT", marks=pytest.mark.second_tier)])
 def test_a_signal_while_python_exits_ends_the_command_quietly_with_its_code(sig):
     """A launcher stops the ranks that outlive a failed one with SIGTERM, which may land after the command
     has returned, inside an exit hook (torch's compile report): no traceback, the command's exit code."""

@@ -45,6 +45,7 @@ def _render(paths: list[Path], tmp_path: Path, markdown: bool = False) -> Page:
     return Page(out.read_text())
 
 
+@pytest.mark.to_target
 @pytest.mark.slow
 def test_report_of_one_run(tmp_path):
     run = tmp_path / "one"
@@ -57,6 +58,7 @@ def test_report_of_one_run(tmp_path):
     assert page.scripts == 0
 
 
+@pytest.mark.to_target
 @pytest.mark.slow
 def test_report_of_many_runs_escapes_hostile_names(series, tmp_path):
     page = _render([series], tmp_path, markdown=True)

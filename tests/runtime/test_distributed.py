@@ -76,7 +76,7 @@ def _one_ddp_step() -> list[torch.Tensor]:
 
 
 # -- tests ----------------------------------------------------------------------------------------
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_sharded_evaluation_equals_single_process_on_odd_eval_set(tmp_path):
     from tests.conftest import imagenet_folder
     from trainperf.workloads.resnet import MINI_RECIPE, ResNetWorkload
@@ -94,6 +94,7 @@ def test_sharded_evaluation_equals_single_process_on_odd_eval_set(tmp_path):
     assert results[0] == results[1] == (single, 7)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_two_processes_one_step_equals_one_process_double_batch():
     parts = _tiny_parts()
@@ -105,7 +106,7 @@ def test_two_processes_one_step_equals_one_process_double_batch():
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_run_nproc_2_reaches_target_with_one_log(tmp_path, capsys):
     out = tmp_path / "ddp"
     assert main(["run", "resnet", "--nproc", "2", "--seed", "0", "--out", str(out), "--quiet"]) == 0
@@ -140,8 +141,8 @@ def _descendants_with_rank(root_pid: int, rank: int) -> list[int]:
     return found
 
 
+@pytest.mark.second_tier
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find the worker")
-@pytest.mark.slow
 def test_killed_rank_ends_run_aborted_within_bounded_time(tmp_path):
     out = tmp_path / "killed"
     env = {**os.environ, "TRAINPERF_COLLECTIVE_TIMEOUT_S": "20", "PYTHONUNBUFFERED": "1"}
@@ -209,7 +210,7 @@ def test_slurm_command_prints_the_script(capsys):
     assert out.startswith("#!/bin/bash") and "--nproc-per-node=4" in out and "run resnet --scale full" in out
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_a_launched_group_of_one_trains_as_a_plain_process(tmp_path):
     """`torchrun --nproc_per_node 1`: the process joins a group of one (DDP, collectives, the backend a
     GPU would use: NCCL there, gloo here) and trains exactly as a plain process with the same seed."""

@@ -37,9 +37,15 @@ def _rank_pids(parent: int, rank: int) -> list[int]:
     return found
 
 
+# The gate keeps one stop in one process and one in a launched pair; every other way, the second tier.
+_SECOND = pytest.mark.second_tier
+
+
 @pytest.mark.parametrize("nproc, how, code", [
-    (1, "ctrl-c", 130), (1, "SIGTERM", 130), (1, "SIGHUP", 130),
-    (2, "ctrl-c", 130), (2, "SIGTERM", 130), (2, "SIGHUP", 130), (2, "kill rank 0", 1),
+    pytest.param(1, "ctrl-c", 130, marks=_SECOND), pytest.param(1, "SIGTERM", 130, marks=pytest.mark.multiprocess),
+    pytest.param(1, "SIGHUP", 130, marks=_SECOND), pytest.param(2, "ctrl-c", 130, marks=pytest.mark.multiprocess),
+    pytest.param(2, "SIGTERM", 130, marks=_SECOND), pytest.param(2, "SIGHUP", 130, marks=_SECOND),
+    pytest.param(2, "kill rank 0", 1, marks=_SECOND),
 ])
 def test_a_stopped_run_exits_as_promised_with_its_log_closed(tmp_path, nproc, how, code):
     out = tmp_path / "run"

@@ -84,7 +84,7 @@ def test_loss_parity_with_fp32(overrides, tolerance):
     assert other == pytest.approx(reference, rel=tolerance, abs=tolerance)
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_compile_compiles_and_keeps_the_loss():
     reference = _losses(BASE, steps=2)
     recipe = BASE.with_overrides(["compile=true"])
@@ -206,7 +206,7 @@ def test_bench_command_prints_the_figures(tmp_path, capsys):
     assert figures["flops_per_sample"] > 0 and figures["speedups"]["precision"] == "bf16"
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_mini_with_every_cpu_switch_reaches_target(tmp_path):
     run_dir = tmp_path / "all-switches"
     assert main(["run", "resnet", "--seed", "0", "--out", str(run_dir), "--quiet", "--precision", "bf16",
@@ -219,6 +219,7 @@ def test_mini_with_every_cpu_switch_reaches_target(tmp_path):
     assert result["init_time_s"] > 0
 
 
+@pytest.mark.to_target
 @pytest.mark.slow
 def test_mini_with_async_eval_reaches_target_and_passes_checker(tmp_path):
     from trainperf.results.compliance import check

@@ -11,7 +11,7 @@ from trainperf.errors import TrainperfError
 from trainperf.science import tune
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_tune_batch_measures_each_batch_and_recommends_the_fastest(tmp_path, capsys):
     out = tmp_path / "tune"
     code = cli.main(["tune-batch", "resnet", "--batch-sizes", "32,64", "--runs", "1", "--steps", "3", "--warmup",
@@ -55,7 +55,7 @@ def test_predict_full_from_a_short_synthetic_bench(tmp_path, capsys):
     assert cli.main(["predict", "transformer", "--samples-per-s", "100", "--epochs", "3"]) == 0
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_scale_project_with_a_measured_link_between_two_processes(tmp_path, capsys):
     out = tmp_path / "proj"
     code = cli.main(["scale", "ncf", "--project", "1,2,4", "--steps", "3", "--warmup", "1", "--out", str(out),

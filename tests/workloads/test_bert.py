@@ -411,7 +411,7 @@ def test_shipped_checkpoint_is_verified(tmp_path):
     assert 0 < manifest["mlm_accuracy_phase2_eval"] < MINI.target
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_mini_runs_end_to_end_and_log_passes_ruleset_100(tmp_path, mini_root):
     """Two evaluations' worth of samples (the target itself: README, 10 seeds)."""
     out = tmp_path / "run"
@@ -423,7 +423,7 @@ def test_mini_runs_end_to_end_and_log_passes_ruleset_100(tmp_path, mini_root):
     assert 0.0 < result["evaluations"][-1]["value"] < MINI.target
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_make_phase1_writes_a_checkpoint_its_manifest_vouches_for(tmp_path):
     assert main(["make-phase1", "--steps", "2", "--out", str(tmp_path)]) == 0
     manifest = json.loads((tmp_path / "phase1.json").read_text())

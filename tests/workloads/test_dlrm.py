@@ -287,6 +287,7 @@ def dlrm_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.to_target
 @pytest.mark.slow
 def test_mini_reaches_target_between_dense_baseline_and_teacher(dlrm_run):
     result = json.loads((dlrm_run / "result.json").read_text())
@@ -320,7 +321,7 @@ def test_mini_log_passes_official_checker_with_fractional_epochs(dlrm_run, tmp_p
     assert not check(closed).valid  # below 0.8025: the closed rules reject it
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_two_processes_reach_the_target_with_dense_embedding_gradients(dlrm_run, tmp_path):
     """Data parallel over 2 gloo processes (dense embedding gradients all-reduced by DDP): same
     target, and the log passes the checker."""
@@ -402,6 +403,7 @@ def sharded_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.to_target
 @pytest.mark.slow
 def test_sharded_tables_reach_the_target_and_record_their_plan(sharded_run):
     result = json.loads((sharded_run / "result.json").read_text())
@@ -413,6 +415,7 @@ def test_sharded_tables_reach_the_target_and_record_their_plan(sharded_run):
     assert check(sharded_run / "mlperf_log.txt").valid
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_two_processes_with_sharded_tables_train_as_one(sharded_run, tmp_path):
     """2 gloo processes: the tables split between them (model parallel, an all-to-all of the lookups), the

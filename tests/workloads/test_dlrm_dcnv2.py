@@ -185,6 +185,7 @@ def mini_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.to_target
 @pytest.mark.slow
 def test_the_mini_reaches_its_target_between_its_bounds_with_a_log_that_passes(mini_run, tmp_path):
     import json
@@ -202,7 +203,7 @@ def test_the_mini_reaches_its_target_between_its_bounds_with_a_log_that_passes(m
     assert logged["opt_name"] == "adagrad" and logged["opt_adagrad_epsilon"] == 1e-8
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_two_processes_with_sharded_tables_reach_the_target(tmp_path):
     import json
 
@@ -256,6 +257,7 @@ def test_the_full_scale_trains_on_the_references_24_days(tmp_path):
     assert json.loads((out / "result.json").read_text())["layout"]["engine"] == "torchrec"
 
 
+@pytest.mark.second_tier
 def test_compile_takes_the_dense_arches_around_the_sharded_tables_and_changes_no_loss():
     """--compile (and --cuda-graphs through it) compiles, in place, the dense modules TorchRec's lookups
     sit between — bottom MLP, DCN interaction, top MLP — each as one graph (fullgraph), and leaves the

@@ -274,6 +274,7 @@ def _losses(world: int, steps: int = 12) -> list[float]:
             distributed.shutdown()
 
 
+@pytest.mark.second_tier
 def test_two_fsdp_processes_train_as_one():
     alone = _losses(1)
     both = launch(_losses, 2)
@@ -308,6 +309,7 @@ def test_the_processes_split_each_global_batch_in_file_order(tmp_path):
     assert torch.equal(epoch(1, 0, 1)[0][0], rows[0]["mean"])  # epoch 1 starts again at 40 mod 40
 
 
+@pytest.mark.second_tier
 def test_a_two_process_mini_run_logs_what_the_open_rules_read(tmp_path):
     # The mini's first 12,288 samples on two processes (FSDP2, each half of every batch), evaluated twice; below
     # the open rules' 0.586 at the second evaluation, so that the log of a run its budget stopped passes them.

@@ -147,7 +147,7 @@ def test_the_closed_rules_refuse_a_log_without_remain_steps(tmp_path):
     assert not check(log, "0.7.0").valid
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_mini_runs_end_to_end_and_log_passes_ruleset_070(tmp_path, mini_root):
     """One epoch with its beam-search evaluation (the target itself: README, 10 seeds)."""
     out = tmp_path / "run"

@@ -251,6 +251,8 @@ def _losses(tp: int, fsdp: bool, steps: int = 20, meta_init: bool = False, sets:
             distributed.shutdown()
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("tp", [1, 2], ids=["fsdp2", "tp2"])
 def test_two_processes_train_as_one(tp):
     alone = _losses(1, fsdp=False)
@@ -261,6 +263,7 @@ def test_two_processes_train_as_one(tp):
         assert both[rank] == pytest.approx(alone, rel=1e-4, abs=1e-4), (rank, both[rank], alone)
 
 
+@pytest.mark.second_tier
 def test_a_model_built_on_the_meta_device_is_initialised_after_sharding():
     # From the same random state, init_weights after to_empty draws the weights reset_parameters draws.
     with torch.device("meta"):
@@ -339,6 +342,7 @@ def _first_eval(out) -> tuple[float, int]:
     return first["value"], first["metadata"]["samples_count"]
 
 
+@pytest.mark.second_tier
 def test_a_tensor_parallel_run_reads_one_shard_per_group_and_equals_one_process(tmp_path):
     # tp=2 over 2 processes: one data shard (both read every row), each block split between them. Its first
     # evaluation (1,024 samples: 64 AdamW steps) equals a single process's, and counts its samples once.
@@ -353,7 +357,7 @@ def test_a_tensor_parallel_run_reads_one_shard_per_group_and_equals_one_process(
     assert tp[0] == pytest.approx(alone[0], rel=2e-3)
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_fsdp2_on_two_processes_reaches_the_mini_target_with_a_log_that_passes(tmp_path):
     import json
 

@@ -275,6 +275,7 @@ def _lora_losses(tp: int = 1, steps: int = 8) -> list[float]:
             distributed.shutdown()
 
 
+@pytest.mark.second_tier
 @pytest.mark.parametrize("tp", [1, 2], ids=["fsdp2", "tp2"])
 def test_two_processes_fine_tune_as_one(tp):
     # FSDP2 over two data-parallel processes, or the blocks and their adapters split between two tensor-
@@ -286,6 +287,7 @@ def test_two_processes_fine_tune_as_one(tp):
         assert both[rank] == pytest.approx(alone, rel=1e-4, abs=1e-4), (rank, both[rank], alone)
 
 
+@pytest.mark.to_target
 @pytest.mark.slow
 def test_the_mini_reaches_its_target_with_a_log_that_passes(tmp_path):
     from tests.conftest import read_log

@@ -360,7 +360,7 @@ def test_full_path_on_a_tiny_coco_tree_with_masks(tmp_path, capsys):
     assert check(opened, "1.0.0").valid
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_two_processes_reach_both_targets_and_score_and_report_read_the_runs(tmp_path, capsys):
     """The mini on two gloo processes (each half of every batch and half of val) reaches both targets as
     one process does in the README's calibration; then `score`, `report` and `compare` read a results

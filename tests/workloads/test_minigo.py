@@ -241,7 +241,7 @@ def test_the_shipped_target_is_checksum_verified_and_shape_checked(tmp_path, mon
         workload.target_network(recipe, Assets(workload.assets(recipe, None)))
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_the_mini_runs_end_to_end_and_its_log_passes_the_checker(tmp_path):
     """Two generations (self-play, training, a match against the shipped target); the target itself is
     shown reached by the README's 10-seed calibration."""
@@ -254,7 +254,7 @@ def test_the_mini_runs_end_to_end_and_its_log_passes_the_checker(tmp_path):
     assert result["samples"] > 0 and result["eval_samples"] == W.MINI.eval_games
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_two_processes_share_the_games_and_take_the_same_steps(tmp_path):
     """--nproc 2: each process plays half of the generation's games and its half of each batch; the
     log counts the generation's games once, and the processes stay in step (rank 0's step count)."""

@@ -268,7 +268,9 @@ def _losses(ep: int, extra: list[str], steps: int = 20) -> list[float]:
             distributed.shutdown()
 
 
-@pytest.mark.parametrize("extra", [[], DEEPSEEK_LIKE], ids=["gpt_oss", "deepseek_like"])
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [pytest.param([], marks=pytest.mark.multiprocess, id="gpt_oss"),
+                                   pytest.param(DEEPSEEK_LIKE, marks=pytest.mark.second_tier, id="deepseek_like")])
 def test_expert_parallel_processes_train_as_one(extra):
     alone = _losses(1, extra)
     both = launch(_losses, 2, extra)
@@ -278,7 +280,7 @@ def test_expert_parallel_processes_train_as_one(extra):
         assert both[rank] == pytest.approx(alone, rel=1e-4, abs=1e-4), (rank, both[rank], alone)
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_experts_sharded_over_their_own_group_train_as_one():
     # Four processes, ep=2: each expert held by two processes (its FSDP group, "dp_mod_ep", of 2), each process
     # one row. On gloo the experts' gradients are summed then scaled (it has no pre-multiplied sum).
@@ -335,6 +337,7 @@ def _evaluations(out) -> list[tuple[int, float]]:
             if r["key"] == "eval_accuracy"]
 
 
+@pytest.mark.second_tier
 def test_an_expert_parallel_mini_run_equals_one_process_with_a_log_that_passes(tmp_path):
     # The mini's first 32 samples (16 steps, two evaluations) in one process and in two with ep=2: each process
     # one of the batch's two sequences and half of each block's experts. The whole run to the target, in one

@@ -127,6 +127,7 @@ def ncf_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.to_target
 @pytest.mark.slow
 def test_mini_reaches_target_above_popularity(ncf_run):
     result = json.loads((ncf_run / "result.json").read_text())

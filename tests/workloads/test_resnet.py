@@ -29,6 +29,7 @@ def mini_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.to_target
 @pytest.mark.slow
 def test_mini_reaches_target(mini_run):
     result = json.loads((mini_run / "result.json").read_text())

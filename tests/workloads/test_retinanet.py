@@ -275,7 +275,7 @@ def retinanet_run(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_mini_reaches_target_and_log_passes_ruleset_2(retinanet_run):
     result = json.loads((retinanet_run / "result.json").read_text())
     assert result["status"] == "success" and result["final_metric"] >= MINI.target
@@ -330,7 +330,7 @@ def _short_run(tmp_path: Path, name: str, *extra: str) -> dict:
     return json.loads((out / "result.json").read_text())
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_two_processes_reach_the_same_ap_as_one_with_one_log(tmp_path):
     one = _short_run(tmp_path, "one")
     two = _short_run(tmp_path, "two", "--nproc", "2", "--async-eval")

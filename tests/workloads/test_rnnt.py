@@ -482,7 +482,7 @@ def test_full_path_runs_end_to_end_on_a_tiny_librispeech(tmp_path, capsys):
     assert verdict.valid or complaints
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_mini_runs_end_to_end_and_passes_the_checker(tmp_path):
     """One epoch and its greedy-decoding evaluation in one process (the target: the two-process test
     below, and the README's 10 seeds)."""
@@ -492,7 +492,7 @@ def test_mini_runs_end_to_end_and_passes_the_checker(tmp_path):
     assert MINI.target < result["evaluations"][0]["value"] <= 1.5  # still on the language-model plateau
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_two_processes_reach_the_target_like_one(tmp_path):
     """Two gloo processes, each half of every global batch and half of dev-clean: the same target in
     about as many epochs as one process (augmentation draws differ, so not the same numbers)."""

@@ -224,7 +224,7 @@ def ssd_run(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_mini_reaches_target_and_log_passes_checker(ssd_run):
     result = json.loads((ssd_run / "result.json").read_text())
     assert result["status"] == "success" and result["final_metric"] >= MINI.target
@@ -266,7 +266,7 @@ def _short_run(tmp_path: Path, name: str, *extra: str) -> dict:
     return json.loads((out / "result.json").read_text())
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_async_scoring_in_a_process_gives_the_synchronous_ap(tmp_path):
     sync = _short_run(tmp_path, "sync")
     background = _short_run(tmp_path, "async", "--async-eval")
@@ -274,7 +274,7 @@ def test_async_scoring_in_a_process_gives_the_synchronous_ap(tmp_path):
     assert sync["evaluations"][0]["value"] > 0.05  # it learnt something: the comparison means something
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_two_processes_reach_the_same_ap_as_one_with_one_log(tmp_path):
     one = _short_run(tmp_path, "one")
     two = _short_run(tmp_path, "two", "--nproc", "2")

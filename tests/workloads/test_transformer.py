@@ -241,6 +241,7 @@ def _sources(data: D.Prepared, count: int = 40) -> torch.Tensor:
     return torch.from_numpy(T.pad_batch(data.test_src, np.arange(count), suffix=T.EOS))
 
 
+@pytest.mark.slow
 def test_cached_decoding_equals_recomputing_every_step(trained):
     model, data = trained
     src = _sources(data)
@@ -332,7 +333,7 @@ def test_the_closed_rules_refuse_adam_epsilon_1e8(tmp_path):
     assert not check(bad, "0.7.0").valid
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_mini_runs_end_to_end_and_log_passes_ruleset_070(tmp_path, mini_root):
     """One epoch with its beam-search evaluation (the target itself: README, 10 seeds)."""
     out = tmp_path / "run"

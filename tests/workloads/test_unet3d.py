@@ -282,7 +282,7 @@ def test_prepare_from_raw_nifti_is_resumable_and_names_what_is_missing(tmp_path,
     assert "2 already preprocessed" in capsys.readouterr().out
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_mini_runs_end_to_end_and_passes_the_checker(tmp_path):
     """Four epochs and the first sliding-window evaluation (the target itself: README, 10 seeds)."""
     from tests.conftest import cut_short_run, mini_data

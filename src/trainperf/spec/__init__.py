@@ -23,8 +23,8 @@ The contract lives in one package, a file per idea; everything is importable fro
 quality.py (Metric), cadence.py (Cadence), recipe.py (Recipe), context.py (RuntimeContext),
 fields.py (a recipe field's interval), batches.py (splitting and counting batches), assets.py (Assets),
 parts.py (ModelParts, DataParts, EvalPartial, EpochView, Logged), scale.py (Scale, DataSource),
-mlperf.py (MLPerf), buckets.py (LengthBuckets), parallel.py (Parallelism), workload.py (Workload),
-results.py (Evaluation, RunResult).
+mlperf.py (MLPerf), golden.py (GoldenSpec), buckets.py (LengthBuckets), parallel.py (Parallelism),
+workload.py (Workload), results.py (Evaluation, RunResult).
 """
 
 from trainperf.spec.assets import Assets
@@ -33,6 +33,7 @@ from trainperf.spec.buckets import LengthBuckets
 from trainperf.spec.cadence import Cadence
 from trainperf.spec.context import RuntimeContext, bare_model, uncompiled
 from trainperf.spec.fields import Count, Counts, Fraction, Positive, Share
+from trainperf.spec.golden import GoldenSpec
 from trainperf.spec.mlperf import MLPerf
 from trainperf.spec.parallel import DataParallel, FullyShard, Parallelism, ShardedTables
 from trainperf.spec.parts import DataParts, EpochView, EvalPartial, Logged, ModelParts
@@ -44,7 +45,8 @@ from trainperf.spec.workload import Workload
 
 __all__ = [
     "EPOCH_NUM_STYLES", "R", "SCALES", "Assets", "Cadence", "Count", "Counts", "DataParallel", "DataParts",
-    "DataSource", "EpochView", "EvalPartial", "Evaluation", "Fraction", "FullyShard", "LengthBuckets", "Logged",
+    "DataSource", "EpochView", "EvalPartial", "Evaluation", "Fraction", "FullyShard", "GoldenSpec", "LengthBuckets",
+    "Logged",
     "MLPerf", "Metric", "ModelParts", "Parallelism", "Positive", "Quality", "Recipe", "RunResult", "RuntimeContext",
     "Scale", "ShardedTables", "Share", "Target", "Workload", "bare_model", "count_samples", "per_epoch_schedule",
     "split_batch", "uncompiled",

@@ -13,6 +13,7 @@ from trainperf.errors import TrainperfError
 from trainperf.spec.assets import Assets
 from trainperf.spec.batches import count_samples, split_batch
 from trainperf.spec.context import RuntimeContext
+from trainperf.spec.golden import GoldenSpec
 from trainperf.spec.mlperf import MLPerf
 from trainperf.spec.parallel import Parallelism
 from trainperf.spec.parts import DataParts, ModelParts
@@ -56,6 +57,9 @@ class Workload(ABC, Generic[R]):
     # `--set` overrides that give this workload model-parallel embedding tables (ModelParts.parallel):
     # `trainperf plan` applies them. Empty: it has none.
     model_parallel_sets: ClassVar[tuple[str, ...]] = ()
+    # The golden record of the mini's first steps (bench/goldens.py): what the gate runs of this workload's
+    # training path. None for a workload without a mini.
+    golden: ClassVar[GoldenSpec | None] = GoldenSpec()
 
     @property
     def scales(self) -> tuple[str, ...]:

@@ -33,6 +33,7 @@ class DeepSeekV3Workload(GptOssWorkload):
                   "model.groups=4", "model.topk_groups=2", "model.top_k=4", "model.expert_dim=128",
                   "model.vocab_size=4096", "ep=1", "checkpointing=none", "meta_init=false")
     mini = None
+    golden = None  # no mini: nothing of its own to record (its code path's mini is another workload's)
     full = Scale(DEEPSEEK_RECIPES, llama_data.C4(synthetic.MINI_CORPUS, llama_data.LLAMA31_VOCAB,
                                                  "llm_moe_pretraining/nemo preprocessing (the llama31_8b download): "
                                                  "C4 en tokenized with Llama 3.1's tokenizer"))

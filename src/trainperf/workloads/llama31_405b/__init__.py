@@ -29,6 +29,7 @@ class Llama31_405bWorkload(Llama31Workload):
                   "model.ffn_dim=3328", "model.vocab_size=4096", "tp=1")
     corpus = CORPUS
     mini = None
+    golden = None  # no mini: nothing of its own to record (its code path's mini is another workload's)
     full = Scale(FULL_405B, llama_data.C4(CORPUS, MLPERF_405B.vocab_size,
                                           "large_language_model_pretraining/nemo preprocessing: C4 en tokenized "
                                           "with the Mixtral 8x22B tokenizer"))

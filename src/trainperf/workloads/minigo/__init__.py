@@ -30,6 +30,7 @@ from trainperf.spec import (
     DataParts,
     EpochView,
     EvalPartial,
+    GoldenSpec,
     Metric,
     MLPerf,
     ModelParts,
@@ -86,6 +87,9 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
     metric = Metric("win_rate", higher_is_better=True)
     summary = "MiniGo: self-play RL, win rate against a target model (mini: 5x5 Go, a small network)"
     speedups = frozenset({"precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer"})
+    # Self-play makes the data before the first step: fewer, shallower games (the same code) and a 4-game
+    # evaluation keep it to seconds.
+    golden = GoldenSpec(steps=2, sets=("games_per_generation=8", "readouts=8", "fastplay_readouts=4", "eval_games=4"))
     step_probe = ("global_batch_size=8",)
     untimed_evaluation = True
     sample_name = "positions"
