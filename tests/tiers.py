@@ -25,7 +25,6 @@ import os
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,6 @@ import pytest
 # Harness steps a gate test may train without being marked `to_target`: the golden records' few steps and a
 # short run's, not a mini trained to its target.
 GATE_STEPS = 24
-WORKLOAD_BUDGET_S = 40.0  # what a new workload may add to the gate (docs/testing.md)
 
 
 class _Audit:
@@ -103,9 +101,15 @@ def _runs_trainperf(argv: list[str]) -> bool:
     return False
 
 
+_config: pytest.Config | None = None
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    global _config
+    _config = config
     _install()
     config._trainperf_durations = {}  # type: ignore[attr-defined]
+    config._trainperf_started = time.monotonic()  # type: ignore[attr-defined]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -123,14 +127,20 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
     outcome = yield
     report = outcome.get_result()
-    durations = item.config._trainperf_durations  # type: ignore[attr-defined]
-    durations[item.nodeid] = durations.get(item.nodeid, 0.0) + report.duration
     if call.when != "call" or report.outcome != "passed":
         return
     problem = tier_problem(item, item._trainperf_audit)  # type: ignore[attr-defined]
     if problem:
         report.outcome = "failed"
         report.longrepr = f"{item.nodeid}: {problem}"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each test's setup, call and teardown seconds, as the process that prints the summary receives them
+    (pytest-xdist's controller included)."""
+    durations = _config._trainperf_durations if _config is not None else None  # type: ignore[attr-defined]
+    if durations is not None:
+        durations[report.nodeid] = durations.get(report.nodeid, 0.0) + report.duration
 
 
 def tier_problem(item: pytest.Item, audit: _Audit) -> str | None:
@@ -156,42 +166,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
-def _workload_of(nodeid: str, names: list[str]) -> str | None:
-    path, _, rest = nodeid.partition("::")
-    stem = Path(path).stem.removeprefix("test_")
-    if stem in names:
-        return stem
-    params = rest.partition("[")[2].rstrip("]")
-    found = [n for n in names if n == params or params.startswith(n + "-") or params.endswith("-" + n)
-             or f"-{n}-" in params]
-    return max(found, key=len) if found else None
-
-
-def budget(durations: dict[str, float]) -> dict[str, Any]:
-    """The run's total, per file and per workload (its own file and the tests parametrised by its name)."""
-    from trainperf import registry
-
-    names = registry.names()
-    files: dict[str, float] = defaultdict(float)
-    workloads: dict[str, float] = defaultdict(float)
-    for nodeid, seconds in durations.items():
-        files[nodeid.partition("::")[0]] += seconds
-        name = _workload_of(nodeid, names)
-        if name is not None:
-            workloads[name] += seconds
-    return {"total_s": sum(durations.values()), "files": dict(files), "workloads": dict(workloads),
-            "slowest": sorted(durations.items(), key=lambda kv: kv[1], reverse=True)[:20]}
-
-
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     durations = config._trainperf_durations  # type: ignore[attr-defined]
-    if not durations:
+    if not durations or hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller prints
         return
+    from trainperf.bench.tiers import WORKLOAD_BUDGET_S, budget
+
     found = budget(durations)
     write = terminalreporter.write_line
     terminalreporter.section("test budget")
     expr = config.getoption("markexpr") or "(all)"
-    write(f"{len(durations)} tests ({expr}) in {found['total_s'] / 60:.1f} min of test time")
+    wall = time.monotonic() - config._trainperf_started  # type: ignore[attr-defined]
+    write(f"{len(durations)} tests ({expr}): {found['total_s'] / 60:.1f} min of test time, "
+          f"{wall / 60:.1f} min from start to end")
     for nodeid, seconds in found["slowest"]:
         write(f"{seconds:8.1f} s  {nodeid}")
     heavy = sorted(found["workloads"].items(), key=lambda kv: kv[1], reverse=True)
@@ -201,5 +188,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         write(f"over the {WORKLOAD_BUDGET_S:.0f} s a workload may add to the gate: {', '.join(over)}")
     out = os.environ.get("TRAINPERF_TEST_DURATIONS")
     if out:
-        Path(out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "markexpr": expr,
-                                         "durations": durations, **found}, indent=1))
+        wall = time.monotonic() - config._trainperf_started  # type: ignore[attr-defined]
+        Path(out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "markexpr": expr, "wall_s": round(wall),
+                                         "durations": {k: round(v, 2) for k, v in durations.items()}},
+                                        indent=1) + "\n")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ ROOT = PACKAGE.parents[1]  # the repository, when trainperf runs from a checkout
 RECORD = ROOT / "docs" / "second-tier.json"
 # What a calibration writes: not part of the code it was measured on.
 NOT_CODE = {"calibration.json", "goldens.json"}
+GATE_RECORD = ROOT / "docs" / "gate-durations.json"  # the gate's last recorded run, test by test
+WORKLOAD_BUDGET_S = 40.0  # what a new workload may add to the gate (docs/testing.md)
 
 
 def code_hash(package: Path = PACKAGE) -> str:
@@ -57,6 +60,35 @@ def require_second_tier_passed(path: Path = RECORD) -> None:
                              f"{record.get('commit', '?')[:12]}, this code is {here}); run "
                              "`python benchmarks/second_tier.py` again first")
     failed = [name for name, outcome in (record.get("tests") or {}).items() if outcome not in ("passed", "skipped")]
-    if failed or not record.get("tests"):
+    if failed or not record.get("tests") or record.get("exit") != 0:
         raise TrainperfError(f"{path}: the second tier did not pass on this code ({len(failed)} failed: "
                              f"{', '.join(failed[:3])}); fix it before recording a calibration")
+
+
+def workload_of(nodeid: str, names: list[str]) -> str | None:
+    """The workload a test belongs to: its own test file's, or the one its parameters name."""
+    path, _, rest = nodeid.partition("::")
+    stem = Path(path).stem.removeprefix("test_")
+    if stem in names:
+        return stem
+    params = rest.partition("[")[2].rstrip("]")
+    found = [n for n in names if n == params or params.startswith(n + "-") or params.endswith("-" + n)
+             or f"-{n}-" in params]
+    return max(found, key=len) if found else None
+
+
+def budget(durations: dict[str, float]) -> dict[str, Any]:
+    """A run's total, per file and per workload (its own file and the tests parametrised by its name), and
+    its 20 slowest tests."""
+    from trainperf import registry
+
+    names = registry.names()
+    files: dict[str, float] = defaultdict(float)
+    workloads: dict[str, float] = defaultdict(float)
+    for nodeid, seconds in durations.items():
+        files[nodeid.partition("::")[0]] += seconds
+        name = workload_of(nodeid, names)
+        if name is not None:
+            workloads[name] += seconds
+    return {"total_s": sum(durations.values()), "files": dict(files), "workloads": dict(workloads),
+            "slowest": sorted(durations.items(), key=lambda kv: kv[1], reverse=True)[:20]}

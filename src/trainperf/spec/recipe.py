@@ -236,7 +236,7 @@ def _parse_value(raw: str, annotation: Any, where: str) -> Any:
         try:
             value = int(raw)
         except ValueError:
-            raise TrainperfError(f"{where}: expected an integer, got {shown_text(raw)}") from None
+            raise TrainperfError(f"{where}: expected an integer, got {shown_text(raw)!r}") from None
         if abs(value) > INT64_MAX:  # every count ends in a tensor or a C loop: 64 bits at most
             raise TrainperfError(f"{where}: out of range (at most {INT64_MAX:,})")
         return value
