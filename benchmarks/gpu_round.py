@@ -46,32 +46,17 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SECTIONS = ("env", "tests", "nccl", "ladder", "bench", "graphs", "counts", "pipeline", "peers", "fp8", "suite")
-# Per-device batches of one GPU (NVIDIA's per-GPU batches where they publish them; the H100 round of
-# ../shared/gpu used the same), and what each workload needs to fit one 80 GB GPU.
-BENCH: dict[str, dict[str, Any]] = {
-    "resnet": {"batch": 256},
-    "ncf": {"batch": 65536},
-    "dlrm": {"batch": 8192, "sets": ["max_ind_range=10000000"]},  # 96 GB of reference tables: capped
-    "ssd": {"batch": 32},
-    "retinanet": {"batch": 16},
-    "maskrcnn": {"batch": 8},
-    "transformer": {"batch": 8192},  # tokens
-    "gnmt": {"batch": 128},
-    "bert": {"batch": 32, "switches": ["--packing"]},
-    "rnnt": {"batch": 32},
-    "unet3d": {"batch": 2},
-    "minigo": {"batch": 2048},
-    # 8 B parameters with Adam's state outgrow one GPU: four of its 32 blocks at the full width and sequence.
-    "llama31_8b": {"batch": 1, "sets": ["model.layers=4"]},
-    # The 70B's frozen bf16 base, 8 of its 80 blocks at full width with their adapters (one sequence of 8,192).
-    "llama2_70b_lora": {"batch": 1, "sets": ["model.layers=8"]},
-    # GPT-OSS-20B's 24 blocks need 328 GB of fp32 state: 2 of them at full width, one process (ep=1), one
-    # sequence of 8,192 (`plan`: about 56 GiB before the margin).
-    "gpt_oss_20b": {"batch": 1, "sets": ["model.layers=2", "ep=1"]},
-    # FLUX.1's 57 blocks hold 11.9 B parameters (190 GB of fp32 state): 2 double and 4 single blocks at full width,
-    # 8 images of 256 x 256 (512 tokens each), blocks checkpointed as the reference.
-    "flux1": {"batch": 8, "sets": ["model.depth=2", "model.depth_single=4"]},
-}
+
+
+def probes() -> dict[str, Any]:
+    """name -> what one GPU benchmarks of its full scale: each workload's own declaration
+    (Workload.device_probe: NVIDIA's per-GPU batch where published, and what makes it fit one 80 GB GPU)."""
+    from trainperf import registry
+
+    found = {name: registry.get(name).device_probe for name in registry.names()}
+    return {name: probe for name, probe in found.items() if probe is not None}
+
+
 # The ladder: each rung adds one switch to the one before.
 LADDER = (("fp32", []), ("+ channels-last", ["--channels-last"]), ("+ bf16", ["--precision", "bf16"]),
           ("+ fused optimizer", ["--fused-optimizer"]), ("+ compile", ["--compile"]),
@@ -231,15 +216,16 @@ class Round:
 
     def bench(self) -> dict[str, Any]:
         rows, commands = [], []
-        workloads = self.summary.get("workloads") or list(BENCH)
+        declared = probes()
+        workloads = self.summary.get("workloads") or list(declared)
         for workload in workloads:
-            spec = BENCH[workload]
-            batch = "2" if self.quick else str(spec["batch"])
+            spec = declared[workload]
+            batch = "2" if self.quick else str(spec.batch)
             steps, warmup, profile = ("1", "1", "1") if self.quick else ("10", "3", "3")
             args = ["--scale", "full", "--synthetic", "--batch-size", batch, "--steps", steps, "--warmup", warmup,
-                    "--profile", profile, "--precision", "bf16", *spec.get("switches", [])]
+                    "--profile", profile, "--precision", "bf16", *spec.switches]
             args += _supported_switches(workload)
-            for item in spec.get("sets", []):
+            for item in spec.sets:
                 args += ["--set", item]
             if self.quick:
                 from trainperf import registry
@@ -261,14 +247,15 @@ class Round:
         from trainperf import registry
 
         rows, commands = [], []
-        workloads = [w for w in (self.summary.get("workloads") or list(BENCH))
+        declared = probes()
+        workloads = [w for w in (self.summary.get("workloads") or list(declared))
                      if "cuda_graphs" in registry.get(w).speedups]
         for workload in workloads:
-            spec = BENCH[workload]
-            batch = "2" if self.quick else str(spec["batch"])
+            spec = declared[workload]
+            batch = "2" if self.quick else str(spec.batch)
             base = ["--scale", "full", "--synthetic", "--batch-size", batch, "--steps", "1" if self.quick else "10",
                     "--warmup", "1" if self.quick else "3", "--precision", "bf16", *_supported_switches(workload)]
-            for item in spec.get("sets", []):
+            for item in spec.sets:
                 base += ["--set", item]
             for label, added in GRAPH_RUNGS:
                 if self.device == "cpu" and added == ["--cuda-graphs"]:
@@ -286,7 +273,7 @@ class Round:
 
     def counts(self) -> dict[str, Any]:
         path = self.out / "work" / "counts.json"
-        only = ",".join(self.summary.get("workloads") or BENCH)
+        only = ",".join(self.summary.get("workloads") or probes())
         ran = self.run("counts", [sys.executable, str(REPO / "benchmarks" / "step_ops.py"), "--device", self.device,
                                   "--only", only, "--steps", "1", "--json", str(path)], self.left())
         return {"commands": [ran], "results": self.json_of(path) or [],
@@ -515,11 +502,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--sections: unknown {', '.join(unknown)} (choose from {', '.join(SECTIONS)})")
     workloads = args.workloads.split(",") if args.workloads else None
-    if workloads and set(workloads) - set(BENCH):
-        parser.error(f"--workloads: unknown {', '.join(sorted(set(workloads) - set(BENCH)))}")
+    declared = probes()
+    if workloads and set(workloads) - set(declared):
+        parser.error(f"--workloads: unknown {', '.join(sorted(set(workloads) - set(declared)))}")
     round_ = Round(args.out, args.budget_min * 60, args.device, args.quick)
     round_.summary["workloads"] = workloads
-    round_.summary["suite_only"] = ",".join(BENCH) if args.suite_all else (",".join(workloads) if workloads else None)
+    chosen = list(declared) if args.suite_all else workloads
+    round_.summary["suite_only"] = ",".join(chosen) if chosen else None
     for i, name in enumerate(sections):
         round_.section(name, getattr(round_, name), last=i == len(sections) - 1)
         print(f"gpu round: {name} {round_.summary['sections'][-1]['status']} "

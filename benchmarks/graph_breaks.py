@@ -22,8 +22,8 @@ import torch
 
 from trainperf import registry
 from trainperf.bench import graphcheck, stepcount
+from trainperf.contract import Assets, RuntimeContext
 from trainperf.runtime import speedups
-from trainperf.spec import Assets, RuntimeContext
 
 
 def breaks(name: str) -> dict[str, Any]:

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from trainperf import jobs, registry
+from trainperf.contract import Assets, EpochView, RuntimeContext
 from trainperf.harness import RunConfig, run
 from trainperf.runtime import speedups
-from trainperf.spec import Assets, EpochView, RuntimeContext
 
 
 def harness_time(workload, recipe, data_dir: Path, seed: int, log_dir: Path) -> float:

@@ -16,6 +16,8 @@ import re
 import sys
 from pathlib import Path
 
+import test_budget  # benchmarks/test_budget.py: the recorded gate and second-tier runs
+
 from trainperf import calibration, registry
 from trainperf.cli import build_parser
 
@@ -100,6 +102,8 @@ def generated(name: str) -> str:
         return commands_table()
     if name.startswith("summary:"):
         return workload_summary(name.split(":", 1)[1])
+    if name == "test-budget":
+        return test_budget.tables()
     raise SystemExit(f"unknown generated region {name!r}")
 
 

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from trainperf import jobs, registry
+from trainperf.contract import RuntimeContext
 from trainperf.harness import RunConfig, run
-from trainperf.spec import RuntimeContext
 
 
 def trainperf_run(workload, recipe, data_dir: Path, seed: int) -> tuple[float, bool, int | None]:

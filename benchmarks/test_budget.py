@@ -23,6 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from trainperf import registry  # noqa: E402
 from trainperf.bench import tiers  # noqa: E402
 
 
@@ -48,8 +49,9 @@ def tables(gate: dict[str, Any] | None = None, second: dict[str, Any] | None = N
     second = second if second is not None else tiers.last_second_tier()
     if not gate:
         return "No gate run recorded yet: `python benchmarks/test_budget.py --measure`.\n"
-    in_gate = tiers.budget(gate["durations"])
-    in_second = tiers.budget(second.get("seconds") or {}) if second else {"files": {}, "workloads": {}, "total_s": 0}
+    names = registry.names()
+    in_gate = tiers.budget(gate["durations"], names)
+    in_second = tiers.budget((second or {}).get("seconds") or {}, names)
     lines = [f"The gate's last recorded run ({gate['date']}, this machine's 2 cores): {len(gate['durations'])} tests, "
              f"{gate.get('wall_s', in_gate['total_s']) / 60:.1f} minutes from start to end "
              f"({in_gate['total_s'] / 60:.1f} of them in tests)."]
@@ -58,8 +60,6 @@ def tables(gate: dict[str, Any] | None = None, second: dict[str, Any] | None = N
                      f"{second.get('passed', 0)} passed, {second.get('failed', 0)} failed, "
                      f"{second.get('skipped', 0)} skipped in {second.get('duration_s', 0) / 60:.0f} minutes.")
     lines += ["", "| workload | gate (s) | second tier (s) |", "|---|--:|--:|"]
-    from trainperf import registry
-
     for name in registry.names():
         g = in_gate["workloads"].get(name, 0.0)
         flag = " (over the 40 s budget)" if g > tiers.WORKLOAD_BUDGET_S else ""
@@ -74,7 +74,7 @@ def tables(gate: dict[str, Any] | None = None, second: dict[str, Any] | None = N
 
 
 def show(record: dict[str, Any]) -> None:
-    found = tiers.budget(record["durations"])
+    found = tiers.budget(record["durations"], registry.names())
     print(f"gate ({record['date']}, -m {record.get('markexpr')}): {len(record['durations'])} tests, "
           f"{record.get('wall_s', 0) / 60:.1f} min from start to end, {found['total_s'] / 60:.1f} min in tests")
     for nodeid, seconds in found["slowest"]:

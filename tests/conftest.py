@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -7,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
+from trainperf.contract import Assets, DataParts, EpochView, ModelParts, Recipe, RuntimeContext, Workload
 from trainperf.results.logs import read_records
-from trainperf.spec import Assets, DataParts, EpochView, ModelParts, Recipe, RuntimeContext, Workload
 
-pytest_plugins = ["tests.tiers"]  # the two tiers' audit and the budget printed at the end of every run
+pytest_plugins = ["tests.tiers", "pytester"]  # the tiers' audit and budget; pytester runs the audit on a test file
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -23,10 +24,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # pytest-xdist's workers share the machine's cores: one torch thread each (and in every process they
+        # start), so that two workers on two cores do not oversubscribe them.
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Generated datasets go to a fresh cache per test session, never the user's."""
-    cache = tmp_path_factory.mktemp("cache")
+    """Generated datasets go to a fresh cache per test session, never the user's. pytest-xdist's workers
+    share one (under the session's common temporary folder): each mini is generated once, its folder's lock
+    serialising the workers that need it at the same time."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        cache = tmp_path_factory.getbasetemp().parent / "cache"
+        cache.mkdir(exist_ok=True)
+    else:
+        cache = tmp_path_factory.mktemp("cache")
     mp = pytest.MonkeyPatch()
     mp.setenv("TRAINPERF_CACHE", str(cache))
     yield cache
@@ -158,8 +173,8 @@ def write_minimal_closed_log(path: Path, benchmark: str, global_batch_size: int,
     """A closed-division log with one block, one evaluation and the given hyperparameter keys: what
     the official checker needs to judge a full recipe's hyperparameters without training it (`division`,
     `status`: another division, a run stopped after that evaluation)."""
+    from trainperf.contract import Logged
     from trainperf.harness.mlperf_log import MLPerfLog
-    from trainperf.spec import Logged
 
     log = MLPerfLog(path)
     t = 1_700_000_000_000

@@ -37,6 +37,8 @@ def _one_line_error(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_unknown_workload(tmp_path):
     line = _one_line_error(_run_cli("run", "resnot", cwd=tmp_path))
     assert "unknown workload 'resnot'; known workloads: resnet" in line
@@ -73,9 +75,9 @@ def test_full_without_data(tmp_path, cli):
     assert "needs --data DIR" in line
 
 
-def test_missing_data_folder(tmp_path):
+def test_missing_data_folder(tmp_path, cli):
     missing = tmp_path / "no-such-imagenet"
-    line = _one_line_error(_run_cli("run", "resnet", "--scale", "full", "--data", str(missing), cwd=tmp_path))
+    line = _one_line_error(cli("run", "resnet", "--scale", "full", "--data", str(missing), cwd=tmp_path))
     assert str(missing) in line and "does not exist" in line
     assert not (tmp_path / "runs").exists()
 
@@ -209,3 +211,20 @@ def test_each_option_is_defined_once_and_no_parser_function_is_long():
                 assert length <= 60, f"{path.name}: {node.name} is {length} lines"
     twice = {flag: n for flag, n in defined.items() if n > 1}
     assert not twice, f"options defined more than once: {twice}"
+
+
+def test_the_make_commands_are_what_the_workloads_declare():
+    """Each `make-*` command comes from its workload's MAKES literal; the command line names no workload."""
+    import re
+
+    import trainperf.cli
+    from trainperf import registry
+    from trainperf.cli import build_parser
+
+    declared = registry.makes()
+    assert {command: name for command, (name, _) in declared.items()} == {
+        "make-phase1": "bert", "make-lora-base": "llama2_70b_lora", "make-minigo-target": "minigo"}
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    assert set(declared) <= set(commands)
+    for path in Path(trainperf.cli.__file__).parent.glob("*.py"):
+        assert not re.search(r"registry\.get\([\"']", path.read_text()), path

@@ -26,10 +26,10 @@ from tests.conftest import mini_data, write_minimal_closed_log
 from tests.fuzz.readers import READERS
 from trainperf import calibration, registry
 from trainperf.cli import main
+from trainperf.contract import RuntimeContext, Workload, bare_model
 from trainperf.results.compliance import check
 from trainperf.runtime import parallel
 from trainperf.runtime.speedups import SWITCHES
-from trainperf.spec import RuntimeContext, Workload, bare_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKER = Path(mlperf_logging.__file__).parent / "compliance_checker"

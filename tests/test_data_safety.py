@@ -16,26 +16,9 @@ import pytest
 from trainperf import jobs, prepared, registry
 from trainperf.cli import main
 
-# What a user's real dataset looks like where a mini would be written (a forgotten --scale full).
-REAL_TREES = {
-    "resnet": ["train/n01440764/n01440764_10026.JPEG", "val/n01440764/ILSVRC2012_val_00000293.JPEG"],
-    "ssd": ["annotations/instances_val2017.json", "val2017/000000000139.jpg", "train2017/000000000009.jpg"],
-    "retinanet": ["annotations/instances_val2017.json", "val2017/000000000139.jpg"],
-    "maskrcnn": ["annotations/instances_train2017.json", "train2017/000000000009.jpg"],
-    "unet3d": ["data/case_00000/imaging.nii.gz", "data/case_00000/segmentation.nii.gz"],
-    "ncf": ["ml-20m/ratings.csv"],
-    "dlrm": ["day_0", "day_1"],
-    "dlrm_dcnv2": ["day_0_dense.npy", "day_0_sparse_multi_hot.npz", "day_0_labels.npy"],
-    "bert": ["hdf5/eval_10k/eval.tfrecord", "phase1/model.ckpt-28252.index"],
-    "rnnt": ["LibriSpeech/dev-clean/84/121123/84-121123-0000.flac"],
-    "gnmt": ["train.tok.clean.bpe.32000.en", "newstest2014.tok.bpe.32000.de"],
-    "transformer": ["wmt32k-train-00001-of-00100", "newstest2014.de"],
-    "llama31_8b": ["c4-train.en_6_text_document.bin", "c4-train.en_6_text_document.idx"],
-    "llama2_70b_lora": ["data/train-00000-of-00001.parquet", "base/model.safetensors"],
-    "gpt_oss_20b": ["c4-train.en_6_text_document.bin", "c4-validation-91205-samples.en_text_document.idx"],
-    "flux1": ["cc12m_preprocessed/state.json", "coco_preprocessed/data-00000-of-00030.arrow",
-              "empty_encodings/t5_empty.npy"],
-}
+# What a user's real dataset looks like where a mini would be written (a forgotten --scale full): each
+# workload's declaration (Workload.real_layout).
+REAL_TREES = {name: list(registry.get(name).real_layout) for name in registry.names() if registry.get(name).real_layout}
 
 
 def _writes_files(name: str) -> bool:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import read_log
+from trainperf.contract import RuntimeContext
 from trainperf.harness import RunConfig, run
 from trainperf.results.compliance import check
-from trainperf.spec import RuntimeContext
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

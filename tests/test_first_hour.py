@@ -175,6 +175,8 @@ def test_every_option_and_positional_has_help():
     assert not missing, missing
 
 
+@pytest.mark.slow
+@pytest.mark.to_target
 def test_a_run_says_what_to_do_next(tmp_path, capsys):
     assert main(["run", "resnet", "--seed", "0", "--out", str(tmp_path / "r"), "--quiet"]) == 0
     out = capsys.readouterr().out
@@ -185,6 +187,8 @@ def test_a_run_says_what_to_do_next(tmp_path, capsys):
     assert args.runs == 5 and args.out == "sub/"
 
 
+@pytest.mark.slow
+@pytest.mark.to_target
 def test_check_verbose_names_the_users_log_not_a_temporary_copy(tmp_path, capsys):
     assert main(["run", "resnet", "--seed", "0", "--out", str(tmp_path / "r"), "--quiet"]) == 0
     capsys.readouterr()

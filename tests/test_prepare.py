@@ -147,7 +147,7 @@ def test_every_fixed_evaluation_set_is_counted_for_the_empty_set_check(name):
     workload = registry.get(name)
     if name == "unet3d":
         pytest.skip("the reference's 42 cases are required by data_problems; eval_cases is checked by the recipe")
-    from trainperf.spec import DataSource
+    from trainperf.contract import DataSource
 
     for scale in workload.scales:
         assert type(workload.scale(scale).data).eval_set is not DataSource.eval_set, \

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trainperf.contract import Cadence, Metric, RuntimeContext, batch_share, count_samples, split_batch
 from trainperf.errors import TrainperfError
-from trainperf.spec import Cadence, Metric, RuntimeContext, count_samples, split_batch
 from trainperf.workloads.resnet import MINI_RECIPE, ResNetWorkload
 
 
@@ -271,3 +271,32 @@ def test_the_evaluations_inside_an_epoch_are_a_pure_function_of_the_step_and_the
         while (n := cadence.next_sample_eval(n)) <= 300:
             walked.append(n)
         assert walked == listed
+
+
+def test_a_global_batch_is_dealt_out_in_one_place():
+    # Four processes in tensor-parallel pairs: two data shards, each pair sharing its rows.
+    ctx = RuntimeContext(device=torch.device("cpu"), rank=3, world_size=4, replicas=2)
+    assert ctx.batch_share(8) == 4 and ctx.batch_share(8, accum=2) == 2
+    with pytest.raises(TrainperfError, match="global_batch_size 6 is not divisible by 4 data-parallel processes x 2 "
+                                             "accumulation steps"):
+        ctx.batch_share(6, accum=2)
+    with pytest.raises(TrainperfError, match="^--nproc 3: global_batch_size 8 is not divisible by 3 processes$"):
+        batch_share(8, 3, where="--nproc 3")
+
+
+def test_no_workload_divides_the_global_batch_by_hand():
+    """The per-process batch comes from RuntimeContext.batch_share: a workload dividing by the processes itself
+    would skip the check (and the tensor-parallel groups that share rows)."""
+    import ast
+    from pathlib import Path
+
+    import trainperf
+
+    found = []
+    for path in (Path(trainperf.__file__).parent / "workloads").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Mod)):
+                left, right = ast.unparse(node.left), ast.unparse(node.right)
+                if "global_batch_size" in left and right.endswith(("world_size", "data_world")):
+                    found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []

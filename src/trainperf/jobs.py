@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from trainperf import devices, prepared, registry
+from trainperf.contract import Assets, Recipe, Workload, batch_share
 from trainperf.errors import TrainperfError
 from trainperf.files import (
     copy_atomic,
     write_json_atomic,
 )
 from trainperf.runtime.load import busy_note
-from trainperf.spec import Assets, Recipe, Workload
 
 Say = Callable[[str], None]
 
@@ -203,8 +203,8 @@ def check_switches(workload: Workload, recipe: Recipe, device: str | None, world
     """An unsupported speedup, or a parallelism the processes cannot hold (ep=2 on one process, say), is a
     one-line error before any run folder is written (the harness checks again, on the device each process
     really gets). `world_size`: the processes the run will have (default: the launcher's, else one)."""
+    from trainperf.contract import RuntimeContext
     from trainperf.runtime import distributed, speedups
-    from trainperf.spec import RuntimeContext
 
     resolved = devices.resolve(device)
     speedups.check_supported(workload, recipe, resolved)
@@ -236,9 +236,8 @@ def start(request: RunRequest, say: Say = print, warn: Say = print) -> RunOutcom
         raise TrainperfError(f"--nproc {request.nproc}: expected a number of processes >= 1")
     if in_group and (request.nproc > 1 or request.runs is not None):
         raise TrainperfError("--nproc/--runs: this process was already started by a launcher (torchrun/srun)")
-    if request.nproc > 1 and recipe.global_batch_size % request.nproc:
-        raise TrainperfError(f"--nproc {request.nproc}: global_batch_size {recipe.global_batch_size} "
-                             "is not divisible by the number of processes")
+    if request.nproc > 1:
+        batch_share(recipe.global_batch_size, request.nproc, where=f"--nproc {request.nproc}")
     check_switches(workload, recipe, request.device, placement[2] if in_group else request.nproc)
     out_dir = Path(request.out) if request.out else default_run_dir(workload.name)
     is_main = placement is None or placement[0] == 0

@@ -1,11 +1,14 @@
 """Workload name -> class. A built-in workload is a package of trainperf/workloads/ whose __init__.py
 ends with `WORKLOAD = <its Workload class>`: the registry finds it by reading that line. An out-of-tree
 workload is declared by a package installed beside trainperf, in the `trainperf.workloads` entry point
-group (`circles = "my_package:Circles"`). No workload module is imported until one is asked for, so a
-workload's heavy dependencies load only when it is used. Adding a workload is adding its package."""
+group (`circles = "my_package:Circles"`). A package's `MAKES = {...}` literal declares the assets a
+`trainperf make-*` command builds for it (read, not imported, like its WORKLOAD line). No workload module
+is imported until one is asked for, so a workload's heavy dependencies load only when it is used. Adding a
+workload is adding its package."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.metadata
 import re
@@ -14,8 +17,8 @@ from functools import cache
 from pathlib import Path
 
 from trainperf import calibration
+from trainperf.contract import Workload
 from trainperf.errors import TrainperfError
-from trainperf.spec import Workload
 
 PACKAGE = Path(__file__).with_name("workloads")
 _DECLARED = re.compile(r"^WORKLOAD = ([A-Za-z_][A-Za-z0-9_]*)\s*$", re.MULTILINE)
@@ -64,6 +67,29 @@ def origin(name: str) -> str | None:
     """The installed package an out-of-tree workload comes from; None for a built-in one."""
     _found()
     return _ORIGIN.get(name)
+
+
+# What a `MAKES` entry may declare: the command's help, its default folder (./OUT) and the files it writes,
+# and its options with their defaults (None: the workload's own default).
+MAKE_FIELDS = {"help", "out", "files", "what", "steps", "seed", "generations"}
+
+
+@cache
+def makes() -> dict[str, tuple[str, dict]]:
+    """`make-*` command -> (the workload that builds it, its declaration), from the built-in packages'
+    `MAKES` literals."""
+    found: dict[str, tuple[str, dict]] = {}
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["MAKES"]:
+                for command, spec in ast.literal_eval(node.value).items():
+                    if not command.startswith("make-") or not {"help", "out", "files"} <= set(spec) <= MAKE_FIELDS \
+                            or command in found:
+                        raise TrainperfError(f"{init}: MAKES entry {command!r}: expected a new make-* command with "
+                                             f"help, out and files, and only {sorted(MAKE_FIELDS)}")
+                    found[command] = (init.parent.name, spec)
+    return found
 
 
 def names() -> list[str]:

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from trainperf import jobs, registry
+from trainperf.contract import Workload
 from trainperf.errors import TrainperfError
 from trainperf.files import write_json_atomic
-from trainperf.spec import Workload
 
 Say = Callable[[str], None]
 # Before any workload has finished: a run's wall time beyond its time-to-train (process start, data

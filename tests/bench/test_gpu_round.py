@@ -19,7 +19,7 @@ def _round(out: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 @pytest.mark.multiprocess
 def test_the_round_summarises_its_sections(tmp_path):
     done = _round(tmp_path, "--sections", "env,nccl,bench", "--workloads", "resnet", "--budget-min", "5")
@@ -47,26 +47,33 @@ def test_the_round_summarises_its_sections(tmp_path):
     assert {"bench-resnet.txt", "bench-resnet.json", "nccl.txt", "result.json"} <= names
 
 
+def _module():
+    """The script as a module: its arguments and sections are tested in this process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_round", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_sections_that_do_not_fit_the_budget_are_skipped_and_said_so(tmp_path):
-    done = _round(tmp_path, "--sections", "tests,ladder", "--budget-min", "0.01")
-    assert done.returncode == 0, done.stderr
+    assert _module().main(["--out", str(tmp_path), "--device", "cpu", "--quick", "--sections", "tests,ladder",
+                           "--budget-min", "0.01"]) == 0
     summary = json.loads((tmp_path / "round.json").read_text())
     assert [s["status"] for s in summary["sections"]] == ["skipped", "skipped"]
     assert "of the budget left" in summary["sections"][0]["reason"]
     assert "## tests: skipped (" in (tmp_path / "round.md").read_text()
 
 
-def test_unknown_sections_are_refused(tmp_path):
-    done = _round(tmp_path, "--sections", "env,warp")
-    assert done.returncode == 2 and "unknown warp" in done.stderr
+def test_unknown_sections_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _module().main(["--out", str(tmp_path), "--device", "cpu", "--sections", "env,warp"])
+    assert exit_.value.code == 2 and "unknown warp" in capsys.readouterr().err
 
 
 def test_a_command_the_budget_stops_is_a_skip_not_a_failure(tmp_path, monkeypatch):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_round", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _module()
     round_ = module.Round(tmp_path, 600, "cpu", quick=True)
     round_.summary["workloads"] = ["rnnt", "minigo"]
     stopped = {"rnnt": "timeout", "minigo": 1}

@@ -13,7 +13,7 @@ from torch import nn
 from tests.bench.test_stepcount import _PlantedRecipe, _PlantedWorkload
 from trainperf import registry
 from trainperf.bench import graphcheck
-from trainperf.spec import ModelParts, RuntimeContext
+from trainperf.contract import ModelParts, RuntimeContext
 
 CPU = RuntimeContext(device=torch.device("cpu"))
 

@@ -9,9 +9,9 @@ import pytest
 
 from trainperf import registry
 from trainperf.bench import memory, throughput
+from trainperf.contract import Assets, RuntimeContext
 from trainperf.runtime import speedups
 from trainperf.science import measure
-from trainperf.spec import Assets, RuntimeContext
 
 
 def _parts(name: str, batch: int):

@@ -10,7 +10,7 @@ import torch
 from trainperf import registry
 from trainperf.bench import shardplan
 from trainperf.cli import main
-from trainperf.workloads.llama31_8b.model import Llama, LlamaConfig, next_token_loss
+from trainperf.workloads.common.llm.model import Llama, LlamaConfig, next_token_loss
 
 SEQ = 128
 

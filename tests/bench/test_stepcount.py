@@ -5,7 +5,7 @@ host-data tensors (benchmarks/step_ops.py prints the figures; the README's GPU s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -13,62 +13,17 @@ from torch import nn
 
 from trainperf import registry
 from trainperf.bench import stepcount
-from trainperf.spec import Assets, ModelParts, Recipe, RuntimeContext
+from trainperf.contract import Assets, ModelParts, Recipe, RuntimeContext, StepBudget
 
 CPU = RuntimeContext(device=torch.device("cpu"))
 
 
-@dataclass(frozen=True)
-class Budget:
-    """At most this many per step: operators dispatched, synchronisations of each kind, host-data tensors.
-    Operators have ~10 % headroom over the measured count (torch versions differ a little); the
-    synchronisations and host-data tensors have none: a change that adds one fails here. Lower a budget
-    when a change removes work, so that it stays removed."""
-
-    ops: int
-    syncs: dict[str, int] = field(default_factory=dict)
-    host_data: int = 0
-    # Two steps of one batch do the same work (what CUDA Graphs replay); False: known not to, said why.
-    replays: bool = True
-
-
-BUDGETS: dict[str, Budget] = {
-    "resnet": Budget(ops=2_300),
-    "ncf": Budget(ops=150),
-    "dlrm": Budget(ops=620),
-    "ssd": Budget(ops=820),  # its matching had 3 boolean-mask indexes
-    "retinanet": Budget(ops=2_200),  # had 7 syncs: one_hot's range check, nonzero, torchvision's box check
-    "transformer": Budget(ops=3_870),
-    "gnmt": Budget(ops=1_230, host_data=1),  # the packing permutation; torch's packing synced 8 times
-    "bert": Budget(ops=5_260),  # 10,527 with the per-tensor LAMB
-    "rnnt": Budget(ops=5_260),  # 10,469 before the lattice's loops were trimmed; the EMA synced twice
-    "unet3d": Budget(ops=780),  # one_hot's range check synced twice
-    # 2,934: had 45 data-dependent shapes (torchvision's RPN and RoI heads selecting proposals and samples,
-    # 2,269 ops); the sync-free heads select by masks over fixed slots (workloads/maskrcnn/syncfree.py).
-    "maskrcnn": Budget(ops=3_230),
-    "minigo": Budget(ops=330),
-    "llama31_8b": Budget(ops=700),  # 638: no sync (the causal mask is SDPA's, the loss a plain mean)
-    "llama31_405b": Budget(ops=1_050),  # 967: llama31_8b's step with each block recomputed in the backward
-    # 438 ops. Had 25 .item() in the backward (DDP's static_graph, TorchRec's default: one read per dense tensor
-    # a step), a host copy in the forward (TorchRec reading each feature's value count back: now given), and
-    # torch's per-tensor Adagrad 25 more (fused now). FBGEMM's copy of its feature dims to the host, once at
-    # its first call, falls in the warm-up, which the counter watches: a host tensor after it, as on a GPU.
-    "dlrm_dcnv2": Budget(ops=480),
-    # 1,062: the frozen base's step recomputed, the adapters' products (B per q, k, v)
-    "llama2_70b_lora": Budget(ops=1_170),
-    # 921: 2 blocks (one windowed) of 8 experts, dropless routing sorted and counted on the device, one process
-    "gpt_oss_20b": Budget(ops=1_010),
-    # 1,738: a dense and an MoE block of latent attention, grouped sigmoid routing, a shared expert, the
-    # sequence-wise balancing loss, multi-token prediction, the correction biases' update after the step
-    "deepseekv3_671b": Budget(ops=1_900),
-    # 1,445: a double and a single block of width 256 (the full rotary axes), the posterior sample, noise and
-    # timesteps drawn on the device, the fp32 rotary tables made in the step
-    "flux1": Budget(ops=1_600),
-}
+# Each workload's budget is its own declaration (Workload.step_budget, beside its step_probe).
+BUDGETS: dict[str, StepBudget] = {name: registry.get(name).step_budget for name in registry.names()}
 
 
 def test_every_registered_workload_has_a_budget():
-    assert set(BUDGETS) == set(registry.names())
+    assert [name for name, budget in BUDGETS.items() if not isinstance(budget, StepBudget)] == []
 
 
 @pytest.mark.slow

@@ -77,8 +77,8 @@ def _criteo_day() -> bytes:
 @cache
 def _mlperf_log() -> bytes:
     from tests.harness import fakes
+    from trainperf.contract import RuntimeContext
     from trainperf.harness import RunConfig, run
-    from trainperf.spec import RuntimeContext
 
     with tempfile.TemporaryDirectory() as tmp:
         workload = fakes.Regression([0.2, 0.95])
@@ -121,8 +121,8 @@ def _predict_from_log(path: Path) -> object:
 @cache
 def _result_json() -> bytes:
     from tests.harness import fakes
+    from trainperf.contract import RuntimeContext
     from trainperf.harness import RunConfig, run
-    from trainperf.spec import RuntimeContext
 
     with tempfile.TemporaryDirectory() as tmp:
         workload = fakes.Regression([0.2, 0.95])
@@ -569,7 +569,7 @@ def _minigo_network() -> bytes:
 
 
 def _read_minigo_network(path: Path) -> object:
-    from trainperf.spec import Assets
+    from trainperf.contract import Assets
     from trainperf.workloads.minigo import MINI, MiniGoWorkload
 
     recipe = MINI.with_overrides(["width=4", "blocks=1", "fc_width=4", f"target_model={path}"])
@@ -579,7 +579,7 @@ def _read_minigo_network(path: Path) -> object:
 
 @cache
 def _megatron_pair() -> tuple[bytes, bytes]:
-    from trainperf.workloads.llama31_8b import indexed
+    from trainperf.workloads.common.llm import indexed
 
     folder = Path(tempfile.mkdtemp())
     rng = np.random.default_rng(3)
@@ -590,7 +590,7 @@ def _megatron_pair() -> tuple[bytes, bytes]:
 
 def _read_megatron(path: Path, beside: int) -> object:
     """A `.bin`/`.idx` pair with one side mutated: read as a run reads it (every document, samples cut)."""
-    from trainperf.workloads.llama31_8b import indexed
+    from trainperf.workloads.common.llm import indexed
 
     other = path.with_suffix(".bin" if path.suffix == ".idx" else ".idx")
     other.write_bytes(_megatron_pair()[beside])
@@ -624,8 +624,8 @@ def _read_govreport(path: Path) -> object:
 def _lora_base() -> bytes:
     import torch
 
+    from trainperf.workloads.common.llm.model import Llama, LlamaConfig
     from trainperf.workloads.llama2_70b_lora import hf
-    from trainperf.workloads.llama31_8b.model import Llama, LlamaConfig
 
     folder = Path(tempfile.mkdtemp())
     config = LlamaConfig(layers=1, dim=16, heads=2, kv_heads=1, ffn_dim=32, vocab_size=24, rope_factor=0.0,
@@ -640,8 +640,8 @@ _LORA_CONFIG = Path(tempfile.mkdtemp()) / "config.json"
 
 
 def _read_lora_base(path: Path) -> object:
+    from trainperf.workloads.common.llm.model import Llama
     from trainperf.workloads.llama2_70b_lora import hf
-    from trainperf.workloads.llama31_8b.model import Llama
 
     _lora_base()
     (path.parent / "config.json").write_bytes(_LORA_CONFIG.read_bytes())
@@ -791,7 +791,7 @@ def _megatron_float_tokens() -> bytes:
     """An index whose token dtype code says float32 (Megatron's table allows it): NaN/inf ids must be one line."""
     import struct
 
-    from trainperf.workloads.llama31_8b import indexed
+    from trainperf.workloads.common.llm import indexed
 
     raw = bytearray(_megatron_pair()[0])
     struct.pack_into("<B", raw, len(indexed.MAGIC) + 8, 7)

@@ -150,7 +150,7 @@ def _recipe_fields() -> list[tuple[str, object]]:
 def test_set_values_are_accepted_or_refused_in_one_line(workload, recipe):
     """`--set key=value` with any text and any number, for every field of every workload's recipes
     (nested model fields by their path and by their own name)."""
-    from trainperf.spec.recipe import _settable
+    from trainperf.contract.recipe import _settable
 
     paths = list(_settable(type(recipe)))
     keys = paths + [p.rsplit(".", 1)[-1] for p in paths if "." in p] + ["nope", "", "max-epochs", "model.nope"]

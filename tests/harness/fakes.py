@@ -15,8 +15,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from trainperf.errors import TrainperfError
-from trainperf.spec import (
+from trainperf.contract import (
     Assets,
     DataParts,
     EpochView,
@@ -30,6 +29,7 @@ from trainperf.spec import (
     RuntimeContext,
     Workload,
 )
+from trainperf.errors import TrainperfError
 
 N_TRAIN, N_EVAL = 16, 7
 

@@ -19,12 +19,12 @@ from torch import nn
 
 from tests.conftest import launch, read_log
 from tests.harness import fakes
+from trainperf.contract import Assets, ModelParts, RunResult, RuntimeContext
 from trainperf.errors import TrainperfError
 from trainperf.harness import RunConfig, run
 from trainperf.results.compliance import check
 from trainperf.runtime import distributed
 from trainperf.runtime.step import TrainStep
-from trainperf.spec import Assets, ModelParts, RunResult, RuntimeContext
 
 
 def _run(tmp_path: Path, workload: Any, recipe: Any = None, division: str = "open", ctx: RuntimeContext | None = None,
@@ -458,7 +458,7 @@ def test_asset_errors_are_trainperf_errors():
 
 
 def test_per_epoch_schedule_needs_the_epoch_length():
-    from trainperf.spec import per_epoch_schedule
+    from trainperf.contract import per_epoch_schedule
 
     schedule = per_epoch_schedule("fake", lambda steps: lambda step: step / steps)
     assert schedule(10)(5) == 0.5
@@ -501,8 +501,8 @@ def test_a_workloads_parallelism_is_applied_by_its_engine_and_only_once(tmp_path
 
 
 def test_ddp_and_torchrec_are_two_answers_of_the_same_capability():
+    from trainperf.contract import DataParallel, FullyShard, ShardedTables
     from trainperf.runtime import parallel
-    from trainperf.spec import DataParallel, FullyShard, ShardedTables
 
     assert isinstance(parallel.engine_for(None), parallel.DDPEngine)  # a workload that says nothing
     assert isinstance(parallel.engine_for(DataParallel()), parallel.DDPEngine)

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from tests.conftest import read_log
+from trainperf.contract import DataParts, EvalPartial, Metric, MLPerf, ModelParts, Recipe, RuntimeContext, Workload
 from trainperf.errors import TrainperfError
 from trainperf.harness import RunConfig, run
-from trainperf.spec import DataParts, EvalPartial, Metric, MLPerf, ModelParts, Recipe, RuntimeContext, Workload
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ import pytest
 
 from tests.conftest import read_log
 from tests.harness.test_run import FakeWorkload, _run
+from trainperf.contract import RuntimeContext
 from trainperf.errors import Interrupted, TrainperfError
 from trainperf.harness import RunConfig, run
 from trainperf.harness.run import close_for_rank0
-from trainperf.spec import RuntimeContext
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
@@ -138,6 +138,8 @@ def test_a_launched_run_interrupted_exits_130_with_the_log_closed(tmp_path, monk
     assert "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_the_launcher_leaves_the_signal_handlers_as_they_were():
     from trainperf.runtime import distributed
 

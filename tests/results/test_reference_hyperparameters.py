@@ -15,7 +15,7 @@ import torch
 
 from tests.conftest import SHARED
 from trainperf import registry
-from trainperf.spec import RuntimeContext
+from trainperf.contract import RuntimeContext
 
 RESULTS = SHARED / "fixtures" / "mlperf-results-v1.0" / "NVIDIA" / "results"
 needs_fixtures = pytest.mark.skipif(not RESULTS.is_dir(), reason="../shared/fixtures not present")

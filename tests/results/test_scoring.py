@@ -87,6 +87,7 @@ def test_olympic_mean_matches_official_rule():
 
 
 @pytest.mark.slow
+@pytest.mark.to_target
 def test_score_command_on_a_trainperf_run(tmp_path, capsys):
     out = tmp_path / "r"
     assert main(["run", "resnet", "--seed", "2", "--out", str(out / "a"), "--quiet"]) == 0
@@ -106,6 +107,7 @@ def test_score_rejects_a_folder_without_logs(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.to_target
 def test_runs_series_in_submission_layout_passes_official_checkers(tmp_path, caplog, capsys):
     import json
     import logging
@@ -303,8 +305,8 @@ def test_a_current_rounds_folder_is_scored_by_the_ruleset_its_workload_declares(
     import torch
 
     from tests.conftest import write_minimal_closed_log
+    from trainperf.contract import RuntimeContext
     from trainperf.results.compliance import check
-    from trainperf.spec import RuntimeContext
     from trainperf.workloads.llama31_8b import Llama31Workload
 
     workload = Llama31Workload()
@@ -327,7 +329,7 @@ def test_a_llama2_70b_lora_folder_scores_as_the_official_summarizer_with_its_sca
 
     from tests.conftest import write_minimal_closed_log
     from trainperf import registry
-    from trainperf.spec import RuntimeContext
+    from trainperf.contract import RuntimeContext
 
     workload = registry.get("llama2_70b_lora")
     recipe = workload.recipe("full")
@@ -356,7 +358,7 @@ def test_a_dlrm_dcnv2_folder_scores_as_the_official_summarizer(tmp_path):
 
     from tests.conftest import write_minimal_closed_log
     from trainperf import registry
-    from trainperf.spec import RuntimeContext
+    from trainperf.contract import RuntimeContext
 
     workload = registry.get("dlrm_dcnv2")
     recipe = workload.recipe("full")
@@ -384,7 +386,7 @@ def _dcnv2_folder(root: Path, runs: int = 10) -> Path:
 
     from tests.conftest import write_minimal_closed_log
     from trainperf import registry
-    from trainperf.spec import RuntimeContext
+    from trainperf.contract import RuntimeContext
 
     workload = registry.get("dlrm_dcnv2")
     recipe = workload.recipe("full")

@@ -15,11 +15,11 @@ from tests.conftest import read_log
 from tests.fakegpu import BareDevice, FakeCuda, gpu_machine
 from trainperf import devices
 from trainperf.cli import main
+from trainperf.contract import RuntimeContext
 from trainperf.errors import TrainperfError
 from trainperf.loaders import DevicePrefetcher
 from trainperf.results.compliance import check
 from trainperf.runtime import distributed, environment
-from trainperf.spec import RuntimeContext
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "trainperf"
 CUDA_PREFIXES = ("torch.cuda", "torch.backends.cudnn", "torch.version.cuda")
@@ -188,6 +188,8 @@ def test_the_source_scan_finds_what_it_looks_for():
     assert len(_cuda_calls(bad)) == 4
 
 
+@pytest.mark.slow
+@pytest.mark.to_target
 # -- whole commands on the fake GPU machine -----------------------------------------------------------
 def test_run_on_a_gpu_machine_with_the_default_device(monkeypatch, tmp_path):
     out = tmp_path / "run"
@@ -204,6 +206,8 @@ def test_run_on_a_gpu_machine_with_the_default_device(monkeypatch, tmp_path):
     assert {"set_device", "synchronize"} <= gpu.names_called()
 
 
+@pytest.mark.slow
+@pytest.mark.to_target
 def test_a_series_describes_the_gpu_system(monkeypatch, tmp_path):
     with gpu_machine(monkeypatch) as gpu:
         assert main(["run", "resnet", "--runs", "1", "--seed", "0", "--out", str(tmp_path), "--quiet",

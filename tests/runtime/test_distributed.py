@@ -16,11 +16,11 @@ from torch import nn
 
 from tests.conftest import build_parts, launch, read_log, score
 from trainperf.cli import main
+from trainperf.contract import ModelParts, RuntimeContext
 from trainperf.results.compliance import check
 from trainperf.runtime import distributed, speedups
 from trainperf.runtime.slurm import sbatch_script
 from trainperf.runtime.step import TrainStep
-from trainperf.spec import ModelParts, RuntimeContext
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed unavailable")
 

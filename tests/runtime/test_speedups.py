@@ -11,10 +11,10 @@ from torch import nn
 
 from trainperf.bench import ablate, throughput
 from trainperf.cli import main
+from trainperf.contract import Assets, RuntimeContext
 from trainperf.errors import TrainperfError
 from trainperf.runtime import speedups
 from trainperf.runtime.step import TrainStep
-from trainperf.spec import Assets, RuntimeContext
 from trainperf.workloads.resnet import MINI_RECIPE, ResNetWorkload
 
 CPU = torch.device("cpu")
@@ -154,7 +154,7 @@ def test_unsupported_switch_is_a_clear_error():
 
 
 def test_flop_count_of_a_known_layer():
-    from trainperf.spec import ModelParts
+    from trainperf.contract import ModelParts
 
     torch.manual_seed(0)
     model = nn.Linear(64, 32, bias=False)

@@ -12,10 +12,10 @@ import pytest
 from mlperf_logging.rcp_checker import rcp_checker
 
 from trainperf import registry
+from trainperf.contract import Cadence
 from trainperf.errors import TrainperfError
 from trainperf.science import predict
 from trainperf.science.rcp import epochs_to_converge
-from trainperf.spec import Cadence
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "mlperf-results-v1.0" / "NVIDIA" / "results"
 needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="../shared/fixtures is not here (a user's clone)")

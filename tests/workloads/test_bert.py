@@ -14,9 +14,9 @@ import torch
 
 from tests.conftest import cut_short_run, read_log, write_minimal_closed_log
 from trainperf.cli import main
+from trainperf.contract import Assets, RuntimeContext
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
-from trainperf.spec import Assets, RuntimeContext
 from trainperf.workloads.bert import FULL_RECIPES, MINI, BertWorkload
 from trainperf.workloads.bert import batches as B
 from trainperf.workloads.bert import data as D

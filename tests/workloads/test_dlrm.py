@@ -14,14 +14,14 @@ from sklearn.metrics import roc_auc_score
 
 from tests.conftest import build_parts, epoch_view, mini_data, read_log, score
 from trainperf.cli import main
+from trainperf.contract import Assets, RuntimeContext
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
 from trainperf.runtime import speedups
-from trainperf.spec import Assets, RuntimeContext
+from trainperf.workloads.common.criteo.evaluation import auc
 from trainperf.workloads.dlrm import DLRM, MINI, DLRMWorkload, lr_factor
 from trainperf.workloads.dlrm import data as D
 from trainperf.workloads.dlrm import mini as G
-from trainperf.workloads.dlrm.model import auc
 from trainperf.workloads.dlrm.recipes import CRITEO_1TB_TABLE_SIZES as D_SIZES
 
 CATS = ["0a", "", "FF", "3", "1" * 16, "b"] + ["c"] * 20  # 26 categorical fields
@@ -335,7 +335,7 @@ def test_two_processes_reach_the_target_with_dense_embedding_gradients(dlrm_run,
     assert check(out / "mlperf_log.txt").valid
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_full_path_on_tiny_criteo_days(tmp_path):
     """The full scale end to end on 24 small day files: prepare (all 24 days), the reference model
     and recipe, evaluations inside the epoch, a valid log."""

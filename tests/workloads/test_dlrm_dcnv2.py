@@ -150,9 +150,9 @@ def test_the_full_scale_names_what_is_missing(tmp_path):
 
 # -- the model on the sharded tables ---------------------------------------------------------------------------------
 def test_a_step_trains_every_table_in_the_backward_on_sharded_tables():
+    from trainperf.contract import Assets, RuntimeContext
     from trainperf.runtime import speedups
     from trainperf.runtime.step import TrainStep
-    from trainperf.spec import Assets, RuntimeContext
 
     workload = registry.get("dlrm_dcnv2")
     recipe = workload.recipe("full").with_overrides(["global_batch_size=64", "max_ind_range=100",
@@ -263,9 +263,9 @@ def test_compile_takes_the_dense_arches_around_the_sharded_tables_and_changes_no
     sit between — bottom MLP, DCN interaction, top MLP — each as one graph (fullgraph), and leaves the
     sharded tables eager; four training steps give the eager run's losses."""
     from trainperf.bench import graphcheck
+    from trainperf.contract import Assets, RuntimeContext
     from trainperf.runtime import speedups
     from trainperf.runtime.step import TrainStep
-    from trainperf.spec import Assets, RuntimeContext
 
     workload, ctx = registry.get("dlrm_dcnv2"), RuntimeContext.create("cpu")
     losses, compiled = {}, {}

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from tests.conftest import epoch_view, launch, mean_step_losses
+from trainperf.contract import FullyShard, RuntimeContext
 from trainperf.errors import TrainperfError
 from trainperf.runtime import distributed
 from trainperf.runtime.fsdp import FSDPEngine
 from trainperf.runtime.step import TrainStep
-from trainperf.spec import FullyShard, RuntimeContext
 from trainperf.workloads.flux1 import Flux1Workload, flow_loss, lr_factor, synthetic, validation_losses
 from trainperf.workloads.flux1 import data as D
 from trainperf.workloads.flux1.model import (

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import cut_short_run, read_log, write_minimal_closed_log
+from trainperf.contract import RuntimeContext
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
-from trainperf.spec import RuntimeContext
 from trainperf.workloads.common.wmt import batching
 from trainperf.workloads.common.wmt import beam as B
 from trainperf.workloads.common.wmt import text as T
@@ -120,6 +120,7 @@ def trained(mini_root) -> tuple[M.GNMT, D.Prepared]:
     return model.eval(), data
 
 
+@pytest.mark.second_tier
 def test_cached_decoding_equals_recomputing_and_beam_one_is_greedy(trained):
     model, data = trained
     src = torch.from_numpy(T.pad_batch(data.test_src, np.arange(24), suffix=T.EOS))
@@ -186,7 +187,7 @@ def test_a_bucketed_batch_trains_as_the_packed_one():
     """--static-shapes: the encoder unpacked over rows padded to a bucket (the backward direction reversed
     within each row's length), empty rows added, and the loss normalised by real sentences: the same loss and
     gradients as the reference's packed batch."""
-    from trainperf.spec import Assets
+    from trainperf.contract import Assets
     from trainperf.workloads.common.wmt import parts as P
 
     recipe = MINI.with_overrides(["dropout=0"])
@@ -214,7 +215,7 @@ def test_a_bucketed_batch_trains_as_the_packed_one():
 def test_static_shapes_batches_have_a_few_fixed_shapes(mini_root):
     from collections import Counter
 
-    from trainperf.spec import EpochView
+    from trainperf.contract import EpochView
 
     workload = GNMTWorkload()
     recipe = MINI.with_overrides(["static_shapes=true"])

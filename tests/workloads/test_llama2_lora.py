@@ -12,10 +12,10 @@ import torch
 
 from tests.conftest import launch, mean_step_losses
 from trainperf.errors import TrainperfError
+from trainperf.workloads.common.llm.model import Llama, LlamaConfig, next_token_loss
 from trainperf.workloads.llama2_70b_lora import hf
 from trainperf.workloads.llama2_70b_lora.lora import LowRank, adapter_parameters, add_adapters
 from trainperf.workloads.llama2_70b_lora.model import LLAMA2_70B
-from trainperf.workloads.llama31_8b.model import Llama, LlamaConfig, next_token_loss
 
 TINY = LlamaConfig(layers=2, dim=32, heads=4, kv_heads=2, ffn_dim=64, vocab_size=48, rope_theta=10_000.0,
                    rope_factor=0.0, rope_original_context=16)
@@ -93,7 +93,7 @@ def test_hugging_face_row_order_gives_the_same_attention(tmp_path):
     theirs = _rotate_half_attention_scores(tensors["model.layers.0.self_attn.q_proj.weight"],
                                            tensors["model.layers.0.self_attn.k_proj.weight"], x, 4, 2, 8)
     attention = model.blocks[0].attention
-    from trainperf.workloads.llama31_8b.model import apply_rotary, rotary_tables
+    from trainperf.workloads.common.llm.model import apply_rotary, rotary_tables
 
     cos, sin = rotary_tables(TINY, 16)
     q = apply_rotary((x @ attention.wq.weight.T).view(1, 16, 4, 8), cos.double(), sin.double())[0]
@@ -248,10 +248,10 @@ def test_the_losses_take_the_labelled_tokens_only():
 
 def _lora_losses(tp: int = 1, steps: int = 8) -> list[float]:
     from trainperf import registry
+    from trainperf.contract import Assets, RuntimeContext
     from trainperf.runtime import distributed
     from trainperf.runtime.fsdp import FSDPEngine
     from trainperf.runtime.step import TrainStep
-    from trainperf.spec import Assets, RuntimeContext
     from trainperf.workloads.llama2_70b_lora import data as gov
     from trainperf.workloads.llama2_70b_lora import synthetic
 
@@ -391,8 +391,8 @@ def test_a_bf16_base_with_fp32_adapters_runs_outside_autocast():
     # One process holds the base in bf16 and the adapters in fp32 with no FSDP cast between them: the
     # adapters take their input in their own dtype (the GPU round's bench crashed on it).
     from trainperf import registry
+    from trainperf.contract import Assets, RuntimeContext
     from trainperf.runtime.fsdp import FSDPEngine
-    from trainperf.spec import Assets, RuntimeContext
     from trainperf.workloads.llama2_70b_lora import data as gov
     from trainperf.workloads.llama2_70b_lora import synthetic
 
@@ -414,8 +414,8 @@ def test_recomputed_blocks_draw_the_adapters_dropout_masks_again():
     # Full checkpointing with dropout 0.1: the adapters' gradients equal those without recomputation (they
     # differed by 35 % when the recomputation drew new masks).
     from trainperf import registry
+    from trainperf.contract import Assets, RuntimeContext
     from trainperf.runtime.fsdp import FSDPEngine
-    from trainperf.spec import Assets, RuntimeContext
     from trainperf.workloads.llama2_70b_lora import data as gov
     from trainperf.workloads.llama2_70b_lora import synthetic
 
@@ -441,9 +441,9 @@ def test_recomputed_blocks_draw_the_adapters_dropout_masks_again():
 def test_fp8_runs_the_frozen_products_in_float8_and_keeps_the_adapters():
     pytest.importorskip("torchao.float8")
     from trainperf import registry
+    from trainperf.contract import Assets, RuntimeContext
     from trainperf.runtime import speedups
     from trainperf.runtime.step import TrainStep
-    from trainperf.spec import Assets, RuntimeContext
     from trainperf.workloads.llama2_70b_lora import data as gov
     from trainperf.workloads.llama2_70b_lora import synthetic
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from tests.conftest import mini_data, read_log, write_minimal_closed_log
+from trainperf.contract import RuntimeContext
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
-from trainperf.spec import RuntimeContext
 from trainperf.workloads.common.coco import data as C
 from trainperf.workloads.common.coco import masks as K
 from trainperf.workloads.maskrcnn import DATA, FULL_RECIPES, MINI, MaskRCNNWorkload, lr_factor, param_groups
@@ -139,7 +139,7 @@ def test_a_recipe_names_its_ruleset_in_the_log_and_check_and_score_use_it(tmp_pa
 def test_backbone_weights_are_loaded_and_checked(tmp_path):
     from torchvision.models import resnet50
 
-    from trainperf.spec import Assets
+    from trainperf.contract import Assets
 
     weights = resnet50().state_dict()
     path = tmp_path / "r50.pt"
@@ -186,7 +186,7 @@ def test_the_references_msra_weights_are_read_from_detectrons_pickle(tmp_path):
     computes what the original did), strides in the 1x1 convolutions and BGR 0..255 input (MSRA's)."""
     from torchvision.models import resnet50
 
-    from trainperf.spec import Assets
+    from trainperf.contract import Assets
 
     torch.manual_seed(0)
     original = resnet50().eval()
@@ -215,7 +215,7 @@ def test_torchvisions_weights_keep_their_own_input_and_strides(tmp_path):
     an explicit input format against the weights is one line; msra under torchvision's names is allowed."""
     from torchvision.models import resnet50
 
-    from trainperf.spec import Assets
+    from trainperf.contract import Assets
 
     path = tmp_path / "r50.pt"
     torch.save(resnet50().state_dict(), path)
@@ -518,7 +518,7 @@ def test_the_sync_free_losses_equal_torchvisions_when_sampling_takes_everything(
 def test_static_shapes_give_the_same_losses_and_a_bucketed_batch():
     """--static-shapes: the boxes padded to their bucket (marked absent) change no loss; a full-size
     batch is padded to one of three sizes whatever its images' own."""
-    from trainperf.spec import LengthBuckets
+    from trainperf.contract import LengthBuckets
 
     torch.manual_seed(0)
     model = M.mini_maskrcnn(5)

@@ -151,9 +151,9 @@ def test_the_dual_network_shapes_and_loss():
 
 # -- self-play, matches, the workload ------------------------------------------------------------
 from tests.conftest import write_minimal_closed_log  # noqa: E402
+from trainperf.contract import Assets, RuntimeContext  # noqa: E402
 from trainperf.errors import TrainperfError  # noqa: E402
 from trainperf.results.compliance import check  # noqa: E402
-from trainperf.spec import Assets, RuntimeContext  # noqa: E402
 from trainperf.workloads import minigo as W  # noqa: E402
 from trainperf.workloads.minigo import selfplay as S  # noqa: E402
 

@@ -12,26 +12,25 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import launch, mean_step_losses
+from trainperf.contract import FullyShard, RuntimeContext
 from trainperf.errors import TrainperfError
 from trainperf.runtime import distributed
 from trainperf.runtime.fsdp import FSDPEngine
 from trainperf.runtime.step import TrainStep
-from trainperf.spec import FullyShard, RuntimeContext
-from trainperf.workloads.common import moe
-from trainperf.workloads.common.moe import MoE, MoEConfig, balance_loss, init_moe, update_corrections
-from trainperf.workloads.deepseekv3_671b import DeepSeekV3Workload
-from trainperf.workloads.gpt_oss_20b import GptOssWorkload
-from trainperf.workloads.gpt_oss_20b.model import (
-    DEEPSEEK_V3,
+from trainperf.workloads.common.llm import moe
+from trainperf.workloads.common.llm.moe import MoE, MoEConfig, balance_loss, init_moe, update_corrections
+from trainperf.workloads.common.llm.moe_model import (
     GPT_OSS_20B,
     GPT_OSS_20B_CARD,
-    MLPERF_DEEPSEEK_V3,
     MoETransformer,
     _attend_with_sinks,
     _local_attention,
     yarn_frequencies,
 )
-from trainperf.workloads.gpt_oss_20b.recipes import DEEPSEEK_RECIPES, FULL_RECIPES, MINI
+from trainperf.workloads.deepseekv3_671b import DeepSeekV3Workload
+from trainperf.workloads.deepseekv3_671b.recipes import DEEPSEEK_RECIPES, DEEPSEEK_V3, MLPERF_DEEPSEEK_V3
+from trainperf.workloads.gpt_oss_20b import GptOssWorkload
+from trainperf.workloads.gpt_oss_20b.recipes import FULL_RECIPES, MINI
 
 
 def _count(config, seq=16) -> int:

@@ -73,6 +73,7 @@ def test_check_rejects_a_broken_log(mini_run, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.to_target
 def test_aborted_run_log_is_well_formed(tmp_path, capsys):
     out = tmp_path / "aborted"
     code = main(["run", "resnet", "--seed", "0", "--out", str(out), "--quiet", "--set", "max_epochs=1"])
@@ -85,7 +86,7 @@ def test_aborted_run_log_is_well_formed(tmp_path, capsys):
     assert verdict.valid, verdict.output
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_sigint_mid_run_leaves_aborted_log(tmp_path):
     out = tmp_path / "interrupted"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -210,7 +211,7 @@ def test_lars_decay_steps_are_logged_in_steps_as_the_reference_logs_them():
     import mlperf_logging
     import torch
 
-    from trainperf.spec import RuntimeContext
+    from trainperf.contract import RuntimeContext
 
     rcps = json.loads((Path(mlperf_logging.__file__).parent / "rcp_checker" / "training_1.1.0"
                        / "rcps_resnet.json").read_text())

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from tests.conftest import build_parts
+from trainperf.contract import RuntimeContext
 from trainperf.errors import TrainperfError
-from trainperf.spec import RuntimeContext
 from trainperf.workloads.resnet import FULL_RECIPES, MINI_RECIPE, ResNetWorkload, _param_groups
 from trainperf.workloads.resnet import images as resnet_images
 from trainperf.workloads.resnet.model import MiniResNet, build_resnet50

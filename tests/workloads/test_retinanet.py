@@ -20,9 +20,9 @@ from torchvision.ops.misc import FrozenBatchNorm2d
 
 from tests.conftest import read_log, write_minimal_closed_log
 from trainperf.cli import main
+from trainperf.contract import Assets, RuntimeContext
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
-from trainperf.spec import Assets, RuntimeContext
 from trainperf.workloads.common.coco import data as C
 from trainperf.workloads.common.coco import matching
 from trainperf.workloads.retinanet import FULL_RECIPES, MINI, RetinaNetWorkload, lr_factor
@@ -135,7 +135,7 @@ def test_static_shapes_give_the_same_losses_and_gradients(which, reference):
 
 
 def _static_equals_the_models_own_path(model: torch.nn.Module, size: int, classes: int) -> None:
-    from trainperf.spec import LengthBuckets
+    from trainperf.contract import LengthBuckets
 
     model.train()
     generator = torch.Generator().manual_seed(5)
@@ -288,7 +288,7 @@ def test_mini_reaches_target_and_log_passes_ruleset_2(retinanet_run):
     assert len([r for r in records if r["key"] == "weights_initialization"]) > 20
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_scoring_picks_ruleset_2_for_retinanet_logs(retinanet_run, tmp_path):
     from trainperf.results.scoring import score_folder
 

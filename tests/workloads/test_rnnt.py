@@ -16,9 +16,9 @@ import torch
 
 from tests.conftest import cut_short_run, mini_data, read_log, write_minimal_closed_log
 from trainperf.cli import main
+from trainperf.contract import RuntimeContext
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
-from trainperf.spec import RuntimeContext
 from trainperf.workloads.rnnt import FULL_RECIPES, MINI, RNNTWorkload
 from trainperf.workloads.rnnt import data as D
 from trainperf.workloads.rnnt import features as F
@@ -519,7 +519,7 @@ def test_synthetic_batches_have_the_recipes_shape():
     small = dataclasses.replace(FULL_RECIPES["bs512"].model, enc_hidden=16, pred_hidden=8, joint_hidden=8,
                                 pre_layers=1, post_layers=1, pred_layers=1)
     recipe = dataclasses.replace(FULL_RECIPES["bs512"], global_batch_size=2, model=small)
-    parts = workload.build(recipe, ctx, __import__("trainperf.spec", fromlist=["Assets"]).Assets({}))
+    parts = workload.build(recipe, ctx, __import__("trainperf.contract", fromlist=["Assets"]).Assets({}))
     feats, frames, tokens, labels = workload.synthetic_batch(recipe, ctx, parts.model)
     assert feats.shape == (2, 410, 240) and tokens.shape == (2, 70) and frames.tolist() == [410, 410]
     loss = parts.loss_fn(parts.model, (feats, frames, tokens, labels))
@@ -539,7 +539,7 @@ def test_training_the_sentencepiece_model_leaves_nothing_but_the_model(tmp_path)
 def test_static_shapes_pad_to_buckets_without_changing_the_loss():
     """--static-shapes: frames and labels padded to their buckets give the same loss and gradients; a batch
     longer than the longest bucket is one line naming the fields; warm-up covers every pair."""
-    from trainperf.spec import LengthBuckets
+    from trainperf.contract import LengthBuckets
     from trainperf.workloads.rnnt import padded, transducer_losses
 
     loss = transducer_losses("wavefront", SMALL.pieces)

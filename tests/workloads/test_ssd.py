@@ -307,7 +307,7 @@ def test_an_empty_evaluation_set_is_refused_by_prepare_and_run(tmp_path, capsys,
 def test_the_logged_base_learning_rate_is_the_runs_as_the_reference_logs_it():
     """The reference logs opt_base_learning_rate after scaling by global_batch_size / 32 (0.08 at 1,024); the
     recipe's base_lr is per 32 images."""
-    from trainperf.spec import RuntimeContext
+    from trainperf.contract import RuntimeContext
     from trainperf.workloads.ssd import SSDWorkload
 
     workload = SSDWorkload()
@@ -325,7 +325,7 @@ def test_evaluation_skips_images_without_boxes_as_the_reference(tmp_path):
     import shutil
 
     from trainperf import registry
-    from trainperf.spec import RuntimeContext
+    from trainperf.contract import RuntimeContext
 
     root = tmp_path / "coco"
     shutil.copytree(mini_data("ssd"), root)

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import cut_short_run, read_log, write_minimal_closed_log
+from trainperf.contract import RuntimeContext
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
-from trainperf.spec import RuntimeContext
 from trainperf.workloads.common.wmt import batching, bleu, synthetic
 from trainperf.workloads.common.wmt import beam as B
 from trainperf.workloads.common.wmt import text as T
@@ -241,7 +241,7 @@ def _sources(data: D.Prepared, count: int = 40) -> torch.Tensor:
     return torch.from_numpy(T.pad_batch(data.test_src, np.arange(count), suffix=T.EOS))
 
 
-@pytest.mark.slow
+@pytest.mark.second_tier
 def test_cached_decoding_equals_recomputing_every_step(trained):
     model, data = trained
     src = _sources(data)
@@ -261,6 +261,7 @@ def test_cached_decoding_equals_recomputing_every_step(trained):
     assert sum(len(t) for t in cached) > 4 * len(cached)  # real translations, not empty ones
 
 
+@pytest.mark.second_tier
 def test_beam_of_one_is_greedy_and_wider_beams_score_at_least_as_well(trained):
     model, data = trained
     src = _sources(data)
@@ -372,7 +373,7 @@ def test_an_empty_newstest_is_refused_before_a_run(tmp_path, capsys):
 # -- static shapes (--static-shapes, --cuda-graphs) ---------------------------------------------------
 def test_a_batch_padded_to_its_bucket_has_the_unpadded_loss_and_gradients():
     """Extra PAD columns and empty rows (source EOS, target PAD) change neither the summed loss nor a gradient."""
-    from trainperf.spec import Assets
+    from trainperf.contract import Assets
     from trainperf.workloads.common.wmt import parts as P
 
     recipe = MINI.with_overrides(["dropout=0", "label_smoothing=0.1"])
@@ -399,7 +400,7 @@ def test_a_batch_padded_to_its_bucket_has_the_unpadded_loss_and_gradients():
 
 
 def test_static_shapes_batch_every_sentence_once_in_a_few_fixed_shapes(mini_root):
-    from trainperf.spec import EpochView
+    from trainperf.contract import EpochView
 
     workload = TransformerWorkload()
     recipe = MINI.with_overrides(["static_shapes=true", "bucket_lengths=8,16,24,32,48"])

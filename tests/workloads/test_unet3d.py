@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from trainperf.contract import Cadence
 from trainperf.errors import TrainperfError
-from trainperf.spec import Cadence
 from trainperf.workloads.unet3d import data as D
 from trainperf.workloads.unet3d import inference as I
 from trainperf.workloads.unet3d import model as M
@@ -225,8 +225,8 @@ def test_full_recipes_are_the_rcp_points_and_160_cases_are_refused(tmp_path):
     import mlperf_logging
 
     from tests.conftest import write_minimal_closed_log
+    from trainperf.contract import RuntimeContext
     from trainperf.results.compliance import check
-    from trainperf.spec import RuntimeContext
     from trainperf.workloads.unet3d import FULL_RECIPES, UNet3DWorkload
 
     rcps = json.loads((Path(mlperf_logging.__file__).parent / "rcp_checker" / "training_1.0.0"

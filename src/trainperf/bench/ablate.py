@@ -13,10 +13,10 @@ import torch
 
 from trainperf import plots
 from trainperf.bench import throughput
+from trainperf.contract import Recipe, RuntimeContext, Workload
 from trainperf.files import write_bytes_atomic, write_csv_atomic, write_json_atomic
 from trainperf.harness import RunConfig, run
 from trainperf.runtime import speedups
-from trainperf.spec import Recipe, RuntimeContext, Workload
 
 # Every switch off (asynchronous evaluation included: throughput is measured without evaluations).
 OFF = speedups.all_off()

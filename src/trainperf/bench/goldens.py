@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainperf.contract import RuntimeContext, Workload
 from trainperf.errors import RunAborted, TrainperfError
-from trainperf.spec import RuntimeContext, Workload
 
 if TYPE_CHECKING:
-    from trainperf.spec import GoldenSpec
+    from trainperf.contract import GoldenSpec
 
 PATH = Path(__file__).resolve().parents[1] / "goldens.json"
 SEED = 0

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
+from trainperf.contract import Assets, RuntimeContext, Workload
 from trainperf.runtime import parallel, speedups
 from trainperf.runtime.step import TrainStep
-from trainperf.spec import Assets, RuntimeContext, Workload
 
 _USER_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 

@@ -15,8 +15,8 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainperf import devices
+from trainperf.contract import ModelParts, Recipe, RuntimeContext, Workload, bare_model
 from trainperf.errors import TrainperfError
-from trainperf.spec import ModelParts, Recipe, RuntimeContext, Workload, bare_model
 
 PROBE = 2  # samples in the probe batch
 MARGIN = 1.3  # allocator slack, temporaries of the backward, the batch itself

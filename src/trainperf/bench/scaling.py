@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainperf import plots
+from trainperf.contract import batch_share
 from trainperf.errors import TrainperfError
 from trainperf.files import write_bytes_atomic, write_csv_atomic, write_json_atomic
 from trainperf.results import run_folder
@@ -49,8 +50,7 @@ def run_study(workload: str, nprocs: Sequence[int], runs: int, base_batch: int, 
     results: dict[int, list[dict]] = {}
     for n in nprocs:
         gbs = base_batch if fixed_global_batch else base_batch * n
-        if gbs % n:
-            raise TrainperfError(f"global batch {gbs} is not divisible by {n} processes")
+        batch_share(gbs, n, where=f"--nproc {n}")
         results[n] = []
         for k in range(runs):
             run_dir = out_dir / f"nproc{n}" / f"run{k}"

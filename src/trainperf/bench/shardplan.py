@@ -29,9 +29,9 @@ from typing import Any
 import torch
 
 from trainperf.bench.memory import MARGIN
+from trainperf.contract import Assets, FullyShard, Recipe, RuntimeContext, ShardedModel, Workload, bare_model
+from trainperf.contract.parallel import CHECKPOINTING
 from trainperf.errors import TrainperfError
-from trainperf.spec import Assets, FullyShard, Recipe, RuntimeContext, Workload, bare_model
-from trainperf.spec.parallel import CHECKPOINTING
 
 TP_SIZES = (1, 2, 4, 8)  # within one node's NVLink domain, as tensor parallelism is run
 EP_SIZES = (1, 2, 4, 8, 16, 32, 64)  # the all-to-all spans nodes (DeepSeek-V3's reference: EP 64)
@@ -88,13 +88,10 @@ def shape_of(workload: Workload, recipe: Recipe) -> Shape:
     if not isinstance(parts.parallel, FullyShard):
         raise TrainperfError(f"plan {workload.name}: its model is not fully sharded (FSDP); nothing to lay out")
     model = bare_model(parts.model)
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, torch.nn.ModuleList) or not hasattr(model, "activation_bytes"):
-        raise TrainperfError(f"plan {workload.name}: {type(model).__name__} needs `blocks` and "
+    if not isinstance(model, ShardedModel) or type(model).activation_bytes is ShardedModel.activation_bytes:
+        raise TrainperfError(f"plan {workload.name}: {type(model).__name__} needs to be a spec.ShardedModel with "
                              "`activation_bytes(seq_len, tp, checkpointing)` for a memory plan")
-    from trainperf.runtime.fsdp import extra_units
-
-    units = [*blocks, *extra_units(model)]  # what FSDP gathers one at a time
+    units = [*model.blocks, *model.shard_units()]  # what FSDP gathers one at a time
     sizes = [sum(p.numel() for p in block.parameters()) for block in units]
     trained_sizes = [sum(p.numel() for p in block.parameters() if p.requires_grad) for block in units]
     total = sum(p.numel() for p in model.parameters())

@@ -42,9 +42,9 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from trainperf import devices
+from trainperf.contract import Assets, Recipe, RuntimeContext, Workload
 from trainperf.runtime import speedups
 from trainperf.runtime.step import TrainStep
-from trainperf.spec import Assets, Recipe, RuntimeContext, Workload
 
 aten = torch.ops.aten
 

@@ -22,9 +22,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from trainperf import devices
 from trainperf.bench import memory as memory_estimate
+from trainperf.contract import Assets, EpochView, ModelParts, Recipe, Workload, bare_model
 from trainperf.runtime import distributed, environment, parallel, speedups
 from trainperf.runtime.step import TrainStep
-from trainperf.spec import Assets, EpochView, ModelParts, Recipe, Workload, bare_model
 
 # Dense peak TFLOP/s (no sparsity) by GPU name fragment and precision; fp32 without TF32, tf32 on tensor cores.
 GPU_PEAKS: dict[str, dict[str, float]] = {

@@ -77,12 +77,9 @@ def workload_of(nodeid: str, names: list[str]) -> str | None:
     return max(found, key=len) if found else None
 
 
-def budget(durations: dict[str, float]) -> dict[str, Any]:
-    """A run's total, per file and per workload (its own file and the tests parametrised by its name), and
-    its 20 slowest tests."""
-    from trainperf import registry
-
-    names = registry.names()
+def budget(durations: dict[str, float], names: list[str]) -> dict[str, Any]:
+    """A run's total, per file and per workload of `names` (its own file and the tests parametrised by its
+    name), and its 20 slowest tests."""
     files: dict[str, float] = defaultdict(float)
     workloads: dict[str, float] = defaultdict(float)
     for nodeid, seconds in durations.items():

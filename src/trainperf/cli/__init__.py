@@ -28,8 +28,7 @@ __all__ = ["build_parser", "main"]
 COMMANDS = (
     runs.add_list, runs.add_prepare, runs.add_run, runs.add_scale_study, perf.add_predict, perf.add_tune_batch,
     perf.add_allreduce, perf.add_bench, perf.add_ablate, runs.add_suite, perf.add_plan, perf.add_slurm,
-    runs.add_score, runs.add_compare, runs.add_report, runs.add_make_minigo_target, runs.add_make_phase1,
-    runs.add_make_lora_base, runs.add_check,
+    runs.add_score, runs.add_compare, runs.add_report, runs.add_makes, runs.add_check,
 )
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from trainperf import jobs
+from trainperf.contract import SCALES
 from trainperf.errors import shown
-from trainperf.spec import SCALES
 
 
 @contextlib.contextmanager

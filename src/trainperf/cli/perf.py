@@ -31,6 +31,7 @@ from trainperf.cli.options import (
     positive_int,
     stamp,
 )
+from trainperf.contract import batch_share
 from trainperf.errors import TrainperfError, shown
 
 
@@ -313,9 +314,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
             raise TrainperfError(f"{flag}: set by the script (one torchrun per node, runs/<workload>-<job id>)")
     recipe = jobs.resolve_recipe(workload, run.scale, run.recipe, [*run.set, *switch_sets(run)])
     world = args.nodes * args.gpus_per_node
-    if recipe.global_batch_size % world:
-        raise TrainperfError(f"--nodes {args.nodes} x --gpus-per-node {args.gpus_per_node}: global_batch_size "
-                             f"{recipe.global_batch_size} is not divisible by {world} processes")
+    batch_share(recipe.global_batch_size, world, where=f"--nodes {args.nodes} x --gpus-per-node {args.gpus_per_node}")
     print(sbatch_script(workload.name, args.nodes, args.gpus_per_node, args.run_args, partition=args.partition,
                         account=args.account, time_limit=args.time, cpus_per_gpu=args.cpus_per_gpu,
                         port=args.port), end="")
@@ -381,9 +380,9 @@ def _count_ops(workload: Any, args: argparse.Namespace, sets: list[str]) -> int:
     """`bench --count-ops`: what one training step asks of the host (operators, synchronisations, host
     data, host time), at full scale with the workload's CPU-sized probe settings unless overridden."""
     from trainperf.bench import stepcount
+    from trainperf.contract import Assets
     from trainperf.files import write_json_atomic
     from trainperf.runtime import distributed
-    from trainperf.spec import Assets
 
     probe = list(workload.step_probe) if args.scale == "full" else []
     recipe = jobs.resolve_recipe(workload, args.scale, args.recipe, [*probe, *sets])

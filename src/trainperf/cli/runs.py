@@ -186,51 +186,28 @@ def make_asset(command: str, out: str | None, default: str, write: Callable[[Pat
     return folder
 
 
-def add_make_minigo_target(sub: Any) -> None:
-    p = sub.add_parser("make-minigo-target", help="train the mini MiniGo's target model (shipped in the package)")
-    p.add_argument("--generations", type=positive_int, help="self-play generations (default: the shipped target's)")
-    add_seed(p, help="random seed (default: the shipped target's)")
-    add_out(p, "a new folder for target.pt and target.json (default: ./minigo-target; the shipped one is never "
-               "replaced)")
-    p.set_defaults(func=cmd_make_minigo_target)
+def add_makes(sub: Any) -> None:
+    """One `make-*` command per asset a workload declares (its package's MAKES literal): the CLI names none."""
+    for command, (name, spec) in registry.makes().items():
+        p = sub.add_parser(command, help=spec["help"])
+        if "steps" in spec:
+            add_steps(p, steps=spec["steps"], warmup=None, what=f"{spec.get('what', name)} ")
+        if "generations" in spec:
+            p.add_argument("--generations", type=positive_int, default=spec["generations"],
+                           help="self-play generations (default: " + (f"{spec['generations']})" if spec["generations"]
+                                                                      else "the shipped asset's)"))
+        if "seed" in spec:
+            add_seed(p, default=spec["seed"], help="random seed (default: " + (
+                f"{spec['seed']}, the shipped asset's)" if spec["seed"] is not None else "the shipped asset's)"))
+        add_out(p, f"a new folder for {spec['files']} (default: ./{spec['out']}; the shipped one is never replaced)")
+        p.set_defaults(func=cmd_make, make=(command, name, spec))
 
 
-def cmd_make_minigo_target(args: argparse.Namespace) -> int:
-    workload = registry.get("minigo")
-    make_asset("make-minigo-target", args.out, "minigo-target",
-               lambda out, say: workload.make_target(out, say, args.generations, args.seed))
-    return 0
-
-
-def add_make_phase1(sub: Any) -> None:
-    p = sub.add_parser("make-phase1", help="train the mini BERT's phase-1 checkpoint (shipped in the package)")
-    add_steps(p, steps=6000, warmup=None, what="phase-1 training ")
-    add_seed(p, default=1, help="random seed (default: 1, the shipped checkpoint's)")
-    add_out(p, "a new folder for vocab.txt, phase1.pt, phase1.json (default: ./bert-phase1; the shipped one is "
-               "never replaced)")
-    p.set_defaults(func=cmd_make_phase1)
-
-
-def cmd_make_phase1(args: argparse.Namespace) -> int:
-    workload = registry.get("bert")
-    make_asset("make-phase1", args.out, "bert-phase1",
-               lambda out, say: workload.make_phase1(out, args.steps, say, seed=args.seed))
-    return 0
-
-
-def add_make_lora_base(sub: Any) -> None:
-    p = sub.add_parser("make-lora-base", help="train the LoRA mini's base model (shipped in the package)")
-    add_steps(p, steps=800, warmup=None, what="language-model training ")
-    add_seed(p, default=1, help="random seed (default: 1, the shipped base's)")
-    add_out(p, "a new folder for config.json, model.safetensors, base.json (default: ./lora-base; the shipped one "
-               "is never replaced)")
-    p.set_defaults(func=cmd_make_lora_base)
-
-
-def cmd_make_lora_base(args: argparse.Namespace) -> int:
-    workload = registry.get("llama2_70b_lora")
-    make_asset("make-lora-base", args.out, "lora-base",
-               lambda out, say: workload.make_base(out, args.steps, say, seed=args.seed))
+def cmd_make(args: argparse.Namespace) -> int:
+    command, name, spec = args.make
+    workload = registry.get(name)
+    options = {key: getattr(args, key) for key in ("steps", "seed", "generations") if key in spec}
+    make_asset(command, args.out, spec["out"], lambda out, say: workload.make(command, out, say, options))
     return 0
 
 

@@ -11,11 +11,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from trainperf.errors import Interrupted
-from trainperf.signals import STOP_SIGNALS, hung_up
-from trainperf.spec import (
+from trainperf.contract import (
     RuntimeContext,
 )
+from trainperf.errors import Interrupted
+from trainperf.signals import STOP_SIGNALS, hung_up
 
 
 class Clock:

@@ -15,7 +15,9 @@ from typing import Any
 
 from mlperf_logging.mllog import constants, mllog
 
+from trainperf.contract import Logged
 from trainperf.errors import TrainperfError
+from trainperf.rulesets import RULESET_KEY, WORKLOAD_KEY
 
 _ids = itertools.count()
 
@@ -85,6 +87,24 @@ class MLPerfLog:
             time_ms: int) -> None:
         self._ml.end(key=key, value=value, metadata=metadata, time_ms=time_ms)
         self._record(constants.INTERVAL_END, key, value, metadata, time_ms)
+
+    def header(self, *, org: str, platform: str, division: str, status: str, benchmark: str, workload: str,
+               ruleset: str, time_ms: int) -> None:
+        """The untimed submission lines every log opens with, and which trainperf workload and ruleset wrote
+        it (not MLPerf keys: two workloads share `ssd`, rulesets.py)."""
+        for key, value in ((constants.SUBMISSION_ORG, org), (constants.SUBMISSION_PLATFORM, platform),
+                           (constants.SUBMISSION_DIVISION, division), (constants.SUBMISSION_STATUS, status),
+                           (constants.SUBMISSION_BENCHMARK, benchmark), (WORKLOAD_KEY, workload),
+                           (RULESET_KEY, ruleset)):
+            self.event(key, value, time_ms=time_ms)
+
+    def hyperparameters(self, values: dict[str, Any], time_ms: int) -> None:
+        """A recipe's logged hyperparameters: plain values, or a `Logged` value with its metadata."""
+        for key, value in values.items():
+            if isinstance(value, Logged):
+                self.event(key, value.value, metadata=value.metadata, time_ms=time_ms)
+            else:
+                self.event(key, value, time_ms=time_ms)
 
     def keys(self) -> list[str]:
         return [r["key"] for r in self.records]

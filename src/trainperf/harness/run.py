@@ -25,21 +25,12 @@ from typing import Any
 import torch
 from mlperf_logging.mllog import constants
 
-from trainperf.errors import Interrupted, RunAborted, TrainperfError, one_line
-from trainperf.harness.clock import Clock, abort_on_signals, clear_page_cache
-from trainperf.harness.mlperf_log import MLPerfLog
-from trainperf.harness.progress import NoProgress, PlainProgress
-from trainperf.harness.scorer import PendingEvaluations, Scorer
-from trainperf.rulesets import RULESET_KEY, WORKLOAD_KEY
-from trainperf.runtime import distributed, environment, load, parallel, speedups
-from trainperf.runtime.step import TrainStep
-from trainperf.spec import (
+from trainperf.contract import (
     Assets,
     Cadence,
     DataParts,
     EpochView,
     Evaluation,
-    Logged,
     ModelParts,
     Quality,
     Recipe,
@@ -48,6 +39,14 @@ from trainperf.spec import (
     Workload,
     bare_model,
 )
+from trainperf.errors import Interrupted, RunAborted, TrainperfError
+from trainperf.harness import ending
+from trainperf.harness.clock import Clock, abort_on_signals, clear_page_cache
+from trainperf.harness.mlperf_log import MLPerfLog
+from trainperf.harness.progress import NoProgress, PlainProgress
+from trainperf.harness.scorer import PendingEvaluations, Scorer
+from trainperf.runtime import distributed, environment, load, parallel, speedups
+from trainperf.runtime.step import TrainStep
 
 # With several processes, asynchronous results are looked at every this many steps (a broadcast
 # from rank 0, so that every process takes the same stop decision at the same step).
@@ -99,7 +98,7 @@ def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None =
                 guard.hold()
         except Interrupted as exc:  # the guard's one exception, come while the one above was caught
             failure = exc
-        status, reason, bug = _outcome(loop, reached, failure, guard.received)
+        status, reason, bug = ending.outcome(loop, reached, failure, guard.received)
         try:
             reason = loop.stop(status, reason)
         finally:
@@ -108,38 +107,12 @@ def run(config: RunConfig, ctx: RuntimeContext, progress: PlainProgress | None =
             log.close()
         if bug is not None:
             raise bug
-        result = loop.result(status, reason)
+        result = ending.run_result(loop, status, reason)
         if monitor is not None:
             result.machine_load = monitor.stop()
         if on_result is not None:
             on_result(result)
     return result
-
-
-def _outcome(loop: _TimedLoop, reached: bool, failure: BaseException | None, signal_name: str | None
-             ) -> tuple[str, str | None, BaseException | None]:
-    """(status, reason, bug to re-raise once the log is closed) of a finished loop. A signal is the
-    reason whatever it surfaced as: a workload's `except Exception` may have turned it into another
-    error, a peer stopped by the same signal into a failed collective."""
-    workload, recipe, ctx = loop.workload, loop.recipe, loop.ctx
-    if failure is None and reached:
-        return "success", None, None  # a signal that came after the target was met is held
-    if signal_name is not None:
-        return "aborted", f"received {signal_name}", None
-    if failure is None:
-        return "aborted", (f"target {workload.metric.name} {workload.metric.describe_target(recipe.target)} "
-                           f"not reached within {loop.cadence.describe_budget()}"), None
-    if isinstance(failure, RunAborted):
-        return "aborted", failure.reason, None
-    if isinstance(failure, KeyboardInterrupt):
-        return "aborted", "interrupted", None
-    if isinstance(failure, TrainperfError):
-        return "aborted", str(failure), None
-    if isinstance(failure, Exception) and ctx.distributed and _collective_failure(failure):
-        first_line = one_line(failure) or type(failure).__name__
-        return "aborted", f"rank {ctx.rank}: a collective failed, another rank died or hung ({first_line})", None
-    # A bug (or SystemExit): one line in the log and the result; the traceback goes to the terminal.
-    return "aborted", f"internal error: {type(failure).__name__}: {one_line(failure)}", failure
 
 
 def close_for_rank0(config: RunConfig, world_size: int, reason: str, records: list[dict[str, Any]]) -> RunResult:
@@ -160,12 +133,7 @@ def close_for_rank0(config: RunConfig, world_size: int, reason: str, records: li
             reason = next(r for r in reversed(records) if r["key"] == constants.RUN_STOP)["metadata"].get("reason")
     finally:
         log.close()
-    return loop.result(status, reason)
-
-
-def _tidy(epochs: float) -> float | int:
-    """Whole epoch counts stay integers (as every ruleset's logs have them); fractions get 6 digits."""
-    return int(epochs) if float(epochs).is_integer() else round(float(epochs), 6)
+    return ending.run_result(loop, status, reason)
 
 
 class Stop(Enum):
@@ -174,18 +142,6 @@ class Stop(Enum):
     EPOCH = "epoch"  # its data ran out: the epoch is over
     BUDGET = "budget"  # the sample budget is spent
     TARGET = "target"  # the target is known met (MLPerf lets a run end mid-epoch)
-
-
-_COLLECTIVE_MARKERS = ("gloo", "nccl", "connection closed by peer", "connection reset", "processgroup", "c10d",
-                       "timed out")
-
-
-def _collective_failure(exc: BaseException) -> bool:
-    """A failed collective (a peer died or hung), as opposed to a bug in trainperf or a workload."""
-    if isinstance(exc, torch.distributed.DistError):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and any(marker in text for marker in _COLLECTIVE_MARKERS)
 
 
 @dataclass(frozen=True)
@@ -235,15 +191,9 @@ class _TimedLoop:
         workload, recipe = self.workload, self.recipe
         cleared = clear_page_cache() if config.clear_caches else False
         log.event(constants.CACHE_CLEAR, cleared, time_ms=clock.now_ms())
-        now = clock.now_ms()
-        log.event(constants.SUBMISSION_ORG, config.org, time_ms=now)
-        log.event(constants.SUBMISSION_PLATFORM, environment.platform_name(ctx.device, ctx.world_size), time_ms=now)
-        log.event(constants.SUBMISSION_DIVISION, config.division, time_ms=now)
-        log.event(constants.SUBMISSION_STATUS, config.status, time_ms=now)
-        log.event(constants.SUBMISSION_BENCHMARK, workload.benchmark, time_ms=now)
-        # Not an MLPerf key: which trainperf workload wrote the log (two share `ssd`, rulesets.py).
-        log.event(WORKLOAD_KEY, workload.name, time_ms=now)
-        log.event(RULESET_KEY, recipe.ruleset or workload.mlperf.ruleset, time_ms=now)
+        log.header(org=config.org, platform=environment.platform_name(ctx.device, ctx.world_size),
+                   division=config.division, status=config.status, benchmark=workload.benchmark,
+                   workload=workload.name, ruleset=recipe.ruleset or workload.mlperf.ruleset, time_ms=clock.now_ms())
         self.init_start_ms = clock.now_ms()
         log.start(constants.INIT_START, time_ms=self.init_start_ms)
 
@@ -272,11 +222,7 @@ class _TimedLoop:
         now = clock.now_ms()
         log.event(constants.GLOBAL_BATCH_SIZE, recipe.global_batch_size, time_ms=now)
         log.event(constants.GRADIENT_ACCUMULATION_STEPS, recipe.grad_accum_steps, time_ms=now)
-        for key, value in workload.mlperf_hyperparameters(recipe, ctx).items():
-            if isinstance(value, Logged):
-                log.event(key, value.value, metadata=value.metadata, time_ms=now)
-            else:
-                log.event(key, value, time_ms=now)
+        log.hyperparameters(workload.mlperf_hyperparameters(recipe, ctx), time_ms=now)
         # Not an MLPerf key (the checker ignores it): which speedups produced this log.
         log.event("trainperf_speedups", speedups.enabled(recipe), time_ms=now)
         if ctx.distributed:
@@ -341,7 +287,7 @@ class _TimedLoop:
             num = r["metadata"].get("epoch_num")
             epoch = (num - 1 if style == "1+epochs" else num) if style != "samples" and num is not None else 0.0
             elapsed = (r["time_ms"] - self.run_start_ms) / 1000.0 if self.run_start_ms is not None else 0.0
-            self.evaluations.append(Evaluation(epoch=_tidy(epoch), value=r.get("value"), samples=0,
+            self.evaluations.append(Evaluation(epoch=ending.tidy(epoch), value=r.get("value"), samples=0,
                                                time_s=elapsed, epoch_num=num))
         stops = [r for r in records if r["key"] == constants.RUN_STOP]
         return stops[-1]["metadata"].get("status", "aborted") if stops else None
@@ -350,54 +296,11 @@ class _TimedLoop:
         if self._scorer is not None:
             self._scorer.shutdown()
 
-    def result(self, status: str, reason: str | None) -> RunResult:
-        config, ctx = self.config, self.ctx
-        workload, recipe = self.workload, self.recipe
-        evals = self.evaluations
-        success = status == "success"
-        timed = self.run_start_ms is not None and self.run_stop_ms is not None
-        initialised = self.init_start_ms is not None and self.init_stop_ms is not None
-        targets = workload.metric.targets(recipe.target)
-        return RunResult(
-            workload=workload.name,
-            benchmark=workload.benchmark,
-            scale=config.scale,
-            recipe_name=recipe.name,
-            seed=config.seed,
-            status=status,
-            abort_reason=reason,
-            metric=workload.metric.name,
-            target=targets if workload.metric.composite else targets[workload.metric.name],
-            time_to_train_s=(self.run_stop_ms - self.run_start_ms) / 1000.0 if timed else None,
-            init_time_s=(self.init_stop_ms - self.init_start_ms) / 1000.0 if initialised else 0.0,
-            epochs=self.epochs_done,
-            samples=self.samples,
-            epochs_to_target=evals[-1].epoch if success else None,
-            samples_to_target=evals[-1].samples if success else None,
-            final_metric=evals[-1].value if evals else None,
-            evaluations=evals,
-            train_samples_per_s=(self.samples / self.train_time_s) if self.train_time_s > 0 else None,
-            epoch_times_s=self.epoch_times_s,
-            train_samples=self.train_samples,
-            eval_samples=self.eval_samples,
-            division=config.division,
-            recipe=recipe.to_dict(),
-            environment={**environment.describe(ctx.device, ctx.world_size), **config.extra_env},
-            log_file=str(config.log_path) if config.log_path else None,
-            steps=self.steps,
-            cadence=dataclasses.asdict(self.cadence),
-            layout=self._layout,
-            shape_buckets=workload.shape_buckets(recipe),
-        )
-
     # -- the timed part -------------------------------------------------------------------------
     def _train(self, parts: ModelParts) -> bool:
         config, log, clock, ctx = self.config, self.log, self.clock, self.ctx
         recipe, workload = self.recipe, self.workload
-        if recipe.global_batch_size % ctx.data_world:
-            # Every workload deals each global batch out across the processes (the data shards).
-            raise TrainperfError(f"global_batch_size {recipe.global_batch_size} is not divisible by "
-                                 f"{ctx.data_world} data-parallel processes")
+        ctx.batch_share(recipe.global_batch_size)  # every workload deals each global batch out over the shards
         data = workload.load_data(recipe, config.data_dir, ctx)
         if data.eval_samples < 1 and workload.mlperf.full_eval_samples is not None:
             # Whatever the data checks let through: a run must not train its budget to score nothing.
@@ -458,7 +361,7 @@ class _TimedLoop:
         style = self.recipe.log_epoch_num
         if style == "samples":
             return _Point(epochs, self.nominal, self.nominal)
-        return _Point(epochs, samples, _tidy(1.0 + epochs if style == "1+epochs" else epochs))
+        return _Point(epochs, samples, ending.tidy(1.0 + epochs if style == "1+epochs" else epochs))
 
     def _open_block(self, first: float | int, count: int) -> None:
         self._block = first
@@ -591,7 +494,7 @@ class _TimedLoop:
             log.event(key, value, metadata={"epoch_num": point.epoch_num, "samples_count": point.samples},
                       time_ms=now)
         elapsed = (now - self.run_start_ms) / 1000.0 if self.run_start_ms is not None else 0.0
-        epoch = _tidy(point.epoch)
+        epoch = ending.tidy(point.epoch)
         self.evaluations.append(Evaluation(epoch=epoch, value=value, samples=point.samples, time_s=elapsed,
                                            epoch_num=point.epoch_num))
         at = f"samples {point.epoch_num}" if recipe.log_epoch_num == "samples" else f"epoch {epoch}"

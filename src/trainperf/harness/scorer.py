@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from trainperf.errors import TrainperfError
-from trainperf.spec import (
+from trainperf.contract import (
     Quality,
 )
+from trainperf.errors import TrainperfError
 
 
 # -- scoring on rank 0: inline, or in the background ---------------------------------------------

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from trainperf import registry
+from trainperf.contract import Quality, Workload
 from trainperf.errors import TrainperfError
 from trainperf.results import scoring
 from trainperf.results.logs import read_records
-from trainperf.spec import Quality, Workload
 
 
 def _shown(name: str) -> str:

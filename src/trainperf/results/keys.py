@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainperf import registry
+from trainperf.contract import Workload
 from trainperf.errors import TrainperfError
-from trainperf.spec import Workload
 
 
 def declaring(benchmark: str, workload: str | None = None) -> Workload | None:

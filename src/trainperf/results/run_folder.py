@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from trainperf.contract import RunResult
 from trainperf.errors import TrainperfError
 from trainperf.files import write_json_atomic
-from trainperf.spec import RunResult
 
 LOG_NAME = "mlperf_log.txt"
 RESULT_NAME = "result.json"

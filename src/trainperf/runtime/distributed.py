@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 
 from trainperf import devices
+from trainperf.contract import ModelParts, RuntimeContext
 from trainperf.errors import Interrupted, TrainperfError
 from trainperf.signals import hung_up
-from trainperf.spec import ModelParts, RuntimeContext
 
 EXIT_INTERRUPTED = 130  # jobs.EXIT_INTERRUPTED (jobs imports this module)
 

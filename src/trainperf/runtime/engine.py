@@ -6,7 +6,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from trainperf.spec import ModelParts, Parallelism, Recipe, RuntimeContext
+from trainperf.contract import ModelParts, Parallelism, Recipe, RuntimeContext
 
 
 class Engine(ABC):

@@ -31,9 +31,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainperf.contract import ExpertLayer, FullyShard, ModelParts, Parallelism, Recipe, RuntimeContext, ShardedModel
 from trainperf.errors import TrainperfError
 from trainperf.runtime.engine import Engine
-from trainperf.spec import FullyShard, ModelParts, Parallelism, Recipe, RuntimeContext
 
 _WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.")
 
@@ -50,12 +50,12 @@ def mesh_shape(world: int, tp: int) -> tuple[int, int]:
     return world // tp, tp
 
 
-def _blocks(model: nn.Module) -> nn.ModuleList:
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList):
-        raise TrainperfError(f"{type(model).__name__}: FSDP needs the model's repeated blocks as `blocks` "
-                             "(an nn.ModuleList)")
-    return blocks
+def _sharded(model: nn.Module) -> ShardedModel:
+    """The model as the contract declares what FSDP reads of it (spec.ShardedModel)."""
+    if not isinstance(model, ShardedModel) or not isinstance(getattr(model, "blocks", None), nn.ModuleList):
+        raise TrainperfError(f"{type(model).__name__}: FSDP needs a spec.ShardedModel with its repeated blocks as "
+                             "`blocks` (an nn.ModuleList)")
+    return model
 
 
 def rebind_optimizer(optimizer: torch.optim.Optimizer, before: dict[int, str], model: nn.Module
@@ -74,9 +74,8 @@ def rebind_optimizer(optimizer: torch.optim.Optimizer, before: dict[int, str], m
 
 def extra_units(model: nn.Module) -> list[nn.Module]:
     """Modules outside the blocks that the model asks to be sharded as units of their own
-    (`shard_units()`: DeepSeek's multi-token prediction block), so that the root does not gather them."""
-    units = getattr(model, "shard_units", None)
-    return list(units()) if callable(units) else []
+    (ShardedModel.shard_units: DeepSeek's multi-token prediction block), so that the root does not gather them."""
+    return list(_sharded(model).shard_units())
 
 
 def materialize(model: nn.Module, device: torch.device) -> None:
@@ -85,12 +84,11 @@ def materialize(model: nn.Module, device: torch.device) -> None:
     draw each shard as its part of the whole tensor (untested here); on a CPU mesh every shard draws the
     same numbers (torch's fallback), so a CPU run with meta_init is initialised differently from one
     without."""
-    init = getattr(model, "init_weights", None)
-    if not callable(init):
-        raise TrainperfError(f"{type(model).__name__}: built on the meta device, but it has no init_weights() "
-                             "to initialise its shards")
+    sharded = _sharded(model)
+    if type(sharded).init_weights is ShardedModel.init_weights:
+        sharded.init_weights()  # says, before any storage is allocated, that it cannot
     model.to_empty(device=device)
-    init()
+    sharded.init_weights()
 
 
 class FSDPEngine(Engine):
@@ -126,8 +124,8 @@ class FSDPEngine(Engine):
 
     def apply(self, spec: Parallelism, parts: ModelParts, recipe: Recipe, ctx: RuntimeContext) -> ModelParts:
         assert isinstance(spec, FullyShard)
-        model = parts.model
-        blocks = _blocks(model)
+        model = _sharded(parts.model)
+        blocks = model.blocks
         before = {id(p): name for name, p in model.named_parameters()}
         mesh = self._mesh(spec, ctx)
         experts = self._shard_experts(model, spec, mesh) if spec.ep > 1 else []
@@ -197,11 +195,11 @@ class FSDPEngine(Engine):
         return parts
 
     @staticmethod
-    def _shard_experts(model: nn.Module, spec: FullyShard, mesh: Any) -> list[nn.Module]:
-        layers = [m for m in model.modules() if callable(getattr(m, "shard_experts", None))]
+    def _shard_experts(model: nn.Module, spec: FullyShard, mesh: Any) -> list[ExpertLayer]:
+        layers = [m for m in model.modules() if isinstance(m, ExpertLayer)]
         if not layers:
             raise TrainperfError(f"expert parallelism ep={spec.ep}: {type(model).__name__} has no mixture-of-experts "
-                                 "layers (modules with shard_experts)")
+                                 "layers (spec.ExpertLayer)")
         ep = mesh["ep"]
         for layer in layers:
             layer.shard_experts(ep.get_group(), ep.get_local_rank(), spec.ep)

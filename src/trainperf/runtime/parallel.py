@@ -1,4 +1,4 @@
-"""The engines behind the contract's parallelism records (spec/parallel.py): one per record type,
+"""The engines behind the contract's parallelism records (contract/parallel.py): one per record type,
 looked up by the record's `engine` name, so the harness and the step never ask which one a workload
 chose. DDP and TorchRec are two of them, FSDP2 with tensor parallelism (fsdp.py) a third; a test or a
 plugin may register another (`register`)."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from trainperf.contract import DataParallel, ModelParts, Parallelism, Recipe, RuntimeContext
 from trainperf.errors import TrainperfError
 from trainperf.runtime.engine import Engine
-from trainperf.spec import DataParallel, ModelParts, Parallelism, Recipe, RuntimeContext
 
 
 class DDPEngine(Engine):
@@ -28,7 +28,7 @@ class TorchRecEngine(Engine):
     def apply(self, spec: Parallelism, parts: ModelParts, recipe: Recipe, ctx: RuntimeContext) -> ModelParts:
         from trainperf.runtime import recsys
 
-        parts = recsys.shard(parts, ctx, max(1, recipe.global_batch_size // ctx.world_size))
+        parts = recsys.shard(parts, ctx, ctx.batch_share(recipe.global_batch_size))
         if recipe.compile or recipe.cuda_graphs:
             compiled = self.compile_units(parts, {"mode": "reduce-overhead"} if recipe.cuda_graphs else {})
             parts.layout = {**(parts.layout or {}), "compiled_dense_modules": compiled}

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from trainperf import devices, optional
+from trainperf.contract import Assets, ModelParts, Recipe, RuntimeContext, ShardedTables, Workload
 from trainperf.errors import TrainperfError
-from trainperf.spec import Assets, ModelParts, Recipe, RuntimeContext, ShardedTables, Workload
 
 RESERVED = 0.15  # of each device's memory, kept out of the tables' plan
 

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from trainperf import devices
+from trainperf.contract import Assets, ModelParts, Parallelism, Recipe, RuntimeContext, Workload, bare_model
 from trainperf.errors import TrainperfError
 from trainperf.runtime.engine import Engine
-from trainperf.spec import Assets, ModelParts, Parallelism, Recipe, RuntimeContext, Workload, bare_model
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
+from trainperf.contract import ModelParts, Recipe, RuntimeContext, count_samples, split_batch, uncompiled
 from trainperf.runtime import speedups
-from trainperf.spec import ModelParts, Recipe, RuntimeContext, count_samples, split_batch, uncompiled
 
 
 class TrainStep:

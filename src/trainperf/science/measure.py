@@ -10,10 +10,10 @@ from pathlib import Path
 from trainperf import jobs
 from trainperf.bench import throughput
 from trainperf.bench.memory import BatchTooLarge
+from trainperf.contract import Recipe, Workload
 from trainperf.errors import TrainperfError
 from trainperf.science import predict
 from trainperf.science.project import Inputs, Link, measure_link
-from trainperf.spec import Recipe, Workload
 
 
 def bench_at(workload: Workload, recipe: Recipe, scale: str, data: str | None, batch: int, steps: int, warmup: int,

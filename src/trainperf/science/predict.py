@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainperf.contract import Cadence, Recipe, Workload
 from trainperf.errors import TrainperfError
 from trainperf.results.logs import read_records
 from trainperf.science.project import duration
 from trainperf.science.rcp import Convergence, epochs_to_converge
-from trainperf.spec import Cadence, Recipe, Workload
 
 
 @dataclass

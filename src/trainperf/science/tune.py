@@ -16,8 +16,8 @@ from typing import Any
 
 from trainperf import jobs
 from trainperf.bench import throughput
+from trainperf.contract import Recipe, Workload
 from trainperf.errors import TrainperfError
-from trainperf.spec import Recipe, Workload
 
 Say = Callable[[str], None]
 

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from trainperf.contract import DataParts, DataSource, EvalPartial, Metric, MLPerf, ModelParts, Recipe, Scale, Workload
 from trainperf.errors import TrainperfError
-from trainperf.spec import DataParts, DataSource, EvalPartial, Metric, MLPerf, ModelParts, Recipe, Scale, Workload
 
 
 @dataclass(frozen=True)

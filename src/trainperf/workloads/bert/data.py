@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from trainperf import prepared
+from trainperf.contract import DataSource
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput, write_text_atomic
-from trainperf.spec import DataSource
 from trainperf.workloads.bert import corpus
 from trainperf.workloads.bert.batches import KEYS
 

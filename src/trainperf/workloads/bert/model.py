@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainperf.contract.fields import Count, Fraction
 from trainperf.errors import TrainperfError
-from trainperf.spec.fields import Count, Fraction
 
 IGNORE = -100  # label of a padding slot (cross_entropy's ignore_index)
 

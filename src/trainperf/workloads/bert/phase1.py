@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
+from trainperf.contract import Assets, EpochView, RuntimeContext
 from trainperf.files import AtomicOutput, write_text_atomic
-from trainperf.spec import Assets, EpochView, RuntimeContext
 from trainperf.workloads.bert import corpus
 from trainperf.workloads.bert import data as bert_data
 

@@ -9,11 +9,11 @@ from typing import Annotated, Any, ClassVar
 
 import annotated_types as at
 
-from trainperf.errors import TrainperfError
-from trainperf.spec import (
+from trainperf.contract import (
     Recipe,
 )
-from trainperf.spec.fields import Count, Fraction, Positive
+from trainperf.contract.fields import Count, Fraction, Positive
+from trainperf.errors import TrainperfError
 from trainperf.workloads.bert import data as bert_data
 from trainperf.workloads.bert import model as bert_model
 

@@ -1,5 +1,5 @@
 """DeepSeek-V3 671B mixture-of-experts pretraining on C4 (MLPerf key `deepseekv3_671b`, "LLM MoE
-pretraining", rounds 6.0-6.1): GPT-OSS-20B's code (workloads/gpt_oss_20b) with DeepSeek-V3's shape (latent
+pretraining", rounds 6.0-6.1): GPT-OSS-20B's code (workloads/common/llm) with DeepSeek-V3's shape (latent
 attention, 256 routed and 1 shared experts, top-8 of the best 4 of 8 groups, sigmoid routing balanced by
 correction biases and a sequence-wise loss, one multi-token prediction layer) and its recipes.
 
@@ -10,16 +10,16 @@ target in the reference's ~47 steps; `bench`, `plan` and the closed-rules log ar
 
 from __future__ import annotations
 
-from trainperf.spec import MLPerf, Scale
-from trainperf.workloads.gpt_oss_20b import GptOssWorkload
-from trainperf.workloads.gpt_oss_20b.recipes import DEEPSEEK_RECIPES
-from trainperf.workloads.llama31_8b import data as llama_data
-from trainperf.workloads.llama31_8b import synthetic
+from trainperf.contract import MLPerf, Scale, StepBudget
+from trainperf.workloads.common.llm import data as llama_data
+from trainperf.workloads.common.llm import synthetic
+from trainperf.workloads.common.llm.workload import MoEWorkload
+from trainperf.workloads.deepseekv3_671b.recipes import DEEPSEEK_RECIPES
 
 __all__ = ["DeepSeekV3Workload"]
 
 
-class DeepSeekV3Workload(GptOssWorkload):
+class DeepSeekV3Workload(MoEWorkload):
     name = "deepseekv3_671b"
     benchmark = "deepseekv3_671b"
     mlperf = MLPerf(ruleset="6.0.0", runs=3, full_eval_samples=1_024)
@@ -32,6 +32,9 @@ class DeepSeekV3Workload(GptOssWorkload):
                   "model.v_dim=32", "model.dense_layers=1", "model.ffn_dim=512", "model.experts=16",
                   "model.groups=4", "model.topk_groups=2", "model.top_k=4", "model.expert_dim=128",
                   "model.vocab_size=4096", "ep=1", "checkpointing=none", "meta_init=false")
+    # 1,738: a dense and an MoE block of latent attention, grouped sigmoid routing, a shared expert, the
+    # sequence-wise balancing loss, multi-token prediction, the correction biases' update after the step
+    step_budget = StepBudget(ops=1_900)
     mini = None
     golden = None  # no mini: nothing of its own to record (its code path's mini is another workload's)
     full = Scale(DEEPSEEK_RECIPES, llama_data.C4(synthetic.MINI_CORPUS, llama_data.LLAMA31_VOCAB,

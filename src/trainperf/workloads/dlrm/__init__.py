@@ -13,22 +13,25 @@ from torch import nn
 
 # Imported with the workload, not at the first evaluation: the import (~1.4 s here) is not training time.
 from trainperf import optional
-from trainperf.errors import TrainperfError
-from trainperf.spec import (
+from trainperf.contract import (
     Assets,
     DataParts,
+    DeviceProbe,
     Metric,
     MLPerf,
     ModelParts,
     RuntimeContext,
     Scale,
     ShardedTables,
+    StepBudget,
     Workload,
     bare_model,
 )
+from trainperf.errors import TrainperfError
+from trainperf.workloads.common.criteo.evaluation import click_probability
 from trainperf.workloads.dlrm import data as dlrm_data
 from trainperf.workloads.dlrm import mini as dlrm_mini
-from trainperf.workloads.dlrm.model import DLRM, click_probability
+from trainperf.workloads.dlrm.model import DLRM
 from trainperf.workloads.dlrm.pipeline import CriteoPipeline
 from trainperf.workloads.dlrm.recipes import (
     FULL_DAYS,
@@ -68,6 +71,10 @@ class DLRMWorkload(Workload[DLRMRecipe]):
     summary = "DLRM on Criteo Terabyte, ROC AUC (mini: planted-teacher day files in the raw TSV format)"
     speedups = frozenset({"precision", "compile", "cuda_graphs", "async_eval"})
     step_probe = ("global_batch_size=128", "max_ind_range=1000")
+    step_budget = StepBudget(ops=620)
+    # 96 GB of reference tables: capped
+    device_probe = DeviceProbe(batch=8192, sets=("max_ind_range=10000000",))
+    real_layout = ("day_0", "day_1")
     model_parallel_sets = ("embeddings=torchrec",)
 
     mini = Scale(MINI, dlrm_mini.PlantedTeacherDays(MINI_DAYS, MINI_ROWS_PER_DAY))
@@ -148,7 +155,7 @@ class DLRMWorkload(Workload[DLRMRecipe]):
 
     def synthetic_batch(self, recipe: DLRMRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         bare = bare_model(model)
-        n = recipe.global_batch_size // ctx.world_size
+        n = ctx.batch_share(recipe.global_batch_size)
         gen = torch.Generator(device=ctx.device).manual_seed(0)
         dense = torch.rand((n, dlrm_data.N_DENSE), device=ctx.device, generator=gen) * 5
         tables = ctx.device if bare.engine == "torchrec" else bare.embeddings[0].weight.device

@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from trainperf import prepared
+from trainperf.contract import DataSource
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput, write_json_atomic
-from trainperf.spec import DataSource
 
 N_DENSE, N_SPARSE = 13, 26
 N_FIELDS = 1 + N_DENSE + N_SPARSE

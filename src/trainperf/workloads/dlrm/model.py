@@ -6,9 +6,6 @@ import torch
 from torch import nn
 
 # Imported with the workload, not at the first evaluation: the import (~1.4 s here) is not training time.
-from torchmetrics.functional.classification import binary_auroc
-
-from trainperf.errors import TrainperfError
 from trainperf.workloads.dlrm import data as dlrm_data
 
 
@@ -81,18 +78,3 @@ class DLRM(nn.Module):
             t = torch.stack([v.to(device=x.device, dtype=x.dtype) for v in vectors], dim=1)
         z = torch.bmm(t, t.transpose(1, 2))
         return self.top(torch.cat([x, z[:, self.pair_rows, self.pair_cols]], dim=1)).squeeze(-1)
-
-
-def click_probability(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """The evaluation forward: the predicted click probability of every sample."""
-    dense, sparse = batch[0], batch[1]
-    return torch.sigmoid(model(dense, sparse).float())
-
-
-def auc(labels: torch.Tensor, scores: torch.Tensor) -> float:
-    """ROC AUC of probabilities `scores` in [0, 1] (torchmetrics would take other values for logits),
-    computed where the tensors are: no copy of the whole evaluation set to the host, and one sort
-    (2.4x faster than scikit-learn at 89M samples even on a CPU: benchmarks/dlrm_auc.py)."""
-    if labels.numel() == 0 or bool(labels.min() == labels.max()):
-        raise TrainperfError("dlrm evaluation set holds a single class: AUC is undefined")
-    return float(binary_auroc(scores, labels.long(), thresholds=None, validate_args=False))

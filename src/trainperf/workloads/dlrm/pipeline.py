@@ -4,19 +4,18 @@ split, padded where sharded tables need every rank to take the same steps)."""
 
 from __future__ import annotations
 
-import queue
-import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from trainperf.contract import DataParts, EpochView, EvalPartial, RuntimeContext
 from trainperf.errors import TrainperfError
-from trainperf.spec import DataParts, EpochView, EvalPartial, RuntimeContext
+from trainperf.workloads.common.criteo.evaluation import scored
+from trainperf.workloads.common.criteo.pipeline import prefetched
 from trainperf.workloads.dlrm import data as dlrm_data
-from trainperf.workloads.dlrm.model import auc
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -30,40 +29,6 @@ def to_batch(rows: np.ndarray, device: torch.device,
     first = 1 + dlrm_data.N_DENSE
     sparse = t[:, first:] if sparse_device in (None, device) else host[:, first:].to(sparse_device)
     return torch.log1p(t[:, 1:1 + dlrm_data.N_DENSE].float()), sparse.long(), t[:, 0].float()
-
-
-def prefetched(batches: Iterator[Any], depth: int = 4) -> Iterator[Any]:
-    """Read the next batches from the memory map in a thread while the device trains."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    done = object()
-
-    def fill() -> None:
-        try:
-            for item in batches:
-                q.put(item)
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            q.put(exc)
-        q.put(done)
-
-    threading.Thread(target=fill, daemon=True, name="trainperf-dlrm-reader").start()
-    while (item := q.get()) is not done:
-        if isinstance(item, BaseException):
-            raise item
-        yield item
-
-
-def scored(batches: Iterable[tuple[Batch, int]], forward: Callable[[Any], torch.Tensor],
-           device: torch.device) -> EvalPartial:
-    """This process's share of an AUC evaluation: the click probabilities and labels of each batch's real rows
-    (the rest padding), gathered, the AUC taken over all of them."""
-    scores, labels = [], []
-    for batch, real in batches:
-        scores.append(forward(batch)[:real])
-        labels.append(batch[2][:real])
-    empty = torch.zeros(0, device=device)
-    return EvalPartial(metric=lambda t: auc(t["labels"], t["scores"]),
-                       gathers={"scores": torch.cat(scores) if scores else empty,
-                                "labels": torch.cat(labels) if labels else empty})
 
 
 class CriteoPipeline:

@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-# Imported with the workload, not at the first evaluation: the import (~1.4 s here) is not training time.
-from trainperf.errors import TrainperfError
-from trainperf.spec import (
+from trainperf.contract import (
     Recipe,
 )
-from trainperf.spec.fields import Count, Counts, Positive
+from trainperf.contract.fields import Count, Counts, Positive
+
+# Imported with the workload, not at the first evaluation: the import (~1.4 s here) is not training time.
+from trainperf.errors import TrainperfError
+from trainperf.workloads.common.criteo.model import check_mlps
 from trainperf.workloads.dlrm import data as dlrm_data
 from trainperf.workloads.dlrm import mini as dlrm_mini
 
@@ -22,15 +24,6 @@ MIN_LR = 1e-7  # the reference's floor during the polynomial decay
 # tables of a run without a prepared dataset (synthetic benchmarks).
 CRITEO_1TB_TABLE_SIZES = (39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10,
                           2208, 11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36)
-
-
-def check_mlps(embedding_dim: int, bottom_mlp: tuple[int, ...], top_mlp: tuple[int, ...]) -> None:
-    """A DLRM's MLPs as its interaction needs them: the bottom one ends at the tables' width (its output is one
-    of the vectors the interaction combines), the top one at the click logit."""
-    if bottom_mlp[-1:] != (embedding_dim,):
-        raise TrainperfError(f"recipe: bottom_mlp must end with embedding_dim={embedding_dim}, got {bottom_mlp}")
-    if top_mlp[-1:] != (1,):
-        raise TrainperfError(f"recipe: top_mlp must end with 1 (the click logit), got {top_mlp}")
 
 
 @dataclass(frozen=True)

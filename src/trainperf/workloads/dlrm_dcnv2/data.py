@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from trainperf.contract import DataSource
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput
-from trainperf.spec import DataSource
 
 N_DENSE, N_SPARSE = 13, 26
 TRAIN_DAYS, EVAL_DAY = 23, 23

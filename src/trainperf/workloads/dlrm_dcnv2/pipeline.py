@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainperf.contract import DataParts, EpochView, EvalPartial, RuntimeContext
 from trainperf.errors import TrainperfError
-from trainperf.spec import DataParts, EpochView, EvalPartial, RuntimeContext
-from trainperf.workloads.dlrm.pipeline import prefetched, scored
+from trainperf.workloads.common.criteo.evaluation import scored
+from trainperf.workloads.common.criteo.pipeline import prefetched
 from trainperf.workloads.dlrm_dcnv2 import data
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]

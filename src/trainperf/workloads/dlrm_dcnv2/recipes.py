@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from trainperf.contract import Recipe
+from trainperf.contract.fields import Count, Counts, Positive
 from trainperf.errors import TrainperfError
-from trainperf.spec import Recipe
-from trainperf.spec.fields import Count, Counts, Positive
-from trainperf.workloads.dlrm.recipes import check_mlps
+from trainperf.workloads.common.criteo.model import check_mlps
 from trainperf.workloads.dlrm_dcnv2 import synthetic
 from trainperf.workloads.dlrm_dcnv2.data import MULTI_HOT_SIZES, N_SPARSE, TABLE_SIZES
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from trainperf.contract import DataSource
 from trainperf.errors import TrainperfError
 from trainperf.files import write_json_atomic
-from trainperf.spec import DataSource
 from trainperf.workloads.dlrm_dcnv2 import data
 
 TEACHER = "mini_teacher.json"

@@ -12,18 +12,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainperf.optim import kernels
-from trainperf.spec import (
+from trainperf.contract import (
     Assets,
     DataParts,
+    DeviceProbe,
     FullyShard,
     Metric,
     MLPerf,
     ModelParts,
     RuntimeContext,
     Scale,
+    StepBudget,
     Workload,
 )
+from trainperf.optim import kernels
 from trainperf.workloads.flux1 import data as flux_data
 from trainperf.workloads.flux1 import synthetic
 from trainperf.workloads.flux1.model import Flux
@@ -91,6 +93,14 @@ class Flux1Workload(Workload[FluxRecipe]):
     # latents beside 16 text tokens of 512 values.
     step_probe = ("global_batch_size=1", "model.depth=1", "model.depth_single=1", "model.hidden=256",
                   "model.heads=2", "latent_size=8", "text_tokens=16", "model.context_in_dim=512")
+    # 1,445: a double and a single block of width 256 (the full rotary axes), the posterior sample, noise and
+    # timesteps drawn on the device, the fp32 rotary tables made in the step
+    step_budget = StepBudget(ops=1_600)
+    # FLUX.1's 57 blocks hold 11.9 B parameters (190 GB of fp32 state): 2 double and 4 single blocks at full width,
+    # 8 images of 256 x 256 (512 tokens each), blocks checkpointed as the reference.
+    device_probe = DeviceProbe(batch=8, sets=("model.depth=2", "model.depth_single=4"))
+    real_layout = ("cc12m_preprocessed/state.json", "coco_preprocessed/data-00000-of-00030.arrow",
+                   "empty_encodings/t5_empty.npy")
     mini = Scale(MINI, synthetic.MiniFlux())
     full = Scale(FULL_RECIPES, flux_data.PreprocessedFlux())
 
@@ -127,7 +137,7 @@ class Flux1Workload(Workload[FluxRecipe]):
                 "attention's 12 x width x sequence per token and block")
 
     def synthetic_batch(self, recipe: FluxRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        rows = max(1, recipe.global_batch_size // ctx.data_world // recipe.grad_accum_steps)
+        rows = ctx.batch_share(recipe.global_batch_size, recipe.grad_accum_steps)
         shapes = flux_data.Shapes.of(recipe)
         gen = torch.Generator(device=ctx.device).manual_seed(0)
 

@@ -34,10 +34,10 @@ import numpy as np
 import torch
 
 from trainperf.arrays import load_npy
+from trainperf.contract import DataParts, DataSource, EpochView, EvalPartial, RuntimeContext
 from trainperf.errors import TrainperfError
-from trainperf.spec import DataParts, DataSource, EpochView, EvalPartial, RuntimeContext
+from trainperf.workloads.common.llm.data import lockstep_rows
 from trainperf.workloads.flux1.recipes import EVAL_SAMPLES, TRAIN_SAMPLES, FluxRecipe
-from trainperf.workloads.llama31_8b.data import lockstep_rows
 
 SCALE_FACTOR = 0.3611  # FLUX.1's autoencoder: latents are (z - shift) x scale
 SHIFT_FACTOR = 0.1159
@@ -330,7 +330,7 @@ class FluxPipeline:
     def train_batches(self, view: EpochView) -> Iterator[dict[str, torch.Tensor]]:
         recipe, ctx = self.recipe, self.ctx
         gbs = recipe.global_batch_size
-        per_rank = gbs // ctx.data_world
+        per_rank = ctx.batch_share(gbs)
         # One endless pass in file order: epoch e's step s takes the rows after all earlier steps' (mod N).
         first = view.epoch * self.steps_per_epoch * gbs
         batches = [[(first + step * gbs + ctx.data_rank * per_rank + j) % self.rows for j in range(per_rank)]

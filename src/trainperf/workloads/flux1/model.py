@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainperf.workloads.llama31_8b.model import apply_rotary
+from trainperf.contract.sharded import ShardedModel
+from trainperf.workloads.common.llm.model import apply_rotary
 
 TIME_EMBED_DIM = 256  # the sinusoidal embedding of the timestep (and of the guidance), before its MLP
 TIME_FACTOR = 1000.0  # timesteps in [0, 1] are scaled to [0, 1000] before the sinusoids
@@ -264,7 +265,7 @@ class LastLayer(nn.Module):
         return self.linear((1 + scale[:, None]) * _norm(x) + shift[:, None])
 
 
-class Flux(nn.Module):
+class Flux(ShardedModel):
     """The transformer: packed noisy latents [B, rows x cols, in_channels], text embeddings [B, T,
     context_in_dim], pooled text [B, vec_in_dim], timesteps [B] in [0, 1] and guidance [B] -> the predicted
     velocity, packed as the input."""

@@ -13,10 +13,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from trainperf.contract import Recipe
+from trainperf.contract.fields import Count, Fraction, Positive, Share
+from trainperf.contract.parallel import CHECKPOINTING
 from trainperf.errors import TrainperfError
-from trainperf.spec import Recipe
-from trainperf.spec.fields import Count, Fraction, Positive, Share
-from trainperf.spec.parallel import CHECKPOINTING
 from trainperf.workloads.flux1.model import FLUX1_SCHNELL, FluxConfig
 
 EVAL_EVERY_SAMPLES = 262_144  # closed_flux1.yaml: evaluation_frequency == 262144
@@ -51,7 +51,7 @@ class FluxRecipe(Recipe):
     eval_samples: Count = EVAL_SAMPLES
     eval_batch_size: Count = 16
     num_workers: int = 4  # DataLoader processes decoding the rows
-    # Parallelism (spec/parallel.py FullyShard): FSDP2 only, as the reference; activation checkpointing.
+    # Parallelism (contract/parallel.py FullyShard): FSDP2 only, as the reference; activation checkpointing.
     tp: Count = 1
     checkpointing: str = "none"
 

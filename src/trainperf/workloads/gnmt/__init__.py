@@ -14,11 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainperf.errors import TrainperfError
-from trainperf.optim import kernels
-from trainperf.spec import (
+from trainperf.contract import (
     Assets,
     DataParts,
+    DeviceProbe,
     EpochView,
     EvalPartial,
     GoldenSpec,
@@ -28,9 +27,12 @@ from trainperf.spec import (
     ModelParts,
     RuntimeContext,
     Scale,
+    StepBudget,
     Workload,
     bare_model,
 )
+from trainperf.errors import TrainperfError
+from trainperf.optim import kernels
 from trainperf.workloads.common.wmt import batching, bleu
 from trainperf.workloads.common.wmt import parts as wmt_parts
 from trainperf.workloads.common.wmt.text import PAD
@@ -72,6 +74,10 @@ class GNMTWorkload(Workload[GNMTRecipe]):
     # Beam-search BLEU over the test set takes 20 s on one thread: the steps alone (decoding is tested apart).
     golden = GoldenSpec(evaluate=False)
     step_probe = ("global_batch_size=4",)
+    # the packing permutation; torch's packing synced 8 times
+    step_budget = StepBudget(ops=1_230, host_data=1)
+    device_probe = DeviceProbe(batch=128)
+    real_layout = ("train.tok.clean.bpe.32000.en", "newstest2014.tok.bpe.32000.de")
     host_scoring = "process"  # sacrebleu and Moses detokenization are pure Python
     loss_units_name = "target tokens"
 
@@ -130,7 +136,7 @@ class GNMTWorkload(Workload[GNMTRecipe]):
 
     def synthetic_batch(self, recipe: GNMTRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         # 30 tokens: a typical WMT16 sentence in BPE tokens.
-        return wmt_parts.synthetic_training_batch(recipe.global_batch_size // ctx.world_size, 30,
+        return wmt_parts.synthetic_training_batch(ctx.batch_share(recipe.global_batch_size), 30,
                                           bare_model(model).embed.num_embeddings, ctx.device, source_lengths=True)
 
     def shape_buckets(self, recipe: GNMTRecipe) -> dict[str, Any] | None:
@@ -144,7 +150,7 @@ class GNMTWorkload(Workload[GNMTRecipe]):
     def synthetic_batches(self, recipe: GNMTRecipe, ctx: RuntimeContext, model: nn.Module) -> list[Any]:
         if not recipe.bucketed:
             return [self.synthetic_batch(recipe, ctx, model)]
-        return [wmt_parts.synthetic_training_batch(recipe.global_batch_size // ctx.world_size, length,
+        return [wmt_parts.synthetic_training_batch(ctx.batch_share(recipe.global_batch_size), length,
                                                    bare_model(model).embed.num_embeddings, ctx.device,
                                                    source_lengths="tensor")
                 for length in recipe.bucket_lengths]

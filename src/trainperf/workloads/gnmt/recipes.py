@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from trainperf.contract import LengthBuckets, Recipe
+from trainperf.contract.fields import Count, Fraction, Positive, Share
 from trainperf.errors import TrainperfError
-from trainperf.spec import LengthBuckets, Recipe
-from trainperf.spec.fields import Count, Fraction, Positive, Share
 from trainperf.workloads.gnmt import data as gnmt_data
 
 

@@ -1,5 +1,5 @@
 """Llama 2 70B LoRA fine-tuning on SCROLLS GovReport (MLPerf key `llama2_70b_lora`, rounds 4.0-6.1): the shared
-Llama (workloads/llama31_8b) loaded frozen from the user's Hugging Face checkpoint, rank-16 adapters on its
+Llama (workloads/common/llm) loaded frozen from the user's Hugging Face checkpoint, rank-16 adapters on its
 attention, FSDP2 over the frozen base. Its mini fine-tunes a shipped 2-block base on a generated
 document -> title task in the same parquet layout."""
 
@@ -13,26 +13,28 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainperf.errors import TrainperfError
-from trainperf.optim import kernels
-from trainperf.spec import (
+from trainperf.contract import (
     Assets,
     DataParts,
     DataSource,
+    DeviceProbe,
     FullyShard,
     Metric,
     MLPerf,
     ModelParts,
     RuntimeContext,
     Scale,
+    StepBudget,
     Workload,
 )
+from trainperf.errors import TrainperfError
+from trainperf.optim import kernels
+from trainperf.workloads.common.llm.model import Llama
+from trainperf.workloads.common.llm.workload import lr_factor
 from trainperf.workloads.llama2_70b_lora import data as gov
 from trainperf.workloads.llama2_70b_lora import hf, synthetic
 from trainperf.workloads.llama2_70b_lora.lora import adapter_parameters, add_adapters
 from trainperf.workloads.llama2_70b_lora.recipes import EVAL_SAMPLES, FULL_RECIPES, MINI, LoraRecipe
-from trainperf.workloads.llama31_8b import lr_factor
-from trainperf.workloads.llama31_8b.model import Llama
 
 __all__ = ["LoraWorkload"]
 
@@ -74,6 +76,11 @@ class LoraWorkload(Workload[LoraRecipe]):
     sample_name = "sequences"
     step_probe = ("global_batch_size=1", "seq_len=256", "model.layers=2", "model.dim=512", "model.heads=8",
                   "model.ffn_dim=1792", "model.vocab_size=4096")
+    # 1,062: the frozen base's step recomputed, the adapters' products (B per q, k, v)
+    step_budget = StepBudget(ops=1_170)
+    # The 70B's frozen bf16 base, 8 of its 80 blocks at full width with their adapters (one sequence of 8,192).
+    device_probe = DeviceProbe(batch=1, sets=("model.layers=8",))
+    real_layout = ("data/train-00000-of-00001.parquet", "base/model.safetensors")
     mini = Scale(MINI, synthetic.GovReportLike())
     full = Scale(FULL_RECIPES, GovReportFiles())
 
@@ -146,7 +153,7 @@ class LoraWorkload(Workload[LoraRecipe]):
                 "gradients) + 6 x adapter parameters + 12 x layers x width x sequence per token")
 
     def synthetic_batch(self, recipe: LoraRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        rows = max(1, recipe.global_batch_size // ctx.data_world)
+        rows = ctx.batch_share(recipe.global_batch_size)
         gen = torch.Generator(device=ctx.device).manual_seed(0)
         ids = torch.randint(0, recipe.model.vocab_size, (rows, 1, recipe.seq_len), device=ctx.device, generator=gen)
         labels = ids.clone()
@@ -156,10 +163,14 @@ class LoraWorkload(Workload[LoraRecipe]):
     def load_data(self, recipe: LoraRecipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
         return gov.data_parts(recipe, data_dir, ctx)
 
-    def make_base(self, out: Path, steps: int, say: Callable[[str], None], seed: int) -> dict[str, Any]:
+    def make(self, command: str, out: Path, say: Callable[[str], None], options: dict[str, Any]) -> None:
         """`trainperf make-lora-base`: the mini's shipped base model (see synthetic.py)."""
-        return synthetic.make_base(out, steps, say, seed)
+        synthetic.make_base(out, options["steps"], say, options["seed"])
 
 
 # What trainperf's registry finds in this package (registry.py reads this line; nothing is imported).
 WORKLOAD = LoraWorkload
+# The assets `trainperf make-*` builds for it (registry.py reads this literal; nothing is imported).
+MAKES = {"make-lora-base": {"help": "train the LoRA mini's base model (shipped in the package)", "out": "lora-base",
+                            "files": "config.json, model.safetensors, base.json", "steps": 800, "seed": 1,
+                            "what": "language-model training"}}

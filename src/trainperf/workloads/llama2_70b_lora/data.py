@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainperf.contract import DataParts, EpochView, EvalPartial, RuntimeContext
 from trainperf.errors import TrainperfError, shown
-from trainperf.spec import DataParts, EpochView, EvalPartial, RuntimeContext
-from trainperf.workloads.llama31_8b.data import lockstep_rows
+from trainperf.workloads.common.llm.data import lockstep_rows
 
 TRAIN = "data/train-00000-of-00001.parquet"
 VALID = "data/validation-00000-of-00001.parquet"
@@ -149,7 +149,7 @@ class GovReport:
     def train_batches(self, view: EpochView) -> Iterator[torch.Tensor]:
         recipe, ctx = self.recipe, self.ctx
         order = np.random.default_rng([ctx.stream_seed("samples"), view.epoch]).permutation(len(self.train[0]))
-        per_rank = recipe.global_batch_size // ctx.data_world
+        per_rank = ctx.batch_share(recipe.global_batch_size)
         for step in range(self.steps_per_epoch):
             first = step * recipe.global_batch_size + ctx.data_rank * per_rank
             rows = [int(i) for i in order[first:first + per_rank]]

@@ -26,7 +26,7 @@ from torch import nn
 
 from trainperf.errors import TrainperfError, shown
 from trainperf.files import write_json_atomic
-from trainperf.workloads.llama31_8b.model import Llama, LlamaConfig
+from trainperf.workloads.common.llm.model import Llama, LlamaConfig
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

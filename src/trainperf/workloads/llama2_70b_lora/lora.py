@@ -1,4 +1,4 @@
-"""LoRA adapters on the shared Llama (workloads/llama31_8b/model.py), as MLPerf's reference places them:
+"""LoRA adapters on the shared Llama (workloads/common/llm/model.py), as MLPerf's reference places them:
 rank 16, alpha 32, dropout 0.1 on the fused q|k|v projection and on the output projection of every block
 (mlcommons/training `llama2_70b_lora`: `run_and_time.sh` passes `--lora_target_modules qkv_proj,o_proj`
 to PEFT 0.8.2 over a checkpoint whose q, k and v projections are fused).

@@ -11,11 +11,11 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from trainperf.spec.fields import Count, Fraction, Positive
+from trainperf.contract.fields import Count, Fraction, Positive
+from trainperf.workloads.common.llm.model import LlamaConfig
+from trainperf.workloads.common.llm.recipe import LlamaRecipe
 from trainperf.workloads.llama2_70b_lora.model import LLAMA2_70B
 from trainperf.workloads.llama2_70b_lora.synthetic import BASE_CONFIG, SEQ_LEN, VALID_ROWS
-from trainperf.workloads.llama31_8b.model import LlamaConfig
-from trainperf.workloads.llama31_8b.recipes import LlamaRecipe
 
 EVAL_EVERY_SAMPLES = 384
 EVAL_SAMPLES = 173

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from trainperf.contract import DataSource
 from trainperf.files import write_json_atomic
-from trainperf.spec import DataSource
+from trainperf.workloads.common.llm.model import LlamaConfig
 from trainperf.workloads.llama2_70b_lora import data as gov
-from trainperf.workloads.llama31_8b.model import LlamaConfig
 
 PAD, BOS, EOS, SUMMARIZE, SUMMARY, LISTING = 0, 1, 2, 3, 4, 5
 CONTENT = np.arange(8, 40)  # the documents' running text: one Markov source shared by all topics
@@ -187,8 +187,8 @@ def make_base(out: Path, steps: int, say: Callable[[str], None], seed: int) -> d
     it as a Hugging Face checkpoint (fp32) with a manifest of how it was made."""
     import torch
 
+    from trainperf.workloads.common.llm.model import Llama, next_token_loss
     from trainperf.workloads.llama2_70b_lora import hf
-    from trainperf.workloads.llama31_8b.model import Llama, next_token_loss
 
     torch.manual_seed(seed)
     model = Llama(BASE_CONFIG, SEQ_LEN)

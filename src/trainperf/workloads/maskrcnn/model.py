@@ -29,7 +29,7 @@ from torchvision.models.detection.transform import GeneralizedRCNNTransform, res
 from torchvision.models.resnet import BasicBlock
 from torchvision.ops import MultiScaleRoIAlign
 
-from trainperf.spec import LengthBuckets
+from trainperf.contract import LengthBuckets
 from trainperf.workloads.common.coco import matching
 from trainperf.workloads.maskrcnn import syncfree
 

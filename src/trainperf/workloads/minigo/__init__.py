@@ -23,11 +23,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainperf.errors import TrainperfError
-from trainperf.optim import kernels
-from trainperf.spec import (
+from trainperf.contract import (
     Assets,
     DataParts,
+    DeviceProbe,
     EpochView,
     EvalPartial,
     GoldenSpec,
@@ -36,8 +35,11 @@ from trainperf.spec import (
     ModelParts,
     RuntimeContext,
     Scale,
+    StepBudget,
     Workload,
 )
+from trainperf.errors import TrainperfError
+from trainperf.optim import kernels
 from trainperf.workloads.minigo import go, mcts, selfplay
 from trainperf.workloads.minigo import model as minigo_model
 from trainperf.workloads.minigo.recipes import FULL_RECIPES, MINI, MiniGoRecipe
@@ -91,6 +93,8 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
     # evaluation keep it to seconds.
     golden = GoldenSpec(steps=2, sets=("games_per_generation=8", "readouts=8", "fastplay_readouts=4", "eval_games=4"))
     step_probe = ("global_batch_size=8",)
+    step_budget = StepBudget(ops=330)
+    device_probe = DeviceProbe(batch=2048)
     untimed_evaluation = True
     sample_name = "positions"
 
@@ -175,7 +179,7 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
         return target.eval()
 
     def synthetic_batch(self, recipe: MiniGoRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        n, points = recipe.global_batch_size // ctx.world_size, recipe.board_size ** 2
+        n, points = ctx.batch_share(recipe.global_batch_size), recipe.board_size ** 2
         gen = torch.Generator().manual_seed(0)
         planes = torch.randint(0, 2, (n, go.PLANES, recipe.board_size, recipe.board_size), generator=gen,
                                dtype=torch.uint8)
@@ -203,7 +207,7 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
         assets.check()
         target = self.target_network(recipe, assets).to(ctx.device) if "target model" in assets else None
         window: deque[selfplay.Examples] = deque(maxlen=recipe.window)
-        per_rank_batch = recipe.global_batch_size // ctx.world_size
+        per_rank_batch = ctx.batch_share(recipe.global_batch_size)
         games = recipe.games_per_generation // ctx.world_size
         device = ctx.device
         totals = {"games": 0.0, "moves": 0.0, "network evaluations": 0.0}
@@ -249,13 +253,13 @@ class MiniGoWorkload(Workload[MiniGoRecipe]):
         return DataParts(train_batches=train_batches, steps_per_epoch=None, train_samples=None,
                          eval_samples=recipe.eval_games, evaluate=evaluate, counters=lambda: dict(totals))
 
-    def make_target(self, out: Path, say: Callable[[str], None], generations: int | None = None,
-                    seed: int | None = None) -> dict[str, Any]:
+    def make(self, command: str, out: Path, say: Callable[[str], None], options: dict[str, Any]) -> None:
         """`trainperf make-minigo-target`: the mini's shipped target model (see target.py)."""
         from trainperf.workloads.minigo import target as minigo_target
 
-        return minigo_target.make_target(self, out, generations or minigo_target.GENERATIONS, say,
-                                         minigo_target.SEED if seed is None else seed)
+        seed = options.get("seed")
+        minigo_target.make_target(self, out, options.get("generations") or minigo_target.GENERATIONS, say,
+                                  minigo_target.SEED if seed is None else seed)
 
 
 def win_rate(totals: dict[str, Any]) -> float:
@@ -274,3 +278,7 @@ def augment(planes: np.ndarray, policy: np.ndarray, rng: np.random.Generator) ->
 
 # What trainperf's registry finds in this package (registry.py reads this line; nothing is imported).
 WORKLOAD = MiniGoWorkload
+# The assets `trainperf make-*` builds for it (registry.py reads this literal; nothing is imported).
+MAKES = {"make-minigo-target": {"help": "train the mini MiniGo's target model (shipped in the package)",
+                                "out": "minigo-target", "files": "target.pt, target.json", "generations": None,
+                                "seed": None}}

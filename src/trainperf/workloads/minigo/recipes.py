@@ -7,11 +7,11 @@ from typing import Annotated, Any, ClassVar
 
 import annotated_types as at
 
-from trainperf.errors import TrainperfError
-from trainperf.spec import (
+from trainperf.contract import (
     Recipe,
 )
-from trainperf.spec.fields import Count, Fraction
+from trainperf.contract.fields import Count, Fraction
+from trainperf.errors import TrainperfError
 
 
 @dataclass(frozen=True)

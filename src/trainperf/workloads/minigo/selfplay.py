@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainperf.spec import DataSource
+from trainperf.contract import DataSource
 from trainperf.workloads.minigo import go, mcts
 
 

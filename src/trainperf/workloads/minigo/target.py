@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainperf.contract import Assets, EpochView, RuntimeContext
 from trainperf.files import write_bytes_atomic, write_json_atomic
-from trainperf.spec import Assets, EpochView, RuntimeContext
 from trainperf.workloads.minigo import go, selfplay
 from trainperf.workloads.minigo import model as minigo_model
 

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainperf.optim import kernels
-from trainperf.spec import (
+from trainperf.contract import (
     Assets,
     DataParts,
+    DeviceProbe,
     EpochView,
     EvalPartial,
     Metric,
@@ -22,9 +22,11 @@ from trainperf.spec import (
     ModelParts,
     RuntimeContext,
     Scale,
+    StepBudget,
     Workload,
     bare_model,
 )
+from trainperf.optim import kernels
 from trainperf.workloads.ncf import data as ncf_data
 from trainperf.workloads.ncf.model import NeuMF, hit_rate_hits, pair_scores, popularity_hr
 from trainperf.workloads.ncf.recipes import FULL, MINI, MINI_ITEMS, MINI_USERS, NCFRecipe
@@ -43,6 +45,9 @@ class NCFWorkload(Workload[NCFRecipe]):
     summary = "NeuMF on MovieLens-20m, HR@10 (mini: planted-preference ratings in ml-20m format)"
     speedups = frozenset({"precision", "compile", "cuda_graphs", "fused_optimizer", "async_eval"})
     step_probe = ("global_batch_size=256",)
+    step_budget = StepBudget(ops=150)
+    device_probe = DeviceProbe(batch=65536)
+    real_layout = ("ml-20m/ratings.csv",)
     mini = Scale(MINI, ncf_data.PlantedRatings(MINI_USERS, MINI_ITEMS))
     full = Scale(FULL, ncf_data.MovieLens())
 
@@ -81,7 +86,7 @@ class NCFWorkload(Workload[NCFRecipe]):
 
     def synthetic_batch(self, recipe: NCFRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         bare = bare_model(model)
-        n = recipe.global_batch_size // ctx.world_size
+        n = ctx.batch_share(recipe.global_batch_size)
         gen = torch.Generator(device=ctx.device).manual_seed(0)
         users = torch.randint(0, bare.gmf_user.num_embeddings, (n,), device=ctx.device, generator=gen)
         items = torch.randint(0, bare.gmf_item.num_embeddings, (n,), device=ctx.device, generator=gen)

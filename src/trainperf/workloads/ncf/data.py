@@ -24,9 +24,9 @@ import numpy as np
 import pandas as pd
 
 from trainperf import prepared
+from trainperf.contract import DataSource
 from trainperf.errors import TrainperfError, shown
 from trainperf.files import AtomicOutput, write_text_atomic
-from trainperf.spec import DataSource
 
 HEADER = ["userId", "movieId", "rating", "timestamp"]
 OUTPUTS = ("train-ratings.csv", "test-ratings.csv", "test-negative.csv")

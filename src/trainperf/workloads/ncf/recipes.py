@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from trainperf.contract import Recipe
+from trainperf.contract.fields import Count, Counts, Fraction, Positive
 from trainperf.errors import TrainperfError
-from trainperf.spec import Recipe
-from trainperf.spec.fields import Count, Counts, Fraction, Positive
 
 # The mini dataset (generated once by `prepare`, so not a recipe field: a recipe cannot change it).
 MINI_USERS, MINI_ITEMS = 3000, 1000

@@ -10,18 +10,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainperf.optim import LARS, kernels, multi_tensor, warmup_poly
-from trainperf.spec import (
+from trainperf.contract import (
     Assets,
     DataParts,
+    DeviceProbe,
     Metric,
     MLPerf,
     ModelParts,
     RuntimeContext,
     Scale,
+    StepBudget,
     Workload,
     per_epoch_schedule,
 )
+from trainperf.optim import LARS, kernels, multi_tensor, warmup_poly
 from trainperf.workloads.resnet import data as resnet_data
 from trainperf.workloads.resnet import images as resnet_images
 from trainperf.workloads.resnet.model import MiniResNet, build_resnet50
@@ -56,6 +58,9 @@ class ResNetWorkload(Workload[ResNetRecipe]):
     benchmark = "resnet"
     metric = Metric("top1", higher_is_better=True)
     summary = "ResNet-50 v1.5 on ImageNet (mini: a small ResNet on real handwritten digits)"
+    step_budget = StepBudget(ops=2_300)
+    device_probe = DeviceProbe(batch=256)
+    real_layout = ("train/n01440764/n01440764_10026.JPEG", "val/n01440764/ILSVRC2012_val_00000293.JPEG")
     speedups = frozenset({"precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer", "async_eval"})
 
     mini = Scale(MINI_RECIPE, resnet_data.Digits(MINI_RECIPE.image_size))
@@ -133,7 +138,7 @@ class ResNetWorkload(Workload[ResNetRecipe]):
 
     def synthetic_batch(self, recipe: ResNetRecipe, ctx: RuntimeContext,
                         model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-        n = recipe.global_batch_size // ctx.world_size
+        n = ctx.batch_share(recipe.global_batch_size)
         gen = torch.Generator(device=ctx.device).manual_seed(0)
         images = torch.randint(0, 256, (n, 3, recipe.image_size, recipe.image_size), device=ctx.device,
                                generator=gen, dtype=torch.uint8)

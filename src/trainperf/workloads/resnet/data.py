@@ -21,10 +21,10 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
+from trainperf.contract import DataParts, DataSource, EpochView, EvalPartial, RuntimeContext
 from trainperf.errors import TrainperfError, shown
 from trainperf.files import AtomicOutput, write_json_atomic
 from trainperf.loaders import DevicePrefetcher, one_line_errors
-from trainperf.spec import DataParts, DataSource, EpochView, EvalPartial, RuntimeContext
 from trainperf.workloads.resnet import images as resnet_images
 from trainperf.workloads.resnet.images import decode
 
@@ -379,7 +379,7 @@ class _WorkerLoaded(_Pipeline):
     def loaders(self, train_set: Dataset, val_set: Dataset, collate: Callable[..., Any] | None = None
                 ) -> tuple[DistributedSampler, DataLoader, DataLoader]:
         recipe, ctx = self.recipe, self.ctx
-        workers, per_process = recipe.num_workers, recipe.global_batch_size // ctx.world_size
+        workers, per_process = recipe.num_workers, ctx.batch_share(recipe.global_batch_size)
         extra: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 4} if workers > 0 else {}
         if collate is not None:
             extra["collate_fn"] = collate

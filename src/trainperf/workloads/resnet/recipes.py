@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from trainperf.contract import Recipe
+from trainperf.contract.fields import Count, Counts, Fraction, Positive, Share
 from trainperf.errors import TrainperfError
-from trainperf.spec import Recipe
-from trainperf.spec.fields import Count, Counts, Fraction, Positive, Share
 from trainperf.workloads.resnet.images import CROPS, DECODERS
 
 

@@ -12,18 +12,20 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainperf.optim import kernels
-from trainperf.spec import (
+from trainperf.contract import (
     Assets,
+    DeviceProbe,
     EvalPartial,
     LengthBuckets,
     MLPerf,
     ModelParts,
     RuntimeContext,
     Scale,
+    StepBudget,
     bare_model,
     per_epoch_schedule,
 )
+from trainperf.optim import kernels
 from trainperf.workloads.common.coco import data as coco
 from trainperf.workloads.common.coco import loading as coco_loading
 from trainperf.workloads.common.coco import scoring
@@ -76,6 +78,10 @@ class RetinaNetWorkload(Detector[RetinaNetRecipe]):
     speedups = frozenset({"precision", "channels_last", "fused_optimizer", "async_eval", "static_shapes", "compile",
                           "cuda_graphs"})
     step_probe = ("global_batch_size=2", "image_size=256")
+    # had 7 syncs: one_hot's range check, nonzero, torchvision's box check
+    step_budget = StepBudget(ops=2_200)
+    device_probe = DeviceProbe(batch=16)
+    real_layout = ("annotations/instances_val2017.json", "val2017/000000000139.jpg")
     dataset = DATA
     mini = Scale(MINI, coco_loading.Shapes(DATA))
     full = Scale(FULL_RECIPES, coco_loading.Folder(DATA))
@@ -137,7 +143,7 @@ class RetinaNetWorkload(Detector[RetinaNetRecipe]):
                           lr_schedule=per_epoch_schedule(self.name, lambda steps: lr_factor(recipe, steps)))
 
     def synthetic_batch(self, recipe: RetinaNetRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        images, targets, positions = coco_loading.synthetic_batch(recipe.global_batch_size // ctx.world_size,
+        images, targets, positions = coco_loading.synthetic_batch(ctx.batch_share(recipe.global_batch_size),
                                                                   recipe.image_size,
                                                        (0, recipe.num_classes), ctx.device)
         return images.float().div_(255), targets, positions

@@ -26,7 +26,7 @@ from torchvision.models.resnet import BasicBlock
 from torchvision.ops import generalized_box_iou_loss, sigmoid_focal_loss
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
-from trainperf.spec import LengthBuckets
+from trainperf.contract import LengthBuckets
 from trainperf.workloads.common.coco import matching
 
 SCALES = (1.0, 2 ** (1 / 3), 2 ** (2 / 3))

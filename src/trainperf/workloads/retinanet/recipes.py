@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from trainperf.contract import LengthBuckets
+from trainperf.contract.fields import Count, Positive
 from trainperf.errors import TrainperfError
-from trainperf.spec import LengthBuckets
-from trainperf.spec.fields import Count, Positive
 from trainperf.workloads.common.coco import data as coco
 from trainperf.workloads.common.coco import scoring
 from trainperf.workloads.common.coco.detector import DetectorRecipe

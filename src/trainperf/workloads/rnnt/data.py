@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from trainperf import prepared
+from trainperf.contract import DataSource
 from trainperf.errors import TrainperfError
 from trainperf.files import write_bytes_atomic, write_json_atomic
-from trainperf.spec import DataSource
 from trainperf.workloads.rnnt.features import trim_silence
 
 SAMPLE_RATE = 16_000

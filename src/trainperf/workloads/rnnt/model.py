@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trainperf.spec.fields import Count, Fraction, Positive
+from trainperf.contract.fields import Count, Fraction, Positive
 from trainperf.workloads.common.rnn import LSTM
 
 # The tensors the closed rules require a weights_initialization event for, by module name.

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainperf.contract import DataParts, EpochView, EvalPartial, RuntimeContext
 from trainperf.errors import TrainperfError
-from trainperf.spec import DataParts, EpochView, EvalPartial, RuntimeContext
 from trainperf.workloads.rnnt import data as rnnt_data
 from trainperf.workloads.rnnt.features import FeatureConfig, Featurizer, speed_perturb
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from trainperf.contract import LengthBuckets, Recipe
+from trainperf.contract.fields import Count, Fraction, Positive, Share
 from trainperf.errors import TrainperfError
-from trainperf.spec import LengthBuckets, Recipe
-from trainperf.spec.fields import Count, Fraction, Positive, Share
 from trainperf.workloads.rnnt import data as rnnt_data
 from trainperf.workloads.rnnt import model as rnnt_model
 from trainperf.workloads.rnnt.features import FeatureConfig, max_frames

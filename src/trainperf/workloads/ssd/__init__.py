@@ -11,17 +11,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainperf.optim import kernels
-from trainperf.spec import (
+from trainperf.contract import (
     Assets,
+    DeviceProbe,
     EvalPartial,
     GoldenSpec,
     MLPerf,
     ModelParts,
     RuntimeContext,
     Scale,
+    StepBudget,
     per_epoch_schedule,
 )
+from trainperf.optim import kernels
 from trainperf.workloads.common.coco import data as coco
 from trainperf.workloads.common.coco import loading as coco_loading
 from trainperf.workloads.common.coco import scoring
@@ -82,6 +84,10 @@ class SSDWorkload(Detector[SSDRecipe]):
                     full_eval_samples=4_952)
     benchmark = "ssd"
     summary = "SSD-ResNet34 on COCO 2017, box AP (mini: a small SSD on synthetic shapes in COCO format)"
+    # its matching had 3 boolean-mask indexes
+    step_budget = StepBudget(ops=820)
+    device_probe = DeviceProbe(batch=32)
+    real_layout = ("annotations/instances_val2017.json", "val2017/000000000139.jpg", "train2017/000000000009.jpg")
     speedups = frozenset({"precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer", "async_eval"})
     # Its COCO evaluation (10 s on one thread) is RetinaNet's code, whose golden record evaluates.
     golden = GoldenSpec(evaluate=False)
@@ -152,7 +158,7 @@ class SSDWorkload(Detector[SSDRecipe]):
                           lr_schedule=per_epoch_schedule(self.name, lambda steps: lr_factor(recipe, steps)))
 
     def synthetic_batch(self, recipe: SSDRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
-        images, targets, positions = coco_loading.synthetic_batch(recipe.global_batch_size // ctx.world_size,
+        images, targets, positions = coco_loading.synthetic_batch(ctx.batch_share(recipe.global_batch_size),
                                                                   recipe.image_size,
                                                        (1, recipe.num_classes), ctx.device)
         return _normalize(images), targets, positions

@@ -7,7 +7,7 @@ from typing import Annotated, Any, ClassVar
 
 import annotated_types as at
 
-from trainperf.spec.fields import Count, Fraction, Positive, Share
+from trainperf.contract.fields import Count, Fraction, Positive, Share
 from trainperf.workloads.common.coco import data as coco
 from trainperf.workloads.common.coco import scoring
 from trainperf.workloads.common.coco.detector import DetectorRecipe

@@ -13,11 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainperf.errors import TrainperfError
-from trainperf.optim import kernels
-from trainperf.spec import (
+from trainperf.contract import (
     Assets,
     DataParts,
+    DeviceProbe,
     EpochView,
     EvalPartial,
     GoldenSpec,
@@ -27,9 +26,12 @@ from trainperf.spec import (
     ModelParts,
     RuntimeContext,
     Scale,
+    StepBudget,
     Workload,
     bare_model,
 )
+from trainperf.errors import TrainperfError
+from trainperf.optim import kernels
 from trainperf.workloads.common.wmt import batching, bleu
 from trainperf.workloads.common.wmt import parts as wmt_parts
 from trainperf.workloads.common.wmt.text import PAD
@@ -59,7 +61,13 @@ class TransformerWorkload(Workload[TransformerRecipe]):
                           "cuda_graphs"})
     # Beam-search BLEU over the test set takes 20 s on one thread: the steps alone (decoding is tested apart).
     golden = GoldenSpec(evaluate=False)
-    step_probe = ("global_batch_size=256",)
+    # Two of the 6 encoder and 6 decoder layers (the same operators per layer).
+    step_probe = ("global_batch_size=256", "encoder_layers=2", "decoder_layers=2")
+    # 1,153 at 2 + 2 layers (3,245 at 6 + 6)
+    step_budget = StepBudget(ops=1_270)
+    # tokens
+    device_probe = DeviceProbe(batch=8192)
+    real_layout = ("wmt32k-train-00001-of-00100", "newstest2014.de")
     host_scoring = "process"  # sacrebleu is pure Python
     loss_units_name = "target tokens"
     scorer: ClassVar[str] = "transformer"
@@ -114,7 +122,7 @@ class TransformerWorkload(Workload[TransformerRecipe]):
 
     def synthetic_batch(self, recipe: TransformerRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         length = 32  # a typical WMT sentence in subwords
-        rows = max(1, recipe.global_batch_size // ctx.world_size // length)
+        rows = max(1, ctx.batch_share(recipe.global_batch_size) // length)
         return wmt_parts.synthetic_training_batch(rows, length, bare_model(model).embed.num_embeddings, ctx.device)
 
     def shape_buckets(self, recipe: TransformerRecipe) -> dict[str, Any] | None:
@@ -129,8 +137,9 @@ class TransformerWorkload(Workload[TransformerRecipe]):
             return [self.synthetic_batch(recipe, ctx, model)]
         vocab = bare_model(model).embed.num_embeddings
         buckets = recipe.buckets
-        return [wmt_parts.synthetic_training_batch(buckets.rows(length, recipe.global_batch_size, ctx.world_size)
-                                                   // ctx.world_size, length, vocab, ctx.device)
+        return [wmt_parts.synthetic_training_batch(
+                    ctx.batch_share(buckets.rows(length, recipe.global_batch_size, ctx.data_world)), length, vocab,
+                    ctx.device)
                 for length in buckets.lengths]
 
     def synthetic_eval_batch(self, recipe: TransformerRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from trainperf.contract import LengthBuckets, Recipe
+from trainperf.contract.fields import Count, Fraction, Positive
 from trainperf.errors import TrainperfError
-from trainperf.spec import LengthBuckets, Recipe
-from trainperf.spec.fields import Count, Fraction, Positive
 from trainperf.workloads.transformer import data as transformer_data
 
 

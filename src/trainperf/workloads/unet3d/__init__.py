@@ -11,18 +11,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainperf.optim import kernels
-from trainperf.spec import (
+from trainperf.contract import (
     Assets,
     DataParts,
+    DeviceProbe,
     Metric,
     MLPerf,
     ModelParts,
     RuntimeContext,
     Scale,
+    StepBudget,
     Workload,
     per_epoch_schedule,
 )
+from trainperf.optim import kernels
 from trainperf.workloads.unet3d import data as unet3d_data
 from trainperf.workloads.unet3d import model as unet3d_model
 from trainperf.workloads.unet3d import prepare, synthetic
@@ -41,6 +43,10 @@ class UNet3DWorkload(Workload[UNet3DRecipe]):
     sample_name = "patches"
     speedups = frozenset({"precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer"})
     step_probe = ("global_batch_size=1", "patch=64")
+    # one_hot's range check synced twice
+    step_budget = StepBudget(ops=780)
+    device_probe = DeviceProbe(batch=2)
+    real_layout = ("data/case_00000/imaging.nii.gz", "data/case_00000/segmentation.nii.gz")
 
     mini = Scale(MINI, synthetic.SyntheticKidneys(MINI.evaluation_cases))
     full = Scale(FULL_RECIPES, prepare.KiTS19(FULL.evaluation_cases))
@@ -80,7 +86,7 @@ class UNet3DWorkload(Workload[UNet3DRecipe]):
 
     def synthetic_batch(self, recipe: UNet3DRecipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         gen = ctx.generator("synthetic")
-        b = max(1, recipe.global_batch_size // ctx.world_size)
+        b = ctx.batch_share(recipe.global_batch_size)
         size = (b, 1, recipe.patch, recipe.patch, recipe.patch)
         images = torch.randn(size, generator=gen, device=ctx.device)
         labels = torch.randint(0, unet3d_data.CLASSES, size, generator=gen, device=ctx.device).to(torch.uint8)

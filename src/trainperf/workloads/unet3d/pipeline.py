@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainperf.contract import DataParts, EpochView, EvalPartial, RuntimeContext
 from trainperf.errors import TrainperfError
-from trainperf.spec import DataParts, EpochView, EvalPartial, RuntimeContext
 from trainperf.workloads.unet3d import data as unet3d_data
 from trainperf.workloads.unet3d import model as unet3d_model
 from trainperf.workloads.unet3d.inference import gaussian_importance, sliding_window

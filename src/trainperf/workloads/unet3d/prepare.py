@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from trainperf.contract import DataSource
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput
-from trainperf.spec import DataSource
 from trainperf.workloads.unet3d import data as unet3d_data
 
 RAW_CASES = 210  # case_00000 ... case_00209 are labelled; the rest of KiTS19 is its unlabelled test set

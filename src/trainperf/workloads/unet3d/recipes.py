@@ -7,11 +7,11 @@ from typing import Annotated, ClassVar
 
 import annotated_types as at
 
-from trainperf.errors import TrainperfError
-from trainperf.spec import (
+from trainperf.contract import (
     Recipe,
 )
-from trainperf.spec.fields import Count, Counts, Fraction, Positive, Share
+from trainperf.contract.fields import Count, Counts, Fraction, Positive, Share
+from trainperf.errors import TrainperfError
 from trainperf.workloads.unet3d import data as unet3d_data
 from trainperf.workloads.unet3d import model as unet3d_model
 

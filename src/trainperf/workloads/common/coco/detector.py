@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from trainperf.contract import DataParts, EvalPartial, Metric, Recipe, RuntimeContext, Workload
+from trainperf.contract.fields import Count
 from trainperf.errors import TrainperfError
-from trainperf.spec import DataParts, EvalPartial, Metric, Recipe, RuntimeContext, Workload
-from trainperf.spec.fields import Count
 from trainperf.workloads.common.coco import data as coco
 from trainperf.workloads.common.coco import loading as coco_loading
 from trainperf.workloads.common.coco import scoring

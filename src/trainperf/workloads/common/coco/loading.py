@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainperf.contract import DataSource
 from trainperf.errors import TrainperfError
-from trainperf.spec import DataSource
 from trainperf.workloads.common.coco.data import (
     MINI_COUNTS,
     MINI_SIZE,
@@ -196,7 +196,7 @@ def streamed(train: CocoIndex, val: CocoIndex, ctx: Any, batch: int, workers: in
     train_set = CocoDetection(train, train_transform)
     sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
                                  seed=ctx.stream_seed("order") % 2**31, drop_last=True)
-    train_loader = DataLoader(train_set, batch_size=batch // ctx.world_size, sampler=sampler, num_workers=workers,
+    train_loader = DataLoader(train_set, batch_size=ctx.batch_share(batch), sampler=sampler, num_workers=workers,
                               pin_memory=pin, drop_last=True, collate_fn=collate, **extra)
     val_set = Subset(CocoDetection(val, eval_transform), list(ctx.shard(len(val))))
     val_loader = DataLoader(val_set, batch_size=eval_batch, shuffle=False, num_workers=workers, pin_memory=pin,

@@ -11,9 +11,9 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from trainperf.contract import DataSource
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput
-from trainperf.spec import DataSource
 
 # Special ids of every trainperf subword vocabulary (the GNMT reference's order).
 PAD, UNK, BOS, EOS = 0, 1, 2, 3

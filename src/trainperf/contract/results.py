@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainperf.spec.quality import Quality
+from trainperf.contract.quality import Quality
 
 
 @dataclass

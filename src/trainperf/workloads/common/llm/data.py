@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainperf.contract import DataParts, DataSource, EpochView, EvalPartial, RuntimeContext
 from trainperf.errors import TrainperfError
-from trainperf.spec import DataParts, DataSource, EpochView, EvalPartial, RuntimeContext
-from trainperf.workloads.llama31_8b import indexed
-from trainperf.workloads.llama31_8b.recipes import LlamaRecipe
-from trainperf.workloads.llama31_8b.synthetic import MINI_CORPUS, Corpus
+from trainperf.workloads.common.llm import indexed
+from trainperf.workloads.common.llm.recipe import LlamaRecipe
+from trainperf.workloads.common.llm.synthetic import MINI_CORPUS, Corpus
 
 LLAMA31_VOCAB = 128_256
 
@@ -113,7 +113,7 @@ class C4Pipeline:
     def train_batches(self, view: EpochView) -> Iterator[torch.Tensor]:
         recipe, ctx = self.recipe, self.ctx
         # By data shard: the processes of a tensor-parallel group read the same rows.
-        per_rank = recipe.global_batch_size // ctx.data_world
+        per_rank = ctx.batch_share(recipe.global_batch_size)
         rows = [step * recipe.global_batch_size + ctx.data_rank * per_rank + j
                 for step in range(self.steps_per_epoch) for j in range(per_rank)]
         batches = [rows[i:i + per_rank] for i in range(0, len(rows), per_rank)]

@@ -9,12 +9,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from trainperf.contract import fields
+from trainperf.contract.cadence import Cadence
+from trainperf.contract.fields import Count, Counts
+from trainperf.contract.quality import EPOCH_NUM_STYLES
 from trainperf.errors import TrainperfError
 from trainperf.errors import shown as shown_text
-from trainperf.spec import fields
-from trainperf.spec.cadence import Cadence
-from trainperf.spec.fields import Count, Counts
-from trainperf.spec.quality import EPOCH_NUM_STYLES
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic
 
-from trainperf.spec.recipe import R, Recipe
+from trainperf.contract.recipe import R, Recipe
 
 
 class DataSource(ABC):

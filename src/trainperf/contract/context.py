@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainperf import devices
+from trainperf.errors import TrainperfError
 
 if TYPE_CHECKING:
-    from trainperf.spec.parts import EvalPartial
+    from trainperf.contract.parts import EvalPartial
 
 
 @dataclass
@@ -78,6 +79,12 @@ class RuntimeContext:
         gen.manual_seed(self.stream_seed(stream, per_rank))
         return gen
 
+    def batch_share(self, global_batch: int, accum: int = 1) -> int:
+        """This process's rows of a global batch per accumulation step: the batch dealt out evenly over the
+        data-parallel processes (a tensor-parallel group shares its rows), refused when it does not divide."""
+        return batch_share(global_batch, self.data_world * accum, "data-parallel processes"
+                           + (f" x {accum} accumulation steps" if accum > 1 else ""))
+
     def shard(self, n: int) -> range:
         """This rank's contiguous share of n items: every item exactly once across the data shards (a
         replica group shares one), no padding."""
@@ -140,6 +147,15 @@ class RuntimeContext:
         dev = devices.resolve(device)
         devices.activate(dev)
         return cls(device=dev, seed=seed)
+
+
+def batch_share(global_batch: int, processes: int, what: str = "processes", where: str = "") -> int:
+    """The rows of a global batch each of `processes` takes: the one check that a batch divides (a run's
+    processes, a launch's `--nproc`, a study's or a script's process counts). `where` names the option."""
+    if processes < 1 or global_batch % processes:
+        raise TrainperfError(f"{where + ': ' if where else ''}global_batch_size {global_batch} is not divisible by "
+                             f"{processes} {what}")
+    return global_batch // processes
 
 
 def uncompiled(model: torch.nn.Module) -> torch.nn.Module:

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from trainperf.spec.parallel import Parallelism
-from trainperf.spec.quality import Quality
+from trainperf.contract.parallel import Parallelism
+from trainperf.contract.quality import Quality
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class ModelParts:
     # data not yet opened at initialisation (GNMT's remain and decay steps, fractions of all the
     # run's iterations in the reference); logged when the data is opened, after run_start.
     epoch_hyperparameters: Callable[[int | None], dict[str, Any]] | None = None
-    # How the runtime distributes the model over the processes (spec/parallel.py): None is data
+    # How the runtime distributes the model over the processes (contract/parallel.py): None is data
     # parallelism (DDP); TorchRec's sharded tables (DLRM) and FSDP2 with tensor parallelism (the LLMs)
     # are the other answers.
     parallel: Parallelism | None = None

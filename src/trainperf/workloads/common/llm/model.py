@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainperf.contract.sharded import ShardedModel
+
 
 @dataclass(frozen=True)
 class LlamaConfig:
@@ -56,10 +58,6 @@ class LlamaConfig:
 
 
 LLAMA31_8B = LlamaConfig()
-LLAMA31_405B = LlamaConfig(layers=126, dim=16_384, heads=128, kv_heads=8, ffn_dim=53_248)
-# MLPerf's 405B: Meta's shape with the Mixtral 8x22B tokenizer's vocabulary, which NeMo pads to a multiple of
-# 128 x TP (1,024 at TP 8): 32,768 (the reference's README rounds it to 32,000).
-MLPERF_405B = LlamaConfig(layers=126, dim=16_384, heads=128, kv_heads=8, ffn_dim=53_248, vocab_size=32_768)
 
 
 def rope_frequencies(config: LlamaConfig) -> torch.Tensor:
@@ -159,7 +157,7 @@ class Block(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
-class Llama(nn.Module):
+class Llama(ShardedModel):
     def __init__(self, config: LlamaConfig, max_seq_len: int) -> None:
         super().__init__()
         self.config, self.max_seq_len = config, max_seq_len

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainperf import devices
+from trainperf.contract.sharded import ExpertLayer
 from trainperf.errors import TrainperfError
 
 SCORINGS = ("softmax_topk", "softmax", "sigmoid")
@@ -245,7 +246,7 @@ def balance_loss(probs: torch.Tensor, chosen: torch.Tensor, experts: int, sequen
     return experts * (share * probs.mean(dim=1)).sum(dim=1).mean()
 
 
-class MoE(nn.Module):
+class MoE(ExpertLayer):
     """The MoE feed-forward of a block: x [B, T, dim] -> (output, balancing loss). The loss is returned, not
     stored, so that compiled and recomputed blocks stay pure functions; the last step's tokens per expert
     are kept in the `load` buffer (device-side, read by `bench`)."""

@@ -7,9 +7,9 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from trainperf.contract import fields
+from trainperf.contract.fields import Count, Counts
 from trainperf.errors import TrainperfError
-from trainperf.spec import fields
-from trainperf.spec.fields import Count, Counts
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from trainperf.contract import DataSource
 from trainperf.errors import TrainperfError
 from trainperf.files import write_json_atomic
-from trainperf.spec import DataSource
-from trainperf.workloads.llama31_8b import indexed
+from trainperf.workloads.common.llm import indexed
 
 CONTENT = 32  # content tokens 0..31
 EOD = CONTENT  # a document's closing token

@@ -9,17 +9,18 @@ from typing import Any, ClassVar, Generic
 
 import torch
 
+from trainperf.contract.assets import Assets
+from trainperf.contract.batches import count_samples, split_batch
+from trainperf.contract.context import RuntimeContext
+from trainperf.contract.golden import GoldenSpec
+from trainperf.contract.mlperf import MLPerf
+from trainperf.contract.parallel import Parallelism
+from trainperf.contract.parts import DataParts, ModelParts
+from trainperf.contract.probes import DeviceProbe, StepBudget
+from trainperf.contract.quality import SCALES, Metric
+from trainperf.contract.recipe import R
+from trainperf.contract.scale import Scale
 from trainperf.errors import TrainperfError
-from trainperf.spec.assets import Assets
-from trainperf.spec.batches import count_samples, split_batch
-from trainperf.spec.context import RuntimeContext
-from trainperf.spec.golden import GoldenSpec
-from trainperf.spec.mlperf import MLPerf
-from trainperf.spec.parallel import Parallelism
-from trainperf.spec.parts import DataParts, ModelParts
-from trainperf.spec.quality import SCALES, Metric
-from trainperf.spec.recipe import R
-from trainperf.spec.scale import Scale
 
 
 class Workload(ABC, Generic[R]):
@@ -60,6 +61,15 @@ class Workload(ABC, Generic[R]):
     # The golden record of the mini's first steps (bench/goldens.py): what the gate runs of this workload's
     # training path. None for a workload without a mini.
     golden: ClassVar[GoldenSpec | None] = GoldenSpec()
+    # The host's budget for one full-scale step at the `step_probe` size (tests/bench/test_stepcount.py holds
+    # every workload to its own).
+    step_budget: ClassVar[StepBudget | None] = None
+    # What the GPU round benchmarks of the full scale on one device (benchmarks/gpu_round.py). None: not run.
+    device_probe: ClassVar[DeviceProbe | None] = None
+    # A sample of the full dataset's files at the reference's paths: what a real dataset looks like where a
+    # forgotten `--scale full` would point a mini (tests/test_data_safety.py builds it and checks the mini
+    # refuses it and leaves it whole). Every mini that writes files declares one.
+    real_layout: ClassVar[tuple[str, ...]] = ()
 
     @property
     def scales(self) -> tuple[str, ...]:
@@ -191,6 +201,13 @@ class Workload(ABC, Generic[R]):
         its MFU beside torch's FLOP counter's, so figures compare with torchtitan's and Megatron's. None:
         the counter's only."""
         return None
+
+    def make(self, command: str, out: Path, say: Callable[[str], None], options: dict[str, Any]) -> None:
+        """Build one of the assets this workload's package declares in its `MAKES` literal (a mini's shipped
+        checkpoint, say) into the folder `out`, which the command line made safe to write: `command` is the
+        declared `make-*` name, `options` the declared options as the user set them (steps, seed,
+        generations). Nothing to make by default."""
+        raise TrainperfError(f"{self.name}: makes no asset {command!r}")
 
     def step_statistics(self, model: torch.nn.Module) -> dict[str, float]:
         """What the model's state says of its last training step, by name (an MoE model's tokens per expert,

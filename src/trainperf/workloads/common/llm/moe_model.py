@@ -1,5 +1,5 @@
 """The mixture-of-experts decoders of MLPerf's MoE pretraining benchmarks, one model for both: pre-norm blocks
-of attention and an MoE feed-forward (workloads/common/moe.py), RMSNorm, rotary embeddings and untied
+of attention and an MoE feed-forward (workloads/common/llm/moe.py), RMSNorm, rotary embeddings and untied
 embeddings, as the Llama family's (whose rotary tables, dense feed-forward and loss it reuses).
 
 - GPT-OSS-20B as MLPerf's reference trains it (mlcommons/training `small_llm_moe_pretraining/primus`: a
@@ -20,7 +20,6 @@ not for MLPerf's (which has none).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -29,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainperf.workloads.common.moe import MoE, MoEConfig, init_moe
-from trainperf.workloads.llama31_8b.model import FeedForward, LlamaConfig, apply_rotary, rotary_tables
+from trainperf.contract.sharded import ShardedModel
+from trainperf.workloads.common.llm.model import FeedForward, LlamaConfig, apply_rotary, rotary_tables
+from trainperf.workloads.common.llm.moe import MoE, MoEConfig, init_moe
 
 ATTENTIONS = ("grouped", "latent")
 
@@ -163,19 +163,6 @@ GPT_OSS_20B = MoEModelConfig(window=128)
 GPT_OSS_20B_CARD = MoEModelConfig(vocab_size=201_088, norm_eps=1e-5, qk_norm=False, attention_bias=True, sinks=True,
                                   window=127, router_bias=True, expert_bias=True, activation="gpt_oss_swiglu",
                                   yarn_factor=32.0, yarn_original_context=4_096, init_std=0.02)
-# DeepSeek-V3 as published (deepseek-ai/DeepSeek-V3 config_671B.json): 671,026,404,352 parameters without
-# its multi-token prediction module (11.6 B more: Hugging Face's 685 B), 36.6 B active.
-DEEPSEEK_V3 = MoEModelConfig(
-    layers=61, dim=7_168, vocab_size=129_280, attention="latent", heads=128, kv_heads=128, head_dim=192,
-    qk_norm=False, q_rank=1_536, kv_rank=512, nope_dim=128, rope_dim=64, v_dim=128, rope_theta=10_000.0,
-    yarn_factor=40.0, yarn_original_context=4_096, yarn_beta_fast=32.0, yarn_beta_slow=1.0, yarn_mscale=1.0,
-    yarn_mscale_all_dim=1.0, dense_layers=3, ffn_dim=18_432, experts=256, top_k=8, expert_dim=2_048,
-    shared_experts=1, scoring="sigmoid", groups=8, topk_groups=4, routed_scale=2.5, balance="sequence",
-    aux_loss_coeff=0.01, bias_update_rate=1e-3, norm_eps=1e-6, init_std=0.006, mtp_layers=1)
-# MLPerf's (mlcommons/training llm_moe_pretraining/nemo on Megatron-Bridge 0.3.0): the same model continued
-# from a checkpoint re-warmed for the Llama 3.1 tokenizer (its vocabulary, 128,256), one multi-token
-# prediction layer at loss weight 0.1, the sequence-wise balancing loss at 0.01, bias updates at 1e-3.
-MLPERF_DEEPSEEK_V3 = dataclasses.replace(DEEPSEEK_V3, vocab_size=128_256)
 
 
 def yarn_m(config: MoEModelConfig, mscale: float) -> float:
@@ -386,7 +373,7 @@ class MultiTokenPrediction(nn.Module):
         return self.norm(x), aux
 
 
-class MoETransformer(nn.Module):
+class MoETransformer(ShardedModel):
     """tokens [B, T] -> (logits [B, T, vocab], the blocks' balancing losses summed, and with multi-token
     prediction the logits of token i + 2 at positions 0 .. T - 2, else None)."""
 

@@ -1,0 +1,33 @@
+"""What a workload declares about its full-scale step for the checks and measurements that do not train it:
+the host's budget for one step at the CPU probe size (`trainperf.bench.stepcount`), and what one GPU runs of
+it in the GPU round (benchmarks/gpu_round.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """At most this many per full-scale training step at the workload's `step_probe` size: operators
+    dispatched, synchronisations of each kind, host-data tensors. Operators have ~10 % headroom over the
+    measured count (torch versions differ a little); the synchronisations and host-data tensors have none: a
+    change that adds one fails tests/bench/test_stepcount.py. Lower a budget when a change removes work, so that
+    it stays removed."""
+
+    ops: int
+    syncs: dict[str, int] = field(default_factory=dict)
+    host_data: int = 0
+    # Two steps of one batch do the same work (what CUDA Graphs replay); False: known not to, said why.
+    replays: bool = True
+
+
+@dataclass(frozen=True)
+class DeviceProbe:
+    """What one 80 GB GPU benchmarks of the full scale: the per-device batch (NVIDIA's where they publish
+    one), the `--set` values that make it fit (fewer blocks of a model too large for one device), and the
+    switches its reference runs with."""
+
+    batch: int
+    sets: tuple[str, ...] = ()
+    switches: tuple[str, ...] = ()

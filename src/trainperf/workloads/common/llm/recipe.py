@@ -1,0 +1,103 @@
+"""The decoder family's recipe fields and checks: LlamaRecipe (the Llama 3.1 pretraining rules' schedule,
+evaluation cadence and parallelism fields) and MoERecipe (a mixture-of-experts model and its expert
+parallelism). Each workload's own recipes (its RCP points, its mini) live in its package."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from trainperf.contract import Recipe
+from trainperf.contract.fields import Count, Fraction, Positive, Share
+from trainperf.contract.parallel import CHECKPOINTING
+from trainperf.errors import TrainperfError
+from trainperf.workloads.common.llm.model import LLAMA31_8B, LlamaConfig
+from trainperf.workloads.common.llm.moe_model import ATTENTIONS, GPT_OSS_20B, MoEModelConfig
+
+MAX_STEPS = 1_200_000  # the rules' fixed schedule length (opt_learning_rate_decay_steps = it - warmup)
+EVAL_EVERY_SAMPLES = 12_288
+EVAL_SAMPLES = 1_024
+SEQ_LEN = 8_192
+# A run's budget: 40 evaluations, 1.5x the slowest RCP run's samples to converge (319,488 at GBS 128).
+BUDGET_SAMPLES = 40 * EVAL_EVERY_SAMPLES
+
+
+@dataclass(frozen=True)
+class LlamaRecipe(Recipe):
+    LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
+    STEP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
+    WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
+    CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"checkpointing": CHECKPOINTING}
+    model: LlamaConfig = field(default_factory=lambda: LLAMA31_8B)
+    seq_len: Count = SEQ_LEN
+    base_lr: Positive = 4e-4
+    end_lr_fraction: Fraction = 0.1  # the cosine decays to this share of base_lr (opt_end_learning_rate)
+    warmup_steps: int = 16
+    max_steps: Count = MAX_STEPS  # the cosine's length: warmup + decay
+    beta1: Fraction = 0.9
+    beta2: Share = 0.95
+    eps: Positive = 1e-5
+    weight_decay: float = 0.1
+    eval_samples: Count = EVAL_SAMPLES
+    eval_batch_size: Count = 8
+    num_workers: int = 2  # DataLoader processes cutting samples from the memory-mapped corpus
+    # Parallelism (contract/parallel.py FullyShard): tensor-parallel processes per block, activation
+    # checkpointing of the blocks.
+    tp: Count = 1
+    checkpointing: str = "none"
+    # Build the model on the meta device and initialise each process's shard after sharding (the 405B's
+    # 1.6 TB of fp32 weights fit no device whole). Off: built whole on the device, then sharded.
+    meta_init: bool = False
+
+    def validate(self) -> None:
+        super().validate()
+        if self.model.dim % self.model.heads or self.model.heads % self.model.kv_heads:
+            raise TrainperfError(f"recipe field model: dim {self.model.dim}, heads {self.model.heads} and kv_heads "
+                                 f"{self.model.kv_heads}: heads must divide dim and kv_heads divide heads")
+        if self.model.head_dim % 2:
+            raise TrainperfError(f"recipe field model: head dimension {self.model.head_dim} must be even "
+                                 "(rotary pairs)")
+        split = {"model.heads": self.model.heads, "model.kv_heads": self.model.kv_heads,
+                 "model.ffn_dim": self.model.ffn_dim, "seq_len": self.seq_len}
+        uneven = [f"{name}={value}" for name, value in split.items() if value % self.tp]
+        if uneven:
+            raise TrainperfError(f"recipe field tp={self.tp}: tensor parallelism splits the heads, key/value heads, "
+                                 f"feed-forward and sequence evenly; not " + ", ".join(uneven))
+        if self.warmup_steps >= self.max_steps:
+            raise TrainperfError(f"recipe fields warmup_steps={self.warmup_steps} and max_steps={self.max_steps}: "
+                                 "the warmup must end before the schedule does")
+
+    @property
+    def end_lr(self) -> float:
+        return self.base_lr * self.end_lr_fraction
+
+
+@dataclass(frozen=True)
+class MoERecipe(LlamaRecipe):
+    CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"checkpointing": CHECKPOINTING}
+    model: MoEModelConfig = field(default_factory=lambda: GPT_OSS_20B)  # type: ignore[assignment]
+    # Expert parallelism: the processes each layer's experts are split over (adjacent ranks, a divisor of
+    # the data-parallel processes; the rest of the model fully sharded over all of them).
+    ep: Count = 1
+
+    def validate(self) -> None:
+        Recipe.validate(self)
+        m = self.model
+        m.moe.check("model")
+        if m.attention not in ATTENTIONS:
+            raise TrainperfError(f"recipe field model.attention={m.attention!r}: expected one of "
+                                 + ", ".join(ATTENTIONS))
+        if m.attention == "grouped" and m.heads % m.kv_heads:
+            raise TrainperfError(f"recipe field model.kv_heads={m.kv_heads}: must divide heads={m.heads}")
+        if m.rotary_dim % 2:
+            raise TrainperfError(f"recipe field model: rotary dimension {m.rotary_dim} must be even (rotary pairs)")
+        if m.dense_layers and not m.ffn_dim:
+            raise TrainperfError(f"recipe field model.dense_layers={m.dense_layers}: needs model.ffn_dim")
+        if self.tp != 1:
+            raise TrainperfError(f"recipe field tp={self.tp}: tensor parallelism of the MoE models is not built "
+                                 "(the reference trains GPT-OSS with TP 1 and EP 8); use ep")
+        if m.experts % self.ep:
+            raise TrainperfError(f"recipe field ep={self.ep}: must divide model.experts={m.experts}")
+        if self.warmup_steps >= self.max_steps:
+            raise TrainperfError(f"recipe fields warmup_steps={self.warmup_steps} and max_steps={self.max_steps}: "
+                                 "the warmup must end before the schedule does")

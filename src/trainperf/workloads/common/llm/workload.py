@@ -1,0 +1,147 @@
+"""The decoder family's workload: what Llama 3.1 8B and 405B, GPT-OSS-20B and DeepSeek-V3 share (the model's
+build and optimizer, NeMo's schedule, the logged hyperparameters, the FSDP2 parallelism, the synthetic batches,
+C4 or the Markov corpus as data). Each workload's package declares only what is its own: its name and rules,
+its recipes, its corpus and data source, its step probe."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from trainperf.contract import Assets, DataParts, FullyShard, Metric, ModelParts, RuntimeContext, Workload
+from trainperf.optim import kernels
+from trainperf.workloads.common.llm import data as llama_data
+from trainperf.workloads.common.llm import synthetic
+from trainperf.workloads.common.llm.model import Llama, next_token_loss, token_losses
+from trainperf.workloads.common.llm.moe import load_imbalance, update_corrections
+from trainperf.workloads.common.llm.moe_model import MoETransformer, moe_loss, moe_token_losses
+from trainperf.workloads.common.llm.recipe import LlamaRecipe, MoERecipe
+
+R = TypeVar("R", bound=LlamaRecipe)
+
+__all__ = ["DecoderWorkload", "MoEWorkload", "lr_factor"]
+
+
+def lr_factor(recipe: LlamaRecipe) -> Callable[[int], float]:
+    """NeMo's cosine with linear warmup, as a multiplier of base_lr at optimizer step `step` (from 0):
+    (step + 1) / (warmup + 1) during the warmup, then a half cosine from 1 to end_lr_fraction over
+    max_steps - warmup steps, flat after it."""
+    warmup, decay, floor = recipe.warmup_steps, recipe.max_steps - recipe.warmup_steps, recipe.end_lr_fraction
+
+    def factor(step: int) -> float:
+        if step <= warmup and warmup > 0:
+            return (step + 1) / (warmup + 1)
+        done = min(1.0, (step - warmup) / decay)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * done))
+
+    return factor
+
+
+class DecoderWorkload(Workload[R]):
+    """A decoder-only language model pretrained to a log perplexity (a dense Llama unless a subclass builds
+    another model)."""
+
+    metric = Metric("log_perplexity", higher_is_better=False)
+    speedups = frozenset({"precision", "compile", "cuda_graphs", "fused_optimizer", "fp8"})
+    sample_name = "sequences"
+    corpus = synthetic.MINI_CORPUS
+
+    def mlperf_hyperparameters(self, recipe: R, ctx: RuntimeContext) -> dict[str, Any]:
+        return {
+            "opt_name": "adamw", "opt_base_learning_rate": recipe.base_lr, "opt_end_learning_rate": recipe.end_lr,
+            "opt_learning_rate_warmup_steps": recipe.warmup_steps,
+            "opt_learning_rate_decay_steps": recipe.max_steps - recipe.warmup_steps,
+            "opt_learning_rate_decay_schedule": "cosine with linear warmup",
+            "opt_adamw_beta_1": recipe.beta1, "opt_adamw_beta_2": recipe.beta2, "opt_adamw_epsilon": recipe.eps,
+            "opt_adamw_weight_decay": recipe.weight_decay, "opt_gradient_clip_norm": recipe.max_grad_norm,
+            "max_sequence_length": recipe.seq_len, "max_steps": recipe.max_steps, "init_checkpoint_step": 0,
+        }
+
+    def build(self, recipe: R, ctx: RuntimeContext, assets: Assets) -> ModelParts:
+        # Built and initialised on the device: every process holds the whole model until the engine shards
+        # it (the same seed everywhere: the same weights), never a host copy per process. With meta_init,
+        # on no device: the engine initialises each shard where it lands (Llama.init_weights).
+        with torch.device("meta" if recipe.meta_init else ctx.device):
+            model = Llama(recipe.model, recipe.seq_len)
+            if not recipe.meta_init:
+                model.reset_parameters()
+        # Megatron's default: no weight decay on the norms' scales (every 1-D parameter).
+        decayed = [p for p in model.parameters() if p.dim() > 1]
+        plain = [p for p in model.parameters() if p.dim() <= 1]
+        optimizer = torch.optim.AdamW(
+            [{"params": decayed, "weight_decay": recipe.weight_decay}, {"params": plain, "weight_decay": 0.0}],
+            lr=recipe.base_lr, betas=(recipe.beta1, recipe.beta2), eps=recipe.eps,
+            **kernels(recipe.fused_optimizer))
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=next_token_loss,
+                          lr_schedule=lambda steps: lr_factor(recipe), eval_forward=token_losses,
+                          parallel=self.parallelism(recipe))
+
+    def parallelism(self, recipe: R) -> FullyShard:
+        return FullyShard(tp=recipe.tp, checkpointing=recipe.checkpointing)
+
+    def formula_flops(self, recipe: R) -> tuple[float, int, str] | None:
+        return (recipe.model.flops_per_token(recipe.seq_len) * recipe.seq_len, recipe.seq_len,
+                "6 x parameters outside the input embedding + 12 x layers x width x sequence per token, "
+                "as torchtitan and Megatron count")
+
+    def synthetic_batch(self, recipe: R, ctx: RuntimeContext, model: nn.Module) -> Any:
+        rows = ctx.batch_share(recipe.global_batch_size)
+        gen = torch.Generator(device=ctx.device).manual_seed(0)
+        return torch.randint(0, recipe.model.vocab_size, (rows, recipe.seq_len + 1), device=ctx.device, generator=gen)
+
+    def synthetic_eval_batch(self, recipe: R, ctx: RuntimeContext, model: nn.Module) -> Any:
+        return self.synthetic_batch(recipe, ctx, model)[:recipe.eval_batch_size]
+
+    def load_data(self, recipe: R, data_dir: Path, ctx: RuntimeContext) -> DataParts:
+        return llama_data.data_parts(recipe, data_dir, ctx, self.corpus)
+
+
+
+class MoEWorkload(DecoderWorkload[MoERecipe]):
+    """A mixture-of-experts decoder (common/llm/moe_model.py), its experts split over processes by expert
+    parallelism."""
+
+    speedups = frozenset({"precision", "compile", "cuda_graphs", "fused_optimizer"})
+
+    def mlperf_hyperparameters(self, recipe: MoERecipe, ctx: RuntimeContext) -> dict[str, Any]:
+        logged = super().mlperf_hyperparameters(recipe, ctx)
+        logged["expert_parallelism"] = recipe.ep
+        if recipe.model.aux_loss_coeff:
+            logged["moe_aux_loss_coeff"] = recipe.model.aux_loss_coeff
+        return logged
+
+    def build(self, recipe: MoERecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
+        # As the Llama's: built on the device (every process the same weights from the same seed) or, with
+        # meta_init, nowhere until the engine has sharded it.
+        with torch.device("meta" if recipe.meta_init else ctx.device):
+            model = MoETransformer(recipe.model, recipe.seq_len)
+            if not recipe.meta_init:
+                model.reset_parameters()
+        decayed = [p for p in model.parameters() if p.dim() > 1]
+        plain = [p for p in model.parameters() if p.dim() <= 1]
+        optimizer = torch.optim.AdamW(
+            [{"params": decayed, "weight_decay": recipe.weight_decay}, {"params": plain, "weight_decay": 0.0}],
+            lr=recipe.base_lr, betas=(recipe.beta1, recipe.beta2), eps=recipe.eps,
+            **kernels(recipe.fused_optimizer))
+        rate = recipe.model.bias_update_rate
+        return ModelParts(model=model, optimizer=optimizer, loss_fn=moe_loss,
+                          lr_schedule=lambda steps: lr_factor(recipe), eval_forward=moe_token_losses,
+                          after_step=(lambda step: update_corrections(model, rate)) if rate else None,
+                          parallel=self.parallelism(recipe))
+
+    def parallelism(self, recipe: MoERecipe) -> FullyShard:
+        return FullyShard(checkpointing=recipe.checkpointing, ep=recipe.ep)
+
+    def formula_flops(self, recipe: MoERecipe) -> tuple[float, int, str] | None:
+        return (recipe.model.flops_per_token(recipe.seq_len) * recipe.seq_len, recipe.seq_len,
+                "6 x active parameters (output layer in, input embedding out) + 6 x layers x heads x "
+                "(query/key + value head sizes) x sequence per token, as torchtitan counts an MoE model")
+
+    def step_statistics(self, model: nn.Module) -> dict[str, float]:
+        return load_imbalance(model)
+
