@@ -54,7 +54,9 @@ def tables(gate: dict[str, Any] | None = None, second: dict[str, Any] | None = N
     in_second = tiers.budget((second or {}).get("seconds") or {}, names)
     lines = [f"The gate's last recorded run ({gate['date']}, this machine's 2 cores): {len(gate['durations'])} tests, "
              f"{gate.get('wall_s', in_gate['total_s']) / 60:.1f} minutes from start to end "
-             f"({in_gate['total_s'] / 60:.1f} of them in tests)."]
+             f"({in_gate['total_s'] / 60:.1f} minutes of test time over its workers). The seconds below are test "
+             "time, a test's own and its fixtures' (two workers: about half of it is wall time); a workload's "
+             "are its own test file's and those of the tests parametrised by its name."]
     if second:
         lines.append(f"The second tier's last run ({second.get('date')}, commit {str(second.get('commit'))[:12]}): "
                      f"{second.get('passed', 0)} passed, {second.get('failed', 0)} failed, "
@@ -66,7 +68,7 @@ def tables(gate: dict[str, Any] | None = None, second: dict[str, Any] | None = N
         lines.append(f"| {name} | {_seconds(g)}{flag} | {_seconds(in_second['workloads'].get(name, 0.0))} |")
     lines += ["", "| test file | gate (s) | second tier (s) |", "|---|--:|--:|"]
     files = sorted(set(in_gate["files"]) | set(in_second["files"]),
-                   key=lambda f: -(in_gate["files"].get(f, 0.0) + in_second["files"].get(f, 0.0)))
+                   key=lambda f: (-(in_gate["files"].get(f, 0.0) + in_second["files"].get(f, 0.0)), f))
     for path in files:
         lines.append(f"| `{path}` | {_seconds(in_gate['files'].get(path, 0.0))} | "
                      f"{_seconds(in_second['files'].get(path, 0.0))} |")

@@ -69,6 +69,7 @@ def _complete_real_tree(name: str, root: Path) -> dict[str, bytes]:
     return _snapshot(root)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(REAL_TREES))
 def test_a_complete_real_dataset_given_to_a_mini_is_refused_and_kept_whole(tmp_path, name, capsys):
     """Issue 60, 1: a forgotten --scale full on a complete real dataset adopted it (its record written into
@@ -126,6 +127,7 @@ def test_a_record_from_an_older_trainperf_adopts_nothing_and_deletes_nothing(tmp
         assert _snapshot(real) == made
 
 
+@pytest.mark.slow
 def test_a_regeneration_deletes_only_what_trainperf_wrote(tmp_path, capsys):
     folder = tmp_path / "ncf"
     assert main(["prepare", "ncf", "--data", str(folder)]) == 0
@@ -164,6 +166,7 @@ def test_a_damaged_or_hostile_record_deletes_nothing(tmp_path, capsys, record):
     assert victim.read_text() == "keep\n" and (folder / "ratings.csv").read_text() == "1,2,3,4\n"
 
 
+@pytest.mark.slow
 def test_another_workloads_mini_folder_is_not_generated_over(tmp_path, capsys):
     folder = tmp_path / "data"
     assert main(["prepare", "ncf", "--data", str(folder)]) == 0
@@ -172,6 +175,7 @@ def test_another_workloads_mini_folder_is_not_generated_over(tmp_path, capsys):
     assert "holds the ncf mini dataset" in capsys.readouterr().err and _snapshot(folder) == made
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["flux1", "dlrm_dcnv2", "ncf"])
 def test_an_interrupted_generation_leaves_nothing_and_the_next_one_succeeds(tmp_path, monkeypatch, name, capsys):
     """Issue 60, 12: an interrupted `prepare --data NEW` left half a dataset (FLUX's Arrow folders,
@@ -196,6 +200,7 @@ def test_an_interrupted_generation_leaves_nothing_and_the_next_one_succeeds(tmp_
     assert str(folder) in capsys.readouterr().out and ".partial" not in str(list(folder.rglob("*")))
 
 
+@pytest.mark.slow
 def test_no_lock_file_is_left_in_or_beside_a_dataset(tmp_path):
     """Issue 60, 13: lock files were left inside every full dataset and beside every generated mini. The
     lock is now `flock` on the folder's own descriptor; the empty lock files older versions left go."""
@@ -267,6 +272,7 @@ def test_a_file_given_as_the_mini_folder_is_refused(tmp_path, capsys):
     assert target.read_text() == "keep\n"
 
 
+@pytest.mark.slow
 def test_an_empty_or_trainperf_made_folder_is_generated_into(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -257,6 +257,7 @@ def test_a_deleted_class_folder_of_the_resnet_mini_is_found_and_regenerated(tmp_
     assert victim.is_dir()
 
 
+@pytest.mark.slow
 def test_a_truncated_ncf_mini_is_regenerated_before_a_run(tmp_path, capsys):
     from trainperf import registry
 

@@ -39,6 +39,7 @@ def _imported_top_level(folder: Path) -> set[str]:
     return found - set(sys.stdlib_module_names) - {"trainperf", "__future__"}
 
 
+@pytest.mark.slow
 def test_every_third_party_import_of_the_package_is_declared():
     declared = _declared()
     owners = importlib.metadata.packages_distributions()

@@ -46,6 +46,7 @@ def _env(site: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
 
 
+@pytest.mark.slow
 def test_the_installed_workload_is_listed_and_passes_the_conformance_tests(installed, tmp_path, capsys):
     from tests import test_conformance as conformance
 

@@ -134,6 +134,7 @@ def test_an_integer_past_64_bits_is_one_line(argv, expected, tmp_path, capsys, m
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_plan_never_hangs_on_a_huge_batch_or_device_count(capsys):
     """Issue 60, 11: `plan llama31_8b --batch-size 1000000000000` walked every number up to the batch, and
     `plan dlrm_dcnv2 --devices 50000` ran TorchRec's planner over 50,000 devices: neither ended."""

@@ -200,6 +200,7 @@ def _numeric_fields(obj, prefix=""):
             yield prefix + f.name, f.name, value
 
 
+@pytest.mark.slow
 def test_every_numeric_field_of_every_recipe_has_a_range_that_is_enforced():
     """Just outside each field's interval (or NaN) is refused with one line naming the field, for every
     number of every recipe, nested model configs included."""

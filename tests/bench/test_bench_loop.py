@@ -3,10 +3,13 @@ steps it times (a wait per step would stop the host queueing the next step while
 
 from __future__ import annotations
 
+import pytest
+
 from trainperf import devices, registry
 from trainperf.bench import throughput
 
 
+@pytest.mark.slow
 def test_the_timed_loop_waits_for_the_device_once_whatever_its_length(monkeypatch):
     waits: list[str] = []
     real = devices.synchronize

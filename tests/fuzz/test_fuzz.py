@@ -89,6 +89,7 @@ def _whole_or_absent(folder: Path, reader: Reader) -> None:
     assert not leftovers, f"half-written outputs left: {leftovers}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reader", READERS, ids=[r.name for r in READERS])
 def test_reader_accepts_or_refuses_in_one_line(reader: Reader):
     valid = reader.valid()

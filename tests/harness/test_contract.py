@@ -155,6 +155,7 @@ def test_async_scoring_in_a_worker_process_on_one_rank(tmp_path):
     assert epochs == sorted(epochs) and records[-1]["metadata"]["status"] == "success"
 
 
+@pytest.mark.slow
 def test_async_process_scoring_needs_a_module_level_metric(tmp_path):
     workload = fakes.UnpicklableMetric()
     recipe = workload.recipe("mini").with_overrides(["async_eval=true"])

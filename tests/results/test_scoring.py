@@ -258,6 +258,7 @@ def test_score_flags_runs_timed_on_a_busy_machine(tmp_path):
     assert "1 run(s) timed on a busy machine" in result.note
 
 
+@pytest.mark.slow
 @needs_fixtures
 def test_a_scaling_json_multiplies_the_score_as_the_official_summarizer_does(tmp_path):
     folder = tmp_path / "results" / "sys" / "resnet"
@@ -274,6 +275,7 @@ def test_a_scaling_json_multiplies_the_score_as_the_official_summarizer_does(tmp
         scoring.score_folder(folder)
 
 
+@pytest.mark.slow
 @needs_fixtures
 def test_without_a_scaling_json_the_rcp_checkers_factor_is_computed_and_said(tmp_path, monkeypatch):
     from mlperf_logging.rcp_checker import rcp_checker
@@ -399,6 +401,7 @@ def _dcnv2_folder(root: Path, runs: int = 10) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_score_compare_and_report_share_one_scoring_path(tmp_path, capsys):
     """Issue 60, 4: `score` applied the RCP normalisation to a closed 4.0+ folder without scaling.json,
     `compare` and `report` did not (65.051 vs 64.500 minutes; two identical submissions at 0.99x)."""

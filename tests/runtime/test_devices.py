@@ -173,6 +173,7 @@ def _cuda_calls(tree: ast.AST) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_no_module_but_devices_calls_cuda():
     offenders = []
     for path in sorted(SRC.rglob("*.py")):
@@ -244,6 +245,7 @@ def test_the_gpu_data_paths_of_minis_run_on_real_batches(monkeypatch, workload, 
     assert json.loads((tmp_path / "b.json").read_text())["device"] == "cuda:0"
 
 
+@pytest.mark.slow
 def test_the_streamed_full_scale_loaders_run_on_a_gpu_machine(monkeypatch, tmp_path):
     """ResNet's loader workers with the side-stream prefetcher, and the COCO loaders' pinned batches."""
     from tests.conftest import imagenet_folder

@@ -38,6 +38,7 @@ def test_tune_batch_measures_each_batch_and_recommends_the_fastest(tmp_path, cap
         tune.parse_batches("64")
 
 
+@pytest.mark.slow
 def test_predict_full_from_a_short_synthetic_bench(tmp_path, capsys):
     code = cli.main(["predict", "resnet", "--scale", "full", "--bench-batch", "2", "--steps", "2", "--warmup", "1",
                      "--device", "cpu", "--json", str(tmp_path / "p.json")])
@@ -68,6 +69,7 @@ def test_scale_project_with_a_measured_link_between_two_processes(tmp_path, caps
     assert study["gradient_bytes"] > 0 and (out / "projection.png").is_file() and (out / "allreduce.json").is_file()
 
 
+@pytest.mark.slow
 def test_scale_project_another_device_from_counted_flops(tmp_path, capsys):
     out = tmp_path / "proj"
     code = cli.main(["scale", "resnet", "--scale", "full", "--project", "1,8", "--batch-size", "256", "--peak-tflops",

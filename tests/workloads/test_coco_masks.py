@@ -120,6 +120,7 @@ def test_a_bad_mask_is_one_line_through_the_cli(tmp_path, capsys):
     capsys.readouterr()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", scoring.BACKENDS)
 def test_box_and_mask_ap_of_perfect_box_filled_and_empty_predictions(backend):
     val = C.read_instances(mini_data("ssd"), "val2017", masks=True)
@@ -142,6 +143,7 @@ def test_box_and_mask_ap_of_perfect_box_filled_and_empty_predictions(backend):
         metric({"detections": rows, "masks": []})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", scoring.BACKENDS)
 def test_mask_probabilities_are_pasted_into_their_boxes_at_each_images_size(backend):
     """The form the training processes send: each detection's 28x28 probabilities. The ground truth

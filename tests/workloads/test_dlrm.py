@@ -483,6 +483,7 @@ def test_sharded_evaluation_pads_every_rank_to_the_same_batches(monkeypatch):
     assert kept == n
 
 
+@pytest.mark.slow
 def test_sharding_plans_of_the_full_tables_on_1_8_and_64_gpus(capsys, tmp_path):
     """`trainperf plan`, without data or devices: one 80 GB GPU keeps the largest tables in host memory
     behind a cache; 8 hold the tables whole; 64 split them by rows."""

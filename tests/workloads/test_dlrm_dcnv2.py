@@ -218,6 +218,7 @@ def test_two_processes_with_sharded_tables_reach_the_target(tmp_path):
     assert verdict.valid, verdict.output
 
 
+@pytest.mark.slow
 def test_sharding_plans_of_the_full_tables_on_1_8_and_64_gpus(capsys):
     from trainperf.cli import main
 

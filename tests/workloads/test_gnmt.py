@@ -33,6 +33,7 @@ def mini_root(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_mini_is_prepared_in_the_reference_files(mini_root):
     files = D.sources(mini_root, D.MINI_MERGES)
     assert [p.name for p in files.values()] == ["train.tok.clean.bpe.2000.en", "train.tok.clean.bpe.2000.de",
@@ -149,10 +150,11 @@ def test_the_closed_rules_refuse_a_log_without_remain_steps(tmp_path):
 
 
 @pytest.mark.second_tier
-def test_mini_runs_end_to_end_and_log_passes_ruleset_070(tmp_path, mini_root):
-    """One epoch with its beam-search evaluation (the target itself: README, 10 seeds)."""
+def test_mini_runs_end_to_end_and_log_passes_ruleset_070(tmp_path):
+    """One epoch with its beam-search evaluation (the target itself: README, 10 seeds), on the mini data
+    trainperf generates (a folder made by the generator alone has no record of it, and a mini refuses it)."""
     out = tmp_path / "run"
-    result = cut_short_run(["gnmt", "--data", str(mini_root), "--seed", "1", "--set", "max_epochs=1"], out, "0.7.0")
+    result = cut_short_run(["gnmt", "--seed", "1", "--set", "max_epochs=1"], out, "0.7.0")
     assert 0.0 <= result["evaluations"][-1]["value"] < 1.0
     events = read_log(out / "mlperf_log.txt")
     assert any(e["key"] == "opt_learning_rate_remain_steps" for e in events)

@@ -433,6 +433,7 @@ def test_the_405b_full_scale_blends_its_two_training_files(tmp_path, capsys):
     assert [s for s, _ in evals] == [16, 32] and all(5.0 < v < 7.5 for _, v in evals)
 
 
+@pytest.mark.slow
 def test_bench_counts_flops_as_torchtitan_and_megatron_do():
     from trainperf.bench.throughput import describe, run_bench
 

@@ -438,6 +438,7 @@ def test_recomputed_blocks_draw_the_adapters_dropout_masks_again():
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_fp8_runs_the_frozen_products_in_float8_and_keeps_the_adapters():
     pytest.importorskip("torchao.float8")
     from trainperf import registry

@@ -136,6 +136,9 @@ def test_a_recipe_names_its_ruleset_in_the_log_and_check_and_score_use_it(tmp_pa
     assert read_header(log)[RULESET_KEY] == "2.0.0"
     result = check(log)
     assert result.ruleset == "2.0.0" and result.valid, result.output
+
+
+@pytest.mark.slow
 def test_backbone_weights_are_loaded_and_checked(tmp_path):
     from torchvision.models import resnet50
 
@@ -181,6 +184,7 @@ def _detectron_pickle(path: Path, state: dict[str, torch.Tensor]) -> None:
     path.write_bytes(pickle.dumps({"blobs": blobs}))
 
 
+@pytest.mark.slow
 def test_the_references_msra_weights_are_read_from_detectrons_pickle(tmp_path):
     """`backbone_weights=R-50.pkl`: Detectron's blobs under torchvision's names, batch norms folded (the body
     computes what the original did), strides in the 1x1 convolutions and BGR 0..255 input (MSRA's)."""
@@ -210,6 +214,7 @@ def test_the_references_msra_weights_are_read_from_detectrons_pickle(tmp_path):
     assert body.layer2[0].conv1.stride == (2, 2) and body.layer2[0].conv2.stride == (1, 1)
 
 
+@pytest.mark.slow
 def test_torchvisions_weights_keep_their_own_input_and_strides(tmp_path):
     """A torchvision state dict: RGB normalised input and the stride in the 3x3 (v1.5), said before the run;
     an explicit input format against the weights is one line; msra under torchvision's names is allowed."""

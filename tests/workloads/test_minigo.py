@@ -164,6 +164,7 @@ def _small_config(readouts: int = 8) -> S.PlayConfig:
                         disable_resign_pct=0.5)
 
 
+@pytest.mark.slow
 def test_self_play_with_a_fixed_seed_is_reproducible():
     game = go.load_game(N, 7.5)
 

@@ -151,6 +151,7 @@ def test_mini_log_passes_checker_with_ncf_rules(ncf_run, tmp_path):
     assert not check(closed).valid
 
 
+@pytest.mark.slow
 def test_a_user_who_rated_every_item_is_an_error_not_a_hang(tmp_path):
     """Evaluation negatives are drawn from the items a user never rated; with none left, rejection
     sampling used to loop for ever. Run in a subprocess so that a hang fails the test."""

@@ -187,6 +187,7 @@ def test_verify_lists_bad_images_in_parallel_and_the_run_skips_them(tmp_path, ca
     assert len(err) == 1 and "changed since it was verified" in err[0] and "--verify again" in err[0]
 
 
+@pytest.mark.slow
 def test_a_file_name_that_is_not_utf8_is_verified_listed_and_skipped(tmp_path, capsys):
     """A name with a byte that is not UTF-8 (Latin-1 'ÿ'): --verify lists it (as a Python literal), the
     list stays readable, and a plain prepare does not ask for --verify again (it used to: a loop)."""

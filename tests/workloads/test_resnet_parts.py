@@ -17,6 +17,7 @@ from trainperf.workloads.resnet import images as resnet_images
 from trainperf.workloads.resnet.model import MiniResNet, build_resnet50
 
 
+@pytest.mark.slow
 def test_resnet50_is_v1_5():
     model = build_resnet50(1000)
     assert sum(p.numel() for p in model.parameters()) == 25_557_032
@@ -141,6 +142,7 @@ def test_device_decoding_reads_what_pillow_reads_and_falls_back_for_a_png(tmp_pa
                        torch.device("cpu"))
 
 
+@pytest.mark.slow
 def test_decode_on_the_device_runs_the_full_path(tmp_path):
     import json
 

@@ -119,6 +119,7 @@ def test_batched_loss_equals_torchvisions_per_image_loss(loss_type, which, refer
         model.head.regression_head._loss_type = "l1" if which == "reference" else "giou"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["mini", "reference"])
 def test_static_shapes_give_the_same_losses_and_gradients(which, reference):
     """--static-shapes: images resized and boxes padded before the model (present marks the real ones) give
@@ -186,6 +187,7 @@ def test_logged_tensor_names_are_the_closed_rules_list(reference):
     assert len(listed) == 89 and sorted(M.reference_tensor_names(reference)) == sorted(listed)
 
 
+@pytest.mark.slow
 def test_backbone_weights_are_loaded_and_checked(tmp_path):
     from torchvision.models import resnext50_32x4d
 

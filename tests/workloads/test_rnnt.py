@@ -453,6 +453,7 @@ TINY = ["--set", "enc_hidden=32", "--set", "pre_layers=1", "--set", "post_layers
         "--set", "max_epochs=2", "--set", "eval_batch_size=8", "--set", "loader_threads=2"]
 
 
+@pytest.mark.slow
 def test_full_path_runs_end_to_end_on_a_tiny_librispeech(tmp_path, capsys):
     """prepare (manifests, the 1,023-piece sentencepiece model asked for) then the full recipe's code
     path: three training subsets, duration filter, bucketing, gradient accumulation, features, EMA,
@@ -506,6 +507,7 @@ def test_two_processes_reach_the_target_like_one(tmp_path):
     assert [r["key"] for r in records].count("run_start") == 1
 
 
+@pytest.mark.slow
 def test_bench_reports_utterances_per_second(capsys):
     mini_data("rnnt")
     assert main(["bench", "rnnt", "--steps", "3", "--warmup", "1", "--device", "cpu"]) == 0
@@ -571,6 +573,7 @@ def test_static_shapes_pad_to_buckets_without_changing_the_loss():
             FULL_RECIPES.values())), static_shapes=True, bucket_frames=(64, 512)).validate()
 
 
+@pytest.mark.slow
 def test_compiled_loss_is_one_operator_with_the_same_values():
     """Compiled, the transducer loss is one custom operator (its T + U diagonals are not unrolled into the
     graph): fullgraph, the same loss and gradient as eager, and torch.library's own checks pass."""

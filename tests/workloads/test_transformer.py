@@ -70,6 +70,7 @@ FIXED_REFERENCES = ["Der Hund sieht die Katze, die im Garten schläft.",
                     "Heute ruft der Lehrer die Ärztin an!"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hypotheses", [
     ["der hund sieht die katze , die im garten schläft .", "Es kostet 3.5 Euro oder 1,000 Yen, sagt Anna.",
      "Heute ruft der Lehrer die Ärztin an!"],
@@ -164,6 +165,7 @@ def mini_root(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_mini_corpus_is_prepared_in_the_wmt_layout(mini_root):
     assert (mini_root / "train" / "synthetic.de-en.en").is_file() and (mini_root / "newstest2014.de").is_file()
     assert D.WMT17(D.MINI_VOCAB, generated=True).problems(mini_root) == []
@@ -335,11 +337,11 @@ def test_the_closed_rules_refuse_adam_epsilon_1e8(tmp_path):
 
 
 @pytest.mark.second_tier
-def test_mini_runs_end_to_end_and_log_passes_ruleset_070(tmp_path, mini_root):
-    """One epoch with its beam-search evaluation (the target itself: README, 10 seeds)."""
+def test_mini_runs_end_to_end_and_log_passes_ruleset_070(tmp_path):
+    """One epoch with its beam-search evaluation (the target itself: README, 10 seeds), on the mini data
+    trainperf generates (a folder made by the generator alone has no record of it, and a mini refuses it)."""
     out = tmp_path / "run"
-    result = cut_short_run(["transformer", "--data", str(mini_root), "--seed", "1", "--set", "max_epochs=1"], out,
-                           "0.7.0")
+    result = cut_short_run(["transformer", "--seed", "1", "--set", "max_epochs=1"], out, "0.7.0")
     assert 0.0 <= result["evaluations"][-1]["value"] < 1.0
     events = read_log(out / "mlperf_log.txt")
     length = next(e for e in events if e["key"] == "max_sequence_length")
