@@ -42,6 +42,22 @@ def lr_factor(recipe: LlamaRecipe) -> Callable[[int], float]:
     return factor
 
 
+def _model_and_adamw(model_class: Any, recipe: LlamaRecipe, ctx: RuntimeContext
+                     ) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The decoder and its AdamW, as every member of the family builds them."""
+    with torch.device("meta" if recipe.meta_init else ctx.device):
+        model = model_class(recipe.model, recipe.seq_len)
+        if not recipe.meta_init:
+            model.reset_parameters()
+    # Megatron's default: no weight decay on the norms' scales (every 1-D parameter).
+    decayed = [p for p in model.parameters() if p.dim() > 1]
+    plain = [p for p in model.parameters() if p.dim() <= 1]
+    optimizer = torch.optim.AdamW(
+        [{"params": decayed, "weight_decay": recipe.weight_decay}, {"params": plain, "weight_decay": 0.0}],
+        lr=recipe.base_lr, betas=(recipe.beta1, recipe.beta2), eps=recipe.eps, **kernels(recipe.fused_optimizer))
+    return model, optimizer
+
+
 class DecoderWorkload(Workload[R]):
     """A decoder-only language model pretrained to a log perplexity (a dense Llama unless a subclass builds
     another model)."""
@@ -66,17 +82,7 @@ class DecoderWorkload(Workload[R]):
         # Built and initialised on the device: every process holds the whole model until the engine shards
         # it (the same seed everywhere: the same weights), never a host copy per process. With meta_init,
         # on no device: the engine initialises each shard where it lands (Llama.init_weights).
-        with torch.device("meta" if recipe.meta_init else ctx.device):
-            model = Llama(recipe.model, recipe.seq_len)
-            if not recipe.meta_init:
-                model.reset_parameters()
-        # Megatron's default: no weight decay on the norms' scales (every 1-D parameter).
-        decayed = [p for p in model.parameters() if p.dim() > 1]
-        plain = [p for p in model.parameters() if p.dim() <= 1]
-        optimizer = torch.optim.AdamW(
-            [{"params": decayed, "weight_decay": recipe.weight_decay}, {"params": plain, "weight_decay": 0.0}],
-            lr=recipe.base_lr, betas=(recipe.beta1, recipe.beta2), eps=recipe.eps,
-            **kernels(recipe.fused_optimizer))
+        model, optimizer = _model_and_adamw(Llama, recipe, ctx)
         return ModelParts(model=model, optimizer=optimizer, loss_fn=next_token_loss,
                           lr_schedule=lambda steps: lr_factor(recipe), eval_forward=token_losses,
                           parallel=self.parallelism(recipe))
@@ -116,18 +122,7 @@ class MoEWorkload(DecoderWorkload[MoERecipe]):
         return logged
 
     def build(self, recipe: MoERecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
-        # As the Llama's: built on the device (every process the same weights from the same seed) or, with
-        # meta_init, nowhere until the engine has sharded it.
-        with torch.device("meta" if recipe.meta_init else ctx.device):
-            model = MoETransformer(recipe.model, recipe.seq_len)
-            if not recipe.meta_init:
-                model.reset_parameters()
-        decayed = [p for p in model.parameters() if p.dim() > 1]
-        plain = [p for p in model.parameters() if p.dim() <= 1]
-        optimizer = torch.optim.AdamW(
-            [{"params": decayed, "weight_decay": recipe.weight_decay}, {"params": plain, "weight_decay": 0.0}],
-            lr=recipe.base_lr, betas=(recipe.beta1, recipe.beta2), eps=recipe.eps,
-            **kernels(recipe.fused_optimizer))
+        model, optimizer = _model_and_adamw(MoETransformer, recipe, ctx)
         rate = recipe.model.bias_update_rate
         return ModelParts(model=model, optimizer=optimizer, loss_fn=moe_loss,
                           lr_schedule=lambda steps: lr_factor(recipe), eval_forward=moe_token_losses,
