@@ -1,17 +1,22 @@
 """A GPU round in one command, for whoever has a GPU for a few minutes.
 
-    python benchmarks/gpu_round.py --out DIR [--budget-min 9] [--sections env,tests,bench,graphs,suite]
+    python benchmarks/gpu_round.py --out DIR [--budget-min 9] [--sections env,bench,syncs,graphs] [--remeasure]
 
 Within the budget (sections in order of value; one that no longer fits is recorded as skipped):
   env     the device, driver and software versions
-  tests   the GPU-only tests (python -m pytest -m gpu)
+  bench   every workload at full scale on synthetic data with the best eager switches, and a torch.profiler
+          table of its top operators by device and by host time: all in one process (benchmarks/bench_worker.py),
+          in the ledger's order (docs/gpu/ledger.json: never measured on this GPU model first, then the oldest;
+          what is unchanged since, same code, GPU model and torch, is skipped unless --remeasure)
+  syncs   the sync audit (benchmarks/sync_audit.py, one process): each workload's step as the counter counts
+          it and as torch reports it under set_sync_debug_mode("warn"), with where each synchronisation is
+  graphs  every workload offering --cuda-graphs: eager -> --compile -> --cuda-graphs (static shapes where its
+          batches vary), one process per workload capped at twice its last compile time, fastest first;
+          torch.compile's cache artifacts carried from round to round (docs/gpu/cache/GPU-TORCH, hits reported)
+  tests   the GPU-only tests (python -m pytest -m gpu, on the files that hold them)
   nccl    a launched group of one on the GPU (torchrun --nproc_per_node 1): NCCL, DDP, the collectives
   ladder  ResNet-50 full, synthetic, batch 256: fp32 -> channels-last -> bf16 -> fused optimizer ->
           compile -> CUDA Graphs, one `bench` per rung (throughput, step time, memory, MFU)
-  bench   every workload at full scale on synthetic data with the best eager switches, and a
-          torch.profiler table of its top operators by device and by host time
-  graphs  every workload offering --cuda-graphs: eager -> --compile -> --cuda-graphs (static shapes where its
-          batches vary), one `bench` per rung
   counts  benchmarks/step_ops.py on the device: operators, synchronisations, host time per step
   pipeline the full ResNet-50 input pipeline on an ImageNet-like JPEG folder (benchmarks/imagenet_like.py):
           the data share of the step with decoding in DataLoader workers and on the device
@@ -20,8 +25,10 @@ Within the budget (sections in order of value; one that no longer fits is record
   fp8     BERT with --precision fp8 --compile (torchao's float8 training)
   suite   the mini suite on the device (the fast minis unless --suite-all)
 Writes DIR/round.json and DIR/round.md (device, versions, every command and its figures) after each
-section, and DIR/details.tar.gz (every command's output and JSON). The README's "GPU round" section
-says how to run it on a bare GPU machine (the wheels to carry).
+section, DIR/details.tar.gz (every command's output and JSON), DIR/ledger.json (the ledger with this round's
+measurements: `python benchmarks/gpu_ledger.py --merge DIR/ledger.json` takes them into docs/gpu/ledger.json)
+and DIR/compile-cache/ (commit it as docs/gpu/cache/GPU-TORCH/ where it fits the carry limits). The README's
+"GPU round" section says how to run it on a bare GPU machine (the wheels to carry).
 
 On a CPU (`--device cpu --quick`) every section runs at toy sizes: tests/test_gpu_round.py checks
 the summary's format and one workload's profile that way.
@@ -45,7 +52,13 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = ("env", "tests", "nccl", "ladder", "bench", "graphs", "counts", "pipeline", "peers", "fp8", "suite")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_ledger  # noqa: E402 - benchmarks/gpu_ledger.py, beside this script
+
+# In order of value: what was never measured first (the bench section puts it first within), then the sync audit,
+# the compile ladders (fast compiles first), then what earlier rounds measured.
+SECTIONS = ("env", "bench", "syncs", "graphs", "tests", "nccl", "ladder", "counts", "pipeline", "peers", "fp8",
+            "suite")
 
 
 def probes() -> dict[str, Any]:
@@ -66,15 +79,21 @@ FAST_MINIS = "resnet,ncf,dlrm,ssd,transformer,gnmt,bert,unet3d"
 # The graphs section: each workload that offers CUDA Graphs, eager, then compiled, then recorded as CUDA Graphs
 # (with static shapes where its batches vary: --cuda-graphs turns them on), at the bench section's batch.
 GRAPH_RUNGS = (("eager", []), ("compile", ["--compile"]), ("CUDA Graphs", ["--cuda-graphs"]))
-MIN_S = {"env": 5, "tests": 60, "nccl": 30, "ladder": 60, "bench": 60, "graphs": 60, "counts": 60, "pipeline": 60,
-         "peers": 60, "fp8": 60, "suite": 60}
-MAX_S = {"env": 30, "tests": 240, "nccl": 120, "ladder": 270, "bench": 300, "graphs": 300, "counts": 150,
+MIN_S = {"env": 5, "tests": 60, "nccl": 30, "syncs": 60, "ladder": 60, "bench": 60, "graphs": 60, "counts": 60,
+         "pipeline": 60, "peers": 60, "fp8": 60, "suite": 60}
+MAX_S = {"env": 30, "tests": 240, "nccl": 120, "syncs": 180, "ladder": 270, "bench": 300, "graphs": 300, "counts": 150,
          "pipeline": 180, "peers": 240, "fp8": 180, "suite": 480}
 
 
 class Round:
-    def __init__(self, out: Path, budget_s: float, device: str, quick: bool) -> None:
-        self.out, self.device, self.quick = out, device, quick
+    def __init__(self, out: Path, budget_s: float, device: str, quick: bool, remeasure: bool = False,
+                 ledger: Path = gpu_ledger.LEDGER) -> None:
+        self.out, self.device, self.quick, self.remeasure = out, device, quick, remeasure
+        self.ledger = gpu_ledger.load(ledger)
+        self.codes: dict[str, str] = {}
+        # torch.compile's cache artifacts: the committed ones (docs/gpu/cache) are copied here at the start and
+        # every worker loads and saves here, so that they come back with the round's files.
+        self.cache = out / "compile-cache"
         self.deadline = time.monotonic() + budget_s
         self.started = time.monotonic()
         self.details: dict[str, bytes] = {}
@@ -169,8 +188,10 @@ class Round:
         return {"commands": [ran] + ([smi] if smi else []), "status": "ok" if env else "error"}
 
     def tests(self) -> dict[str, Any]:
+        # By file: collecting the whole suite (1,300 tests) to run the few GPU ones cost a lent GPU a minute.
+        files = gpu_test_files()
         ran = self.run("tests", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                                 "--durations=0"], self.left())
+                                 "-n", "0", "--durations=0", *files], self.left())
         last = ran["tail"][-1] if ran["tail"] else ""
         counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|error)", last)}
         return {"commands": [ran], "results": counts,
@@ -214,11 +235,71 @@ class Round:
         return {"commands": commands, "results": rows,
                 "status": "ok" if all("failed" not in r for r in rows) else "failed"}
 
+    # -- the ledger: what was measured before, and what comes first ------------------------------------------
+    def gpu(self) -> str:
+        env = self.summary.get("environment", {})
+        return (env.get("gpus") or [self.device])[0]
+
+    def torch_version(self) -> str:
+        return self.summary.get("environment", {}).get("versions", {}).get("torch") or "unknown"
+
+    def planned(self, keys: list[str]) -> list[gpu_ledger.Planned]:
+        codes = {k: self.codes.setdefault(k.split("/")[1], gpu_ledger.fingerprint(k.split("/")[1])) for k in keys}
+        return gpu_ledger.plan(keys, self.ledger, self.gpu(), self.torch_version(), codes)
+
+    def measured(self, entry_key: str, row: dict[str, Any], seconds: float | None) -> None:
+        """A measurement into the round's ledger ($OUT/ledger.json: `gpu_ledger.py --merge` takes it in)."""
+        workload = entry_key.split("/")[1]
+        gpu_ledger.record(self.ledger, entry_key, row, commit=self.summary.get("environment", {}).get("git_sha") or
+                          "unknown", gpu=self.gpu(), torch=self.torch_version(),
+                          date=self.summary["started"][:10], code=self.codes.get(workload), seconds=seconds)
+        gpu_ledger.save(self.ledger, self.out / "ledger.json")
+
+    def committed_cache(self) -> Path:
+        """The compile cache committed for this GPU model and torch version (docs/gpu/cache/KIND-TORCH)."""
+        return REPO / "docs" / "gpu" / "cache" / f"{gpu_ledger.gpu_kind(self.gpu())}-{self.torch_version()}"
+
+    def worker(self, name: str, jobs: list[dict[str, Any]], timeout: float) -> tuple[dict[str, Any], Path]:
+        """`jobs` (trainperf commands) in one process (benchmarks/bench_worker.py), with the compile cache."""
+        if not self.cache.exists():
+            self.cache.mkdir(parents=True)
+            committed = self.committed_cache()
+            for path in sorted(committed.glob("*.bin")) if committed.is_dir() else []:
+                (self.cache / path.name).write_bytes(path.read_bytes())
+        folder = self.out / "work" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "jobs.json").write_text(json.dumps(jobs))
+        ran = self.run(name, [sys.executable, str(REPO / "benchmarks" / "bench_worker.py"), str(folder / "jobs.json"),
+                              "--cache", str(self.cache)], timeout,
+                       shown=f"python benchmarks/bench_worker.py ({len(jobs)} trainperf commands in one process)")
+        for job in jobs:
+            if (folder / f"{job['name']}.txt").is_file():
+                self.details[f"{job['name']}.txt"] = (folder / f"{job['name']}.txt").read_bytes()
+        report = self.json_of(folder / "cache.json")
+        if report:
+            self.summary.setdefault("compile_cache", []).append({"worker": name, **report})
+        return ran, folder
+
+    def job_result(self, folder: Path, name: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """A worker job's result JSON (None: it failed or did not run) and its exit and seconds."""
+        try:
+            done = json.loads((folder / f"{name}.done.json").read_text())
+        except (OSError, ValueError):
+            return None, {"exit": "timeout", "seconds": None}
+        result = self.json_of(folder / f"{name}.json") if done["exit"] == 0 else None
+        return result, done
+
     def bench(self) -> dict[str, Any]:
-        rows, commands = [], []
+        """Every workload's eager bench in one process, in the ledger's order: never measured on this GPU model
+        first, then the oldest; the unchanged skipped (--remeasure measures them too)."""
+        rows, jobs, order = [], [], []
         declared = probes()
         workloads = self.summary.get("workloads") or list(declared)
-        for workload in workloads:
+        for planned in self.planned([gpu_ledger.key("bench", w) for w in workloads]):
+            workload = planned.key.split("/")[1]
+            if planned.unchanged and not self.remeasure:
+                rows.append({"workload": workload, "skipped": planned.reason})
+                continue
             spec = declared[workload]
             batch = "2" if self.quick else str(spec.batch)
             steps, warmup, profile = ("1", "1", "1") if self.quick else ("10", "3", "3")
@@ -233,23 +314,40 @@ class Round:
                 for item in registry.get(workload).step_probe:
                     if not item.startswith("global_batch_size"):
                         args += ["--set", item]
-            if self.left() < 20:
-                rows.append({"workload": workload, "skipped": "budget"})
-                continue
-            ran, result = self._bench(f"bench-{workload}", workload, args)
-            commands.append(ran)
-            rows.append({"workload": workload, **_bench_row(result), "profile": (result or {}).get("profile")}
-                        if result else {"workload": workload, **_unfinished(ran)})
-        return {"commands": commands, "results": rows,
+            path = self.out / "work" / "bench" / f"bench-{workload}.json"
+            jobs.append({"name": f"bench-{workload}", "argv": ["bench", workload, "--device", self.device, *args,
+                                                               "--json", str(path)]})
+            order.append((workload, planned))
+        if not jobs:
+            return {"commands": [], "results": rows, "status": "ok"}
+        ran, folder = self.worker("bench", jobs, self.left())
+        for workload, planned in order:
+            result, done = self.job_result(folder, f"bench-{workload}")
+            row = {"workload": workload, "why": planned.reason}
+            if result:
+                row.update(_bench_row(result), profile=result.get("profile"))
+                self.measured(gpu_ledger.key("bench", workload), row, done["seconds"])
+            else:  # a job the worker never finished: the round's budget stopped it
+                row.update(_unfinished({"exit": done["exit"], "seconds": done["seconds"] or ran["seconds"]}))
+            rows.append(row)
+        return {"commands": [ran], "results": rows,
                 "status": "ok" if all("failed" not in r for r in rows) else "failed"}
 
     def graphs(self) -> dict[str, Any]:
+        """Each workload offering CUDA Graphs: eager, compiled, graphed, in one process per workload (a hung
+        compile costs its cap, not the round); the fastest compiles first by the ledger's times, the unknown
+        next, the slowest last, each capped at twice its last time."""
         from trainperf import registry
 
         rows, commands = [], []
         declared = probes()
         workloads = [w for w in (self.summary.get("workloads") or list(declared))
                      if "cuda_graphs" in registry.get(w).speedups]
+        compiles = self.planned([gpu_ledger.key("graphs", w, "compile") for w in workloads])
+        known = {p.key.split("/")[1]: p for p in compiles}
+        workloads.sort(key=lambda w: (known[w].seconds is None, known[w].seconds or 0.0))
+        slow = [w for w in workloads if (known[w].seconds or 0) > gpu_ledger.UNKNOWN_COMPILE_S]
+        workloads = [w for w in workloads if w not in slow] + slow
         for workload in workloads:
             spec = declared[workload]
             batch = "2" if self.quick else str(spec.batch)
@@ -257,19 +355,50 @@ class Round:
                     "--warmup", "1" if self.quick else "3", "--precision", "bf16", *_supported_switches(workload)]
             for item in spec.sets:
                 base += ["--set", item]
+            jobs, labels = [], []
             for label, added in GRAPH_RUNGS:
                 if self.device == "cpu" and added == ["--cuda-graphs"]:
                     rows.append({"workload": workload, "rung": label, "skipped": "needs a GPU"})
                     continue
-                if self.left() < 20:
-                    rows.append({"workload": workload, "rung": label, "skipped": "budget"})
-                    continue
-                ran, result = self._bench(f"graphs-{workload}-{len(rows)}", workload, [*base, *added])
-                commands.append(ran)
-                rows.append({"workload": workload, "rung": label, **_bench_row(result)} if result
-                            else {"workload": workload, "rung": label, **_unfinished(ran)})
+                name = label.replace(" ", "-")
+                path = self.out / "work" / f"graphs-{workload}" / f"{name}.json"
+                jobs.append({"name": name, "argv": ["bench", workload, "--device", self.device, *base, *added,
+                                                    "--json", str(path)]})
+                labels.append(label)
+            if self.left() < 20:
+                rows += [{"workload": workload, "rung": label, "skipped": "budget"} for label in labels]
+                continue
+            cap = 60 + 2 * gpu_ledger.compile_cap(known[workload])
+            ran, folder = self.worker(f"graphs-{workload}", jobs, min(cap, self.left()))
+            commands.append(ran)
+            for label, job in zip(labels, jobs, strict=True):
+                result, done = self.job_result(folder, job["name"])
+                row = {"workload": workload, "rung": label}
+                if result:
+                    row.update(_bench_row(result))
+                    self.measured(gpu_ledger.key("graphs", workload, label), row, done["seconds"])
+                else:
+                    row.update(_unfinished({"exit": done["exit"], "seconds": done["seconds"] or ran["seconds"]}))
+                rows.append(row)
         return {"commands": commands, "results": rows,
                 "status": "ok" if all("failed" not in r for r in rows) else "failed"}
+
+    def syncs(self) -> dict[str, Any]:
+        from trainperf import registry
+
+        path = self.out / "work" / "syncs.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        planned = self.planned([gpu_ledger.key("syncs", w) for w in self.summary.get("workloads") or registry.names()])
+        only = ",".join(p.key.split("/")[1] for p in planned if not p.unchanged or self.remeasure)
+        if not only:
+            return {"commands": [], "results": [], "status": "ok", "reason": "every workload unchanged"}
+        ran = self.run("syncs", [sys.executable, str(REPO / "benchmarks" / "sync_audit.py"), "--device", self.device,
+                                 "--only", only, "--json", str(path)], self.left())
+        rows = self.json_of(path) or []
+        for row in rows:
+            if "error" not in row and "device" in row:
+                self.measured(gpu_ledger.key("syncs", row["workload"]), row, row.get("seconds"))
+        return {"commands": [ran], "results": rows, "status": "ok" if ran["exit"] == 0 else "failed"}
 
     def counts(self) -> dict[str, Any]:
         path = self.out / "work" / "counts.json"
@@ -339,6 +468,12 @@ class Round:
         rows = [{k: r.get(k) for k in ("workload", "status", "reason", "score_minutes", "converged", "runs",
                                        "epochs_to_target", "samples_per_s", "wall_s")} for r in data.get("rows", [])]
         return {"commands": [ran], "results": rows, "status": "ok" if ran["exit"] == 0 else "failed"}
+
+
+def gpu_test_files() -> list[str]:
+    """The test files holding tests marked `gpu` (read from their text: no collection)."""
+    return sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py")
+                  if "mark.gpu" in p.read_text(encoding="utf-8"))
 
 
 def _supported_switches(workload: str) -> list[str]:
@@ -456,6 +591,16 @@ def markdown(summary: dict[str, Any]) -> str:
                         lines.append(f"| {left} | | {right} |")
                     else:
                         lines.append(f"| {right} |")
+        elif name == "syncs" and results:
+            lines += ["| workload | syncs / step, counted | syncs / step, the device reports | where they differ |",
+                      "|---|---|---|---|"]
+            for r in results:
+                if "error" in r:
+                    lines.append(f"| {r['workload']} | failed: {r['error'][:80]} | | |")
+                    continue
+                differ = "" if r.get("agree", True) else "; ".join(
+                    f"{n:g} x {site}" for site, n in list(r["device_sites"].items())[:3])
+                lines.append(f"| {r['workload']} | {r['counted']:g} | {_num(r.get('device'), 'g')} | {differ} |")
         elif name == "counts" and results:
             lines += ["| workload | ops / step | kernels | syncs | host-data tensors | host ms | step ms |",
                       "|---|---|---|---|---|---|---|"]
@@ -496,6 +641,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", help="bench and counts only these (default: all)")
     parser.add_argument("--suite-all", action="store_true", help="every mini in the suite (default: the fast ones)")
     parser.add_argument("--quick", action="store_true", help="toy sizes (the CPU test of the format)")
+    parser.add_argument("--ledger", type=Path, default=gpu_ledger.LEDGER,
+                        help="what earlier rounds measured (default: docs/gpu/ledger.json)")
+    parser.add_argument("--remeasure", action="store_true",
+                        help="measure what the ledger (docs/gpu/ledger.json) says is unchanged too")
     args = parser.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
     unknown = sorted(set(sections) - set(SECTIONS))
@@ -505,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     declared = probes()
     if workloads and set(workloads) - set(declared):
         parser.error(f"--workloads: unknown {', '.join(sorted(set(workloads) - set(declared)))}")
-    round_ = Round(args.out, args.budget_min * 60, args.device, args.quick)
+    round_ = Round(args.out, args.budget_min * 60, args.device, args.quick, args.remeasure, args.ledger)
     round_.summary["workloads"] = workloads
     chosen = list(declared) if args.suite_all else workloads
     round_.summary["suite_only"] = ",".join(chosen) if chosen else None

@@ -198,6 +198,16 @@ def copy_async(tensor: torch.Tensor, device: torch.device, stream: Any) -> torch
     return moved
 
 
+def from_host(data: Any, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A tensor of Python data on `device`, without waiting for the device: made in pinned host memory on a
+    GPU (torch's host allocator keeps the block until the copy has run) and copied with non_blocking.
+    `torch.tensor(data, device=)` copies from pageable memory and waits for the stream before returning."""
+    host = torch.tensor(data, dtype=dtype)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
 def hand_over(tensors: tuple[torch.Tensor, ...], device: torch.device, stream: Any) -> None:
     """Make the current stream wait for `stream`'s copies of `tensors`, and tell the allocator they are
     used there (so their memory is not reused while the current stream still reads them)."""

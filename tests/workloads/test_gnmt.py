@@ -161,7 +161,7 @@ def test_mini_runs_end_to_end_and_log_passes_ruleset_070(tmp_path):
 
 
 def test_encoder_packs_as_torchs_unsorted_packing_does():
-    """The encoder sorts once on the host instead of in every layer: the same outputs and gradients as
+    """The encoder sorts once, on the device, instead of in every layer: the same outputs and gradients as
     pack_padded_sequence(enforce_sorted=False) layer by layer (lengths tied and untied)."""
     from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -171,7 +171,7 @@ def test_encoder_packs_as_torchs_unsorted_packing_does():
     encoder = Encoder(8, dropout=0.0)
     x = torch.randn(6, 7, 8, requires_grad=True)
     lengths = [3, 7, 5, 7, 1, 3]
-    ours = encoder(x, lengths)
+    ours = encoder(x, lengths, torch.tensor(lengths))
     ours.sum().backward()
     ours_grad = x.grad.clone()
     x.grad = None

@@ -114,6 +114,59 @@ def test_the_moe_layer_is_each_token_through_its_experts(name, align):
     assert int(layer.load.sum()) == 18 * CONFIGS[name].top_k
 
 
+def _naive_with_capacity(layer: MoE, x: torch.Tensor, capacity: int) -> torch.Tensor:
+    """The definition of capacity dropping: each expert takes its first `capacity` assignments in token order
+    (token t's j-th choice is assignment t x k + j); a dropped assignment adds nothing."""
+    flat = x.reshape(-1, x.shape[-1])
+    weights, chosen, _ = layer.router(flat)
+    taken = torch.zeros(layer.config.experts, dtype=torch.int64)
+    keep = torch.zeros_like(chosen, dtype=torch.bool)
+    for t in range(chosen.shape[0]):
+        for j in range(chosen.shape[1]):
+            e = int(chosen[t, j])
+            keep[t, j] = bool(taken[e] < capacity)
+            taken[e] += 1
+    real = layer.router.forward
+
+    def router(rows):
+        w, c, p = real(rows)
+        return w * keep, c, p
+
+    layer.router.forward = router
+    try:
+        return _naive(layer, x)
+    finally:
+        del layer.router.forward
+
+
+@pytest.mark.parametrize("align", [1, 16])
+@pytest.mark.parametrize(("factor", "drops"), [(4.0, False), (0.6, True)])
+def test_a_capacity_factor_drops_what_is_over_each_experts_capacity(factor, drops, align):
+    """Static shapes for a graphable dispatch: every expert's rows in a buffer of its capacity, the assignments
+    past it dropped (position policy); a factor of experts / k drops nothing and is the dropless layer."""
+    config = dataclasses.replace(CONFIGS["gpt-oss (card)"], capacity_factor=factor)
+    torch.manual_seed(0)
+    layer = MoE(16, config)
+    layer.align = align
+    init_moe(layer, 0.3, 0.2)
+    for bias in (layer.experts.b1, layer.experts.b3, layer.experts.b2):
+        torch.nn.init.normal_(bias, std=0.1)
+    x = torch.randn(2, 9, 16, requires_grad=True)
+    capacity = layer.capacity(18, x.device)
+    assert capacity == -(-max(1, math.ceil(factor * 18 * 4 / 8)) // align) * align
+    out, _ = layer(x)
+    ref = _naive_with_capacity(layer, x, capacity)
+    assert torch.allclose(out, ref, atol=1e-5)
+    assert (int(layer.load.max()) > capacity) == (drops and align == 1)  # 16-row alignment: room for all
+    if not drops:
+        assert torch.allclose(out, _naive(layer, x), atol=1e-5)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, [x, layer.experts.w1, layer.router.gate.weight], g)
+    want = torch.autograd.grad(ref, [x, layer.experts.w1, layer.router.gate.weight], g)
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
 def test_the_padded_fallback_equals_the_grouped_kernel(monkeypatch):
     x, w = torch.randn(11, 8), torch.randn(3, 8, 8)
     ends = torch.tensor([4, 4, 9], dtype=torch.int32)  # an empty group, and rows past the last group

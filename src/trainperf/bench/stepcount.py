@@ -1,31 +1,40 @@
 """What one training step asks of the host, counted on any machine (a CPU will do): the operators it
 dispatches, those that launch work, those that make a GPU and its host wait for each other, the
-tensors it builds from host data, and the host time spent outside operators.
+tensors it moves from the host, and the host time spent outside operators.
 
 On a GPU every dispatched operator costs host time (Python, the dispatcher, a kernel launch: a few
 microseconds) while the device runs asynchronously; a step whose host work exceeds its device work is
 launch-bound, and every synchronisation drains the device's queue. These counts do not depend on the
 device, so a CPU run predicts where a GPU step will stall (compare ../shared/gpu: RNN-T at 0.1 % MFU).
 
-Synchronisations, by kind:
+Synchronisations, by kind (what `torch.cuda.set_sync_debug_mode("warn")` reports on a GPU):
 - `item`: a value read back to the host (`.item()`, `float(t)`, `bool(t)`: aten::_local_scalar_dense);
 - `data-dependent shape`: an output whose size only the device knows (nonzero, masked_select, a
   boolean-mask index, unique, repeat_interleave without output_size, bincount);
-- `host copy`: `.cpu()`, `.numpy()`, `.tolist()` of a tensor;
+- `host copy`: a device tensor copied to the host in any form (`.cpu()`, `.numpy()`, `.tolist()`,
+  `.to("cpu")`, `torch.as_tensor(t, device="cpu")`, `host.copy_(t)`);
+- `blocking copy`: host data copied to the device without `non_blocking=True` (`torch.tensor(data,
+  device=)`, `as_tensor(..., device=)`, `t.to(device)`, `device_t.copy_(host_t)`): torch's copy waits for
+  the stream before it returns (cudaStreamSynchronize), whatever memory the data is in;
 - `device synchronize`: an explicit wait (trainperf.devices.synchronize).
-`host data` counts the step's host-to-device copies: host tensors moved to the device, and tensors
-made on the device from Python or NumPy data (torch.tensor, as_tensor, from_numpy given a device); on
-a GPU each is a pageable copy, before which CUDA synchronises the stream.
+`host data` counts every host-to-device transfer of the step, blocking or not.
+
+Every frame's code counts: trainperf's, and the libraries' (torchvision, TorchRec, torchao), whose
+calls inside a step synchronise a GPU as much as the step's own; only torch's own package is taken for
+bookkeeping (its host-side scalars: the optimizers' step counters). A file belongs to torch when a path
+component says so, never by a prefix of its name (".../torchvision/" is not torch's).
 
 Counted as if every tensor of the step lived on the device, as it does on a GPU, except what torch
 keeps on the host by design: the optimizers' step counters (reading them is no synchronisation), and
-torch's own host-side scalars.
+what is made of host tensors alone. Checks that torch runs on a CPU only (F.one_hot's range checks,
+which a GPU leaves to the scatter kernel's assert) are not counted.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import statistics
 import sys
@@ -42,7 +51,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from trainperf import devices
-from trainperf.contract import Assets, Recipe, RuntimeContext, Workload
+from trainperf.contract import Assets, Recipe, RuntimeContext, StepProbe, Workload
 from trainperf.runtime import speedups
 from trainperf.runtime.step import TrainStep
 
@@ -56,25 +65,53 @@ _NO_KERNEL = {aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty, a
               aten.sym_stride, aten.sym_numel, aten.is_same_size, aten._has_compatible_shallow_copy_type}
 # Operators whose outputs at these positions torch always keeps on the host (whatever the inputs).
 _HOST_OUTPUTS = {aten._pack_padded_sequence: (1,)}  # (data, batch_sizes): batch_sizes is a CPU tensor
-SYNC_KINDS = ("item", "data-dependent shape", "host copy", "device synchronize")
-_TORCH_DIR = os.path.dirname(torch.__file__)
+SYNC_KINDS = ("item", "data-dependent shape", "host copy", "blocking copy", "device synchronize")
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SKIPPED_FILES = {__file__, contextlib.__file__}
 
 
+def in_torch(path: str) -> bool:
+    """Whether a code file is torch's own: inside torch's package folder, judged by path components (the
+    sibling packages torchvision, torchrec, torchao share the prefix ".../site-packages/torch")."""
+    return _kind(path)[0] == "torch"
+
+
+@functools.lru_cache(maxsize=4096)
+def _kind(path: str) -> tuple[str, str]:
+    """(torch | skipped | library | code, how the file is named in a site) for a code file's path."""
+    if path in _SKIPPED_FILES or not os.path.isabs(path):
+        return "skipped", path
+    path = os.path.abspath(path)
+    if os.path.commonpath([_TORCH_DIR, path]) == _TORCH_DIR:
+        return "torch", path
+    if os.path.commonpath([_PACKAGE_DIR, path]) == _PACKAGE_DIR:
+        return "code", os.path.relpath(path, _PACKAGE_DIR)
+    parts = path.split(os.sep)
+    if "site-packages" in parts:  # a library: named from its package down (torchvision/ops/boxes.py)
+        return "library", "/".join(parts[parts.index("site-packages") + 1:])
+    return "code", os.path.basename(path)
+
+
 def _site(depth: int = 2) -> str:
     """Where the current operator was called from: the innermost frame outside torch (and this module),
-    named relative to the package when it is trainperf's ('workloads/gnmt/model.py:88 (forward)')."""
+    named relative to the package when it is trainperf's ('workloads/gnmt/model.py:88 (forward)'); a
+    library's frame is followed by the first frame outside the libraries that called into it."""
     frame = sys._getframe(depth)
+    found = ""
     while frame is not None:
-        path = frame.f_code.co_filename
-        if not path.startswith(_TORCH_DIR) and path not in _SKIPPED_FILES:
-            shown = os.path.relpath(path, _PACKAGE_DIR) if path.startswith(_PACKAGE_DIR) else os.path.basename(path)
-            node = torch._C._current_autograd_node()  # inside backward: which forward operator's gradient
-            during = f" in {node.name()}" if node is not None else ""
-            return f"{shown}:{frame.f_lineno} ({frame.f_code.co_name}){during}"
+        kind, shown = _kind(frame.f_code.co_filename)
+        if kind in ("library", "code"):
+            place = f"{shown}:{frame.f_lineno} ({frame.f_code.co_name})"
+            if not found:
+                node = torch._C._current_autograd_node()  # inside backward: which forward operator's gradient
+                found = place + (f" in {node.name()}" if node is not None else "")
+                if kind == "code":
+                    return found
+            elif kind == "code":
+                return f"{found} via {place}"
         frame = frame.f_back
-    return "unknown"
+    return found or "unknown"
 
 
 def sync_kind(func: Any, args: tuple, kwargs: dict) -> str | None:
@@ -103,6 +140,10 @@ class Residency:
         self.device = device
         # id -> weak reference: a WeakSet would compare tensors with == (elementwise) on a hash clash.
         self._host: dict[int, weakref.ref] = {}
+        # Value reads ahead that torch makes on a CPU only (F.one_hot's range checks): not counted.
+        self.cpu_only_reads = 0
+        # Inside a transfer the Python hooks count (its own copy_ below is the same transfer).
+        self.transferring = False
 
     def host(self, tensor: Any) -> bool:
         if not isinstance(tensor, torch.Tensor):
@@ -140,29 +181,50 @@ class _Dispatched(TorchDispatchMode):
         self.ops: Counter[str] = Counter()
         self.kernels = 0
         self.syncs: Counter[str] = Counter()
+        self.host_data: Counter[str] = Counter()
         self.sites: Counter[str] = Counter()
         self.residency = residency or Residency(torch.device("cpu"))
 
+    def sync(self, kind: str, depth: int = 3) -> None:
+        self.syncs[kind] += 1
+        self.sites[f"{kind}: {_site(depth)}"] += 1
+
+    def transfer(self, what: str, non_blocking: bool, depth: int = 3) -> None:
+        """A host-to-device transfer: host data, and a synchronisation unless it was asked not to block."""
+        self.host_data[what] += 1
+        if non_blocking:
+            self.sites[f"{what} (non-blocking): {_site(depth)}"] += 1
+        else:
+            self.sync("blocking copy", depth + 1)
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        residency = self.residency
         self.ops[str(func.overloadpacket)] += 1
         if not (func.is_view or func.overloadpacket in _NO_KERNEL):
             self.kernels += 1
         inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        on_host = bool(inputs) and all(self.residency.host(t) for t in inputs)
+        on_host = bool(inputs) and all(residency.host(t) for t in inputs)
         kind = sync_kind(func, args, kwargs)
-        if kind and not on_host:
-            self.syncs[kind] += 1
-            self.sites[f"{kind}: {_site()}"] += 1
+        if kind == "item" and residency.cpu_only_reads:
+            residency.cpu_only_reads -= 1
+        elif kind and not on_host:
+            self.sync(kind)
+        if func.overloadpacket is aten.copy_ and not residency.transferring and len(args) > 1:
+            into, source = residency.host(args[0]), residency.host(args[1])
+            if into and not source:
+                self.sync("host copy")
+            elif source and not into and isinstance(args[1], torch.Tensor):
+                self.transfer("copy_ from the host", bool(args[2] if len(args) > 2 else kwargs.get("non_blocking")))
         out = func(*args, **kwargs)
         if self.replays is not None:
             shapes = ",".join(str(list(t.shape)) for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
             self.replays[-1].append((str(func), shapes, _site(2)))
         if on_host:  # what is made of host tensors alone stays on the host
             for tensor in pytree.tree_leaves(out):
-                self.residency.mark_host(tensor)
+                residency.mark_host(tensor)
         for index in _HOST_OUTPUTS.get(func.overloadpacket, ()):
-            self.residency.mark_host(out[index])
+            residency.mark_host(out[index])
         return out
 
 
@@ -192,12 +254,14 @@ def _on_host(device: Any) -> bool:
 _FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.randint,
               torch.randperm, torch.arange, torch.linspace, torch.logspace, torch.eye, torch.empty_strided,
               torch.scalar_tensor}
+_ONE_HOT = {torch.nn.functional.one_hot, torch._C._nn.one_hot}
 
 
 class _HostFactories(TorchFunctionMode):
     """A tensor factory called without a device makes a host tensor (torch's default device), such as
     torchvision's `torch.empty(1).uniform_(...).item()` for a random choice: reading it is no sync.
-    (See _on_host for what a device argument says.)"""
+    (See _on_host for what a device argument says.) And F.one_hot's value reads that torch makes on a CPU
+    only: given num_classes, a GPU reads nothing (the scatter kernel asserts the range); without, one."""
 
     def __init__(self, residency: Residency) -> None:
         super().__init__()
@@ -205,17 +269,34 @@ class _HostFactories(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if func in _ONE_HOT:
+            classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+            before = self.residency.cpu_only_reads
+            self.residency.cpu_only_reads = before + (2 if classes >= 0 else 1)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.residency.cpu_only_reads = before
         out = func(*args, **kwargs)
         if func in _FACTORIES and _on_host(kwargs.get("device")):
             self.residency.mark_host(out)
         return out
 
 
+def _move_target(args: tuple, kwargs: dict) -> tuple[Any, bool]:
+    """`Tensor.to`'s device (None: none named) and non_blocking, from any of its call forms: to(device,
+    dtype, non_blocking, copy), to(dtype, non_blocking, copy), to(other, non_blocking, copy)."""
+    target = kwargs.get("device", next((a for a in args if isinstance(a, (str, torch.device))), None))
+    flags = [a for a in args if isinstance(a, bool)]
+    return target, bool(kwargs.get("non_blocking", flags[0] if flags else False))
+
+
 @contextlib.contextmanager
-def _host_hooks(syncs: Counter[str], host_data: Counter[str], sites: Counter[str], residency: Residency
-                ) -> Iterator[None]:
-    """At the Python level, what the dispatcher does not show: copies of device tensors to the host,
-    explicit device waits, tensors built from host data (and their moves to the device)."""
+def _host_hooks(mode: _Dispatched) -> Iterator[None]:
+    """At the Python level, what the dispatcher does not show on a CPU (where a move to the step's device
+    is no operator at all): copies of device tensors to the host, explicit device waits, tensors built
+    from host data and moved to the device."""
+    residency = mode.residency
     saved: list[tuple[Any, str, Any]] = []
 
     inside = [False]  # a wrapper's own call of torch comes back through torch's function modes
@@ -227,56 +308,70 @@ def _host_hooks(syncs: Counter[str], host_data: Counter[str], sites: Counter[str
         def guarded(*args: Any, **kwargs: Any) -> Any:
             if inside[0]:
                 return original(*args, **kwargs)
-            inside[0] = True
+            inside[0] = residency.transferring = True
             try:
                 return wrapper(*args, **kwargs)
             finally:
-                inside[0] = False
+                inside[0] = residency.transferring = False
 
         saved.append((owner, name, original))
         setattr(owner, name, guarded)
 
     def ours() -> bool:
-        """Called from outside torch (torch's own host-side bookkeeping is not counted): the frame
-        above the wrapper that asks (frames: ours, the wrapper, guarded, the caller)."""
-        return not sys._getframe(3).f_code.co_filename.startswith(_TORCH_DIR)
+        """Called from outside torch (torch's own host-side scalars are not counted): the frame above the
+        wrapper that asks (frames: ours, the wrapper, guarded, the caller)."""
+        return not in_torch(sys._getframe(3).f_code.co_filename)
+
+    def to_host(tensor: torch.Tensor, result: Any) -> Any:
+        """`result`, the host copy of `tensor`: counted when `tensor` is on the device, made a distinct host
+        tensor on a CPU (where the copy is the tensor itself), made outside the counting: it stands for the
+        transfer, not for operators of the step."""
+        if not residency.host(tensor):
+            mode.sync("host copy", 4)
+            if result is tensor and tensor.device.type == "cpu":
+                with _disable_current_modes():
+                    result = tensor.clone()
+        residency.mark_host(result)
+        return result
 
     def host_copy(original: Any) -> Any:
         def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if not residency.host(tensor):  # a device tensor read back, by whomever (torch's code too)
-                syncs["host copy"] += 1
-                sites[f"host copy: {_site()}"] += 1
-                if original is torch.Tensor.cpu and tensor.device.type == "cpu":
-                    # A distinct host tensor (on a CPU, .cpu() returns the tensor itself), made outside the
-                    # counting: the copy stands for the transfer, not for operators of the step.
-                    with _disable_current_modes():
-                        copy = tensor.clone()
-                    residency.mark_host(copy)
-                    return copy
-            result = original(tensor, *args, **kwargs)
-            residency.mark_host(result)
-            return result
+            return to_host(tensor, original(tensor, *args, **kwargs))
         return counted
 
     def from_host(original: Any) -> Any:
         def counted(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
-            if not (args and isinstance(args[0], torch.Tensor)):  # a tensor given: no data from the host
-                if _on_host(kwargs.get("device")):
-                    residency.mark_host(result)  # a host tensor: moving it to the device is counted then
-                elif ours():  # made on a device from host data: a copy (torch's own are host scalars)
-                    host_data[f"torch.{original.__name__}"] += 1
-                    sites[f"torch.{original.__name__}: {_site()}"] += 1
+            device = kwargs.get("device")
+            given = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            if given is not None:  # a tensor given: a transfer only where `device` names another place
+                if device is None:
+                    return result
+                if _on_host(device):
+                    return to_host(given, result)
+                if residency.host(given):
+                    mode.transfer(f"torch.{original.__name__}", False, 4)
+                    if result is given:
+                        result = given.clone()
+                    residency.mark_device(result)
+                return result
+            if _on_host(device):
+                residency.mark_host(result)  # a host tensor: moving it to the device is counted then
+            elif ours():  # made on the device from Python or NumPy data: a blocking copy
+                mode.transfer(f"torch.{original.__name__}", False, 4)
             return result
         return counted
 
     def move(original: Any) -> Any:
         def moved(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             result = original(tensor, *args, **kwargs)
-            target = next((a for a in (*args, kwargs.get("device")) if isinstance(a, (str, torch.device))), None)
-            if residency.host(tensor) and target is not None and torch.device(target) == residency.device:
-                host_data["host to device"] += 1  # by whomever: torch's code too
-                sites[f"host to device: {_site()}"] += 1
+            target, non_blocking = _move_target(args, kwargs)
+            if target is None:
+                return result
+            if _on_host(target):
+                return to_host(tensor, result)
+            if residency.host(tensor) and torch.device(target).type == residency.device.type:
+                mode.transfer("host to device", non_blocking, 4)  # by whomever: torch's code too
                 if result is tensor:  # on a CPU the move returns the tensor itself: it is a device tensor now
                     result = tensor.clone()
                 residency.mark_device(result)
@@ -286,8 +381,8 @@ def _host_hooks(syncs: Counter[str], host_data: Counter[str], sites: Counter[str
     for method in ("cpu", "numpy", "tolist"):
         patch(torch.Tensor, method, host_copy)
     patch(torch.Tensor, "to", move)
-    patch(devices, "synchronize", lambda original: lambda device: (
-        syncs.update(["device synchronize"]), sites.update([f"device synchronize: {_site()}"]), original(device)))
+    patch(devices, "synchronize", lambda original: lambda device: (mode.sync("device synchronize", 4),
+                                                                   original(device)))
     for factory in ("tensor", "as_tensor", "from_numpy"):
         patch(torch, factory, from_host)
     try:
@@ -374,7 +469,9 @@ def count_step(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: 
     whatever a library keeps from its first call) on one synthetic batch, eager (no compile or graphs:
     they would hide the operators); then time `timed_steps` more under torch.profiler for the host time
     outside operators (0: not timed)."""
-    recipe = recipe.with_overrides([*overrides, "compile=false", "cuda_graphs=false", "async_eval=false"])
+    # What runs eagerly around a captured graph is the static-shapes step: counted as such when graphs were on.
+    graphed = ["static_shapes=true"] if recipe.cuda_graphs else []
+    recipe = recipe.with_overrides([*overrides, *graphed, "compile=false", "cuda_graphs=false", "async_eval=false"])
     torch.manual_seed(0)
     parts = speedups.assemble(workload, recipe, ctx, assets)
     step = TrainStep(parts, 1000, recipe, ctx.device, ctx=ctx, split=workload.split_batch, count=workload.batch_samples)
@@ -383,14 +480,14 @@ def count_step(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: 
     residency = Residency(ctx.device)
     # The warm-up is watched too (its counts dropped): what it moved to the host for good (FBGEMM's feature
     # dimensions, copied once at its first call) is a host tensor in the counted steps, as on a GPU.
-    with _host_hooks(Counter(), Counter(), Counter(), residency), _HostFactories(residency), _Dispatched(residency):
+    warming = _Dispatched(residency)
+    with _host_hooks(warming), _HostFactories(residency), warming:
         for _ in range(warmup):
             step(batch)
     ctx.synchronize()
     residency.add_optimizer(parts.optimizer)
     mode = _Dispatched(residency, replays=steps > 1)
-    host_data: Counter[str] = Counter()
-    with _host_hooks(mode.syncs, host_data, mode.sites, residency), _HostFactories(residency), mode:
+    with _host_hooks(mode), _HostFactories(residency), mode:
         for i in range(steps):
             if mode.replays is not None and i:
                 mode.replays.append([])
@@ -409,7 +506,7 @@ def count_step(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: 
         workload=workload.name, recipe=recipe.name, overrides=list(overrides),
         batch_size=workload.batch_samples(batch), ops=sum(mode.ops.values()) * per, kernels=mode.kernels * per,
         syncs={kind: mode.syncs.get(kind, 0) * per for kind in SYNC_KINDS},
-        host_data=sum(host_data.values()) * per,
+        host_data=sum(mode.host_data.values()) * per,
         step_ms=statistics.median(walls) * 1e3 if walls else None,
         host_ms=statistics.median(hosts) * 1e3 if hosts else None,
         top_ops=[(name, n * per) for name, n in mode.ops.most_common(8)], device=str(ctx.device),
@@ -426,6 +523,75 @@ def probe(workload: Workload, ctx: RuntimeContext, sets: list[str] | None = None
     workload.check_recipe(recipe)
     assets = Assets(workload.assets(recipe, None))
     return count_step(workload, recipe, ctx, assets, overrides, warmup=warmup, steps=steps, timed_steps=timed_steps)
+
+
+def _built(workload: Workload, ctx: RuntimeContext, sets: list[str] | None) -> tuple[Callable[[], Any], Any]:
+    """The full-scale step at the workload's probe settings (then `sets`), eager, as `probe` counts it: the
+    step function and its optimizer."""
+    overrides = [*workload.step_probe, *(sets or [])]
+    recipe = workload.recipe("full").with_overrides(overrides)
+    graphed = ["static_shapes=true"] if recipe.cuda_graphs else []
+    recipe = recipe.with_overrides([*graphed, "compile=false", "cuda_graphs=false", "async_eval=false"])
+    workload.check_recipe(recipe)
+    torch.manual_seed(0)
+    parts = speedups.assemble(workload, recipe, ctx, Assets(workload.assets(recipe, None)))
+    step = TrainStep(parts, 1000, recipe, ctx.device, ctx=ctx, split=workload.split_batch, count=workload.batch_samples)
+    batch = workload.synthetic_batch(recipe, ctx, parts.model)
+    parts.model.train()
+    return (lambda: step(batch)), parts.optimizer
+
+
+def device_syncs(workload: Workload, ctx: RuntimeContext, sets: list[str] | None = None, warmup: int = 2,
+                 steps: int = 2) -> dict[str, Any]:
+    """On a CUDA GPU, the truth the counts are held to: the synchronisations torch itself reports for the same
+    step (`torch.cuda.set_sync_debug_mode("warn")`: every blocking copy, value read, data-dependent shape and
+    explicit wait), per step, with where each was made (the innermost frame outside torch, as the counts name
+    theirs)."""
+    import warnings
+
+    if ctx.device.type != "cuda":
+        raise ValueError(f"device_syncs needs a CUDA device, not {ctx.device}")
+    run, _ = _built(workload, ctx, sets)
+    for _ in range(warmup):
+        run()
+    ctx.synchronize()
+    sites: Counter[str] = Counter()
+
+    def shown(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if "synchroniz" in str(message):
+            sites[_site(2)] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = shown
+        devices.sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                run()
+        finally:
+            devices.sync_debug_mode("default")
+    ctx.synchronize()
+    return {"workload": workload.name, "sets": list(sets or []), "syncs": sum(sites.values()) / steps,
+            "sites": {site: n / steps for site, n in sites.most_common()}}
+
+
+def configurations(workload: Workload) -> list[StepProbe]:
+    """Each configuration of the full-scale step users run that the counts cover: the full recipe's own switches
+    (eager: compile and graphs hide operators, and a step that synchronises cannot be captured anyway),
+    --static-shapes where the workload offers it, and what its budget adds (expert parallelism on two
+    processes, say)."""
+    found = [StepProbe("default", ())]
+    if "static_shapes" in workload.speedups:
+        found.append(StepProbe("static shapes", ("static_shapes=true",)))
+    return found + list(workload.step_budget.also)
+
+
+def allowed(workload: Workload, configuration: StepProbe) -> dict[str, int]:
+    """The synchronisations the configuration may make: the workload's budget and what is inherent to it."""
+    budget = dict(workload.step_budget.syncs)
+    for kind, n in configuration.syncs.items():
+        budget[kind] = budget.get(kind, 0) + n
+    return budget
 
 
 def table_text(rows: list[StepCounts]) -> str:

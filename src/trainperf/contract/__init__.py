@@ -37,7 +37,7 @@ from trainperf.contract.golden import GoldenSpec
 from trainperf.contract.mlperf import MLPerf
 from trainperf.contract.parallel import DataParallel, FullyShard, Parallelism, ShardedTables
 from trainperf.contract.parts import DataParts, EpochView, EvalPartial, Logged, ModelParts
-from trainperf.contract.probes import DeviceProbe, StepBudget
+from trainperf.contract.probes import DeviceProbe, StepBudget, StepProbe
 from trainperf.contract.quality import EPOCH_NUM_STYLES, SCALES, Metric, Quality, Target
 from trainperf.contract.recipe import R, Recipe
 from trainperf.contract.results import Evaluation, RunResult
@@ -50,6 +50,6 @@ __all__ = [
     "DataSource", "DeviceProbe", "EpochView", "EvalPartial", "Evaluation", "ExpertLayer", "Fraction", "FullyShard",
     "GoldenSpec", "LengthBuckets", "Logged", "MLPerf", "Metric", "ModelParts", "Parallelism", "Positive", "Quality",
     "Recipe", "RunResult", "RuntimeContext", "Scale", "ShardedModel", "ShardedTables", "Share", "StepBudget",
-    "Target", "Workload", "bare_model", "batch_share", "count_samples", "per_epoch_schedule", "split_batch",
-    "uncompiled",
+    "StepProbe", "Target", "Workload", "bare_model", "batch_share", "count_samples", "per_epoch_schedule",
+    "split_batch", "uncompiled",
 ]

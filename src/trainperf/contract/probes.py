@@ -8,6 +8,19 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class StepProbe:
+    """Another configuration of the full-scale step that users run, counted as the default one is: `sets` on top
+    of the workload's `step_probe`, in `processes` launched processes. `syncs`: what it may synchronise beyond
+    the workload's budget, inherent to it, and `why` (shown beside the figure in the docs)."""
+
+    name: str
+    sets: tuple[str, ...]
+    processes: int = 1
+    syncs: dict[str, int] = field(default_factory=dict)
+    why: str = ""
+
+
+@dataclass(frozen=True)
 class StepBudget:
     """At most this many per full-scale training step at the workload's `step_probe` size: operators
     dispatched, synchronisations of each kind, host-data tensors. Operators have ~10 % headroom over the
@@ -20,6 +33,8 @@ class StepBudget:
     host_data: int = 0
     # Two steps of one batch do the same work (what CUDA Graphs replay); False: known not to, said why.
     replays: bool = True
+    # Configurations counted besides the default and --static-shapes (where the workload offers it).
+    also: tuple[StepProbe, ...] = ()
 
 
 @dataclass(frozen=True)

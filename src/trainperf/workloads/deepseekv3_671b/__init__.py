@@ -13,7 +13,7 @@ from __future__ import annotations
 from trainperf.contract import MLPerf, Scale, StepBudget
 from trainperf.workloads.common.llm import data as llama_data
 from trainperf.workloads.common.llm import synthetic
-from trainperf.workloads.common.llm.workload import MoEWorkload
+from trainperf.workloads.common.llm.workload import MoEWorkload, expert_parallel_probes
 from trainperf.workloads.deepseekv3_671b.recipes import DEEPSEEK_RECIPES
 
 __all__ = ["DeepSeekV3Workload"]
@@ -34,7 +34,8 @@ class DeepSeekV3Workload(MoEWorkload):
                   "model.vocab_size=4096", "ep=1", "checkpointing=none", "meta_init=false")
     # 1,738: a dense and an MoE block of latent attention, grouped sigmoid routing, a shared expert, the
     # sequence-wise balancing loss, multi-token prediction, the correction biases' update after the step
-    step_budget = StepBudget(ops=1_900)
+    step_budget = StepBudget(ops=1_900,
+                             also=expert_parallel_probes(2))
     mini = None
     golden = None  # no mini: nothing of its own to record (its code path's mini is another workload's)
     full = Scale(DEEPSEEK_RECIPES, llama_data.C4(synthetic.MINI_CORPUS, llama_data.LLAMA31_VOCAB,

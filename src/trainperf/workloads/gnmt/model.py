@@ -52,19 +52,17 @@ class Encoder(nn.Module):
                                      LSTM(hidden, hidden, batch_first=True)])
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        """`lengths` on the host (a list): packing needs them there.
+    def forward(self, x: torch.Tensor, lengths: list[int], real: torch.Tensor) -> torch.Tensor:
+        """`lengths` on the host (a list): packing needs them there; `real`, the same lengths on the device.
 
         Each layer packs the sentences sorted by length, as pack_padded_sequence(enforce_sorted=False)
-        would, but the permutation is made here once, on the host, and moved to the device once: torch's
-        own unsorted packing moves its sorted indices to the device and reads the inverse back to the
-        host in every layer (on a GPU, a synchronisation each way per layer)."""
+        would, but the permutation is made here once, on the device from `real` (a stable sort, as the
+        host's order of `lengths`): torch's own unsorted packing moves its sorted indices to the device and
+        reads the inverse back to the host in every layer, and a permutation made on the host is a copy
+        that waits for the device (on a GPU, a synchronisation each)."""
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: ties keep their order
-        inverse = [0] * len(order)
-        for position, row in enumerate(order):
-            inverse[row] = position
-        permutation = torch.tensor(order + inverse, device=x.device)
-        sort, unsort = permutation[:len(order)], permutation[len(order):]
+        sort = torch.sort(real, descending=True, stable=True).indices
+        unsort = torch.empty_like(sort).scatter_(0, sort, torch.arange(len(order), device=sort.device))
         sorted_lengths = [lengths[i] for i in order]
         for i, lstm in enumerate(self.layers):
             packed = pack_padded_sequence(self.drop(x).index_select(0, sort), sorted_lengths, batch_first=True)
@@ -160,9 +158,10 @@ class GNMT(nn.Module):
         if isinstance(lengths, torch.Tensor):  # static shapes: padded rows, no packing
             memory = self.encoder.padded(self.embed(src), lengths)
             return memory, self.decoder.attention.key(memory), mask
+        real = mask.sum(1)
         if lengths is None:
-            lengths = mask.sum(1).tolist()
-        memory = self.encoder(self.embed(src), lengths)
+            lengths = real.tolist()
+        memory = self.encoder(self.embed(src), lengths, real)
         return memory, self.decoder.attention.key(memory), mask
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, src_lengths: list[int] | torch.Tensor | None = None

@@ -9,7 +9,7 @@ from trainperf.contract import DeviceProbe, MLPerf, Scale, StepBudget
 from trainperf.workloads.common.llm import data as llama_data
 from trainperf.workloads.common.llm import synthetic
 from trainperf.workloads.common.llm.recipe import MoERecipe
-from trainperf.workloads.common.llm.workload import MoEWorkload
+from trainperf.workloads.common.llm.workload import MoEWorkload, expert_parallel_probes
 from trainperf.workloads.gpt_oss_20b.recipes import FULL_RECIPES, MINI
 
 __all__ = ["GptOssWorkload", "MoERecipe"]
@@ -26,7 +26,8 @@ class GptOssWorkload(MoEWorkload):
                   "model.kv_heads=2", "model.head_dim=32", "model.experts=8", "model.expert_dim=256",
                   "model.vocab_size=4096", "ep=1")
     # 921: 2 blocks (one windowed) of 8 experts, dropless routing sorted and counted on the device, one process
-    step_budget = StepBudget(ops=1_010)
+    step_budget = StepBudget(ops=1_010,
+                             also=expert_parallel_probes(2))
     # GPT-OSS-20B's 24 blocks need 328 GB of fp32 state: 2 of them at full width, one process (ep=1), one
     # sequence of 8,192 (`plan`: about 56 GiB before the margin).
     device_probe = DeviceProbe(batch=1, sets=("model.layers=2", "ep=1"))

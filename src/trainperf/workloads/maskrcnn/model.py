@@ -25,12 +25,13 @@ from torchvision.models.detection.backbone_utils import BackboneWithFPN, resnet_
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
 from torchvision.models.detection.image_list import ImageList
 from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
-from torchvision.models.detection.transform import GeneralizedRCNNTransform, resize_boxes
+from torchvision.models.detection.transform import resize_boxes
 from torchvision.models.resnet import BasicBlock
 from torchvision.ops import MultiScaleRoIAlign
 
+from trainperf import devices
 from trainperf.contract import LengthBuckets
-from trainperf.workloads.common.coco import matching
+from trainperf.workloads.common.coco import matching, ondevice
 from trainperf.workloads.maskrcnn import syncfree
 
 FULL_ANCHOR_SIZES = ((32,), (64,), (128,), (256,), (512,))  # P2..P6
@@ -85,7 +86,7 @@ class TrainedMaskRCNN(MaskRCNN):
         tensors = F.pad(tensors, (0, size[1] - tensors.shape[-1], 0, size[0] - tensors.shape[-2]))
         most = max((len(t["boxes"]) for t in transformed), default=0)
         gt = matching.padded_targets(transformed, boxes_per_image.length(max(most, 1)), size, tensors.device)
-        gt["sizes"] = torch.tensor(image_list.image_sizes, device=tensors.device)
+        gt["sizes"] = devices.from_host(image_list.image_sizes, tensors.device)
         return tensors, gt
 
 
@@ -124,7 +125,7 @@ def maskrcnn_resnet50_fpn(num_classes: int, min_size: int = 800, max_size: int =
         bbox_reg_weights=(10.0, 10.0, 5.0, 5.0),
         mask_roi_pool=MultiScaleRoIAlign(["0", "1", "2", "3"], 14, sampling_ratio=2))
     reference_box_head_init(model)
-    return syncfree.sync_free(model)
+    return syncfree.sync_free(ondevice.keep_on_device(model))
 
 
 def stride_in_1x1(body: nn.Module) -> None:
@@ -191,7 +192,7 @@ def mini_maskrcnn(num_classes: int, image_size: int = 64, width: int = 16, fpn_c
                                        canonical_level=4)
     # num_classes goes to the predictors: torchvision wants None when they are given (its default box
     # predictor assumes a 1024-wide head).
-    return syncfree.sync_free(TrainedMaskRCNN(
+    return syncfree.sync_free(ondevice.keep_on_device(TrainedMaskRCNN(
         backbone, None, min_size=image_size, max_size=image_size, fixed_size=(image_size, image_size),
         image_mean=list(RGB_MEAN), image_std=list(RGB_STD), rpn_anchor_generator=anchors,
         rpn_pre_nms_top_n_train=150, rpn_pre_nms_top_n_test=150, rpn_post_nms_top_n_train=candidates,
@@ -200,10 +201,10 @@ def mini_maskrcnn(num_classes: int, image_size: int = 64, width: int = 16, fpn_c
         box_predictor=FastRCNNPredictor(representation, num_classes),
         box_batch_size_per_image=rois, box_detections_per_img=detections, box_score_thresh=0.05,
         mask_roi_pool=mask_roi_pool, mask_head=MaskRCNNHeads(fpn_channels, (mask_channels,), 1),
-        mask_predictor=MaskRCNNPredictor(mask_channels, mask_channels, num_classes)))
+        mask_predictor=MaskRCNNPredictor(mask_channels, mask_channels, num_classes))))
 
 
-class UnpastedMasks(GeneralizedRCNNTransform):
+class UnpastedMasks(ondevice.DeviceTransform):
     """torchvision's transform whose test-time postprocessing scales the boxes back to the original
     image but leaves each mask as the head's MxM probabilities. Pasting them into image-sized masks
     (about 2 ms a detection on a CPU core at COCO sizes) is scoring's work: the scoring process does it
@@ -220,8 +221,7 @@ class UnpastedMasks(GeneralizedRCNNTransform):
 
 def unpasted(model: MaskRCNN) -> MaskRCNN:
     """`model` with `UnpastedMasks` postprocessing (the same transform otherwise: only the class changes)."""
-    model.transform.__class__ = UnpastedMasks
-    return model
+    return ondevice.keep_on_device(model, UnpastedMasks)
 
 
 # The closed rules' (1.1.0+) names for the reference's tensors, by torchvision module prefix.

@@ -27,7 +27,7 @@ from torchvision.ops import generalized_box_iou_loss, sigmoid_focal_loss
 from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
 from trainperf.contract import LengthBuckets
-from trainperf.workloads.common.coco import matching
+from trainperf.workloads.common.coco import matching, ondevice
 
 SCALES = (1.0, 2 ** (1 / 3), 2 ** (2 / 3))
 RATIOS = (0.5, 1.0, 2.0)
@@ -149,10 +149,10 @@ def retinanet_resnext50(num_classes: int, image_size: int = 800, backbone_weight
     if backbone_weights is not None:
         body = {k: v for k, v in backbone_weights.items() if not k.startswith("fc.")}
         backbone.body.load_state_dict(body)  # FrozenBatchNorm2d drops num_batches_tracked itself
-    return BatchedRetinaNet(backbone, num_classes, anchor_generator=anchor_generator(FULL_ANCHOR_SIZES),
-                     min_size=image_size, max_size=image_size, fixed_size=(image_size, image_size),
-                     score_thresh=0.05, nms_thresh=0.5, detections_per_img=300, topk_candidates=1000,
-                     fg_iou_thresh=0.5, bg_iou_thresh=0.4)
+    return ondevice.keep_on_device(BatchedRetinaNet(
+        backbone, num_classes, anchor_generator=anchor_generator(FULL_ANCHOR_SIZES), min_size=image_size,
+        max_size=image_size, fixed_size=(image_size, image_size), score_thresh=0.05, nms_thresh=0.5,
+        detections_per_img=300, topk_candidates=1000, fg_iou_thresh=0.5, bg_iou_thresh=0.4))
 
 
 class MiniBody(nn.Module):
@@ -184,9 +184,10 @@ def mini_retinanet(num_classes: int, image_size: int = 64, width: int = 16, fpn_
     head = RetinaNetHead(fpn_channels, anchors.num_anchors_per_location()[0], num_classes,
                          norm_layer=partial(nn.GroupNorm, 16))
     head.regression_head._loss_type = "giou"
-    return BatchedRetinaNet(backbone, num_classes, anchor_generator=anchors, head=head, min_size=image_size,
-                     max_size=image_size, fixed_size=(image_size, image_size), score_thresh=0.05, nms_thresh=0.5,
-                     detections_per_img=detections, topk_candidates=1000, fg_iou_thresh=0.5, bg_iou_thresh=0.4)
+    return ondevice.keep_on_device(BatchedRetinaNet(
+        backbone, num_classes, anchor_generator=anchors, head=head, min_size=image_size, max_size=image_size,
+        fixed_size=(image_size, image_size), score_thresh=0.05, nms_thresh=0.5, detections_per_img=detections,
+        topk_candidates=1000, fg_iou_thresh=0.5, bg_iou_thresh=0.4))
 
 
 # torchvision >= 0.13 wraps each head and FPN conv with its norm/activation (conv.<i>.0,

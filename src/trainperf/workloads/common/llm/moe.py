@@ -12,7 +12,16 @@ Expert parallelism (`shard_experts`): the experts of each layer split over the p
 each token's rows sent to the process holding its expert with `all_to_all_single` and sent back after it
 (the same as torchtitan's and Megatron's dropless all-to-all dispatcher). Variable split sizes are host
 integers in torch.distributed's all-to-all, so this path reads each layer's counts back once per forward:
-the one host synchronisation of an MoE step, which the reference frameworks have too.
+the one host synchronisation of an MoE step, which the reference frameworks have too, and what keeps such a
+step out of a CUDA graph.
+
+A capacity factor (`capacity_factor` > 0; Switch/GShard's, Megatron's `--moe-expert-capacity-factor` with
+`--moe-pad-expert-input-to-capacity` and the "position" drop policy) gives every expert a fixed number of
+rows per process, ceil(factor x tokens x k / experts) (rounded up to the kernels' alignment): the first
+assignments of each expert in token order fill it, the rest are dropped (they add nothing; the token keeps
+its residual and its other experts). Every buffer then has a static shape, the all-to-all sends equal
+splits and nothing is read back: the step can be captured at any ep. It changes the model's arithmetic
+(tokens over capacity are dropped), so it is a recipe choice, off in the references' recipes.
 """
 
 from __future__ import annotations
@@ -56,6 +65,8 @@ class MoEConfig:
     # The load-balancing loss: over the whole micro-batch's tokens ("global", Switch/GShard's), per sequence
     # ("sequence", DeepSeek-V3's), or none.
     balance: str = "global"
+    # Rows each expert takes per process, as a multiple of its even share (0: dropless, as the references).
+    capacity_factor: float = 0.0
 
     def check(self, where: str) -> None:
         if not 1 <= self.top_k <= self.experts:
@@ -291,7 +302,9 @@ class MoE(ExpertLayer):
                 self.tokens_seen.add_(counts)
         order = assigned.argsort(stable=True)  # assignments by expert, tokens in order within each
         rows = flat[order // c.top_k]
-        if self.ep is None:
+        if c.capacity_factor:
+            out_rows = self._dropping(rows, counts, assigned[order])
+        elif self.ep is None:
             out_rows = self._local(rows, counts, assigned[order])
         else:
             out_rows = self._parallel(rows, counts)
@@ -337,6 +350,45 @@ class MoE(ExpertLayer):
         out = self._local(incoming[by_expert], received.sum(0), expert[by_expert])
         back = out[by_expert.argsort()]
         return all_to_all_single_autograd(back, send_splits, recv_splits, self.ep.group)
+
+
+    def capacity(self, tokens: int, device: torch.device) -> int:
+        """Rows per expert per process for `tokens` tokens: the factor times the even share, at least one,
+        rounded up to the grouped kernels' alignment."""
+        c = self.config
+        align = self.align or (16 if device.type == "cuda" else 1)
+        rows = max(1, math.ceil(c.capacity_factor * tokens * c.top_k / c.experts))
+        return -(-rows // align) * align
+
+    def _dropping(self, rows: torch.Tensor, counts: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+        """`rows` sorted by expert (`group`) -> the experts' outputs for them, zeros where an assignment was over
+        its expert's capacity; every shape static, nothing read back (see the module's docstring)."""
+        c = self.config
+        experts, dim, device = c.experts, rows.shape[1], rows.device
+        cap = self.capacity(rows.shape[0] // c.top_k, device)
+        starts = counts.cumsum(0) - counts
+        position = torch.arange(rows.shape[0], device=device) - starts[group]
+        # Each kept assignment's slot in [expert, capacity]; the dropped ones all go to one spare row.
+        slot = torch.where(position < cap, group * cap + position, experts * cap)
+        buffer = rows.new_zeros(experts * cap + 1, dim).index_copy(0, slot, rows)[:-1]
+        if self.ep is None:
+            local, senders = experts, 1
+            grouped = buffer
+        else:
+            from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+            senders, local = self.ep.size, experts // self.ep.size
+            # Equal splits: each process gets [sender, its local expert, capacity] rows.
+            received = all_to_all_single_autograd(buffer, None, None, self.ep.group)
+            grouped = received.view(senders, local, cap, dim).transpose(0, 1).reshape(-1, dim)
+        per_expert = senders * cap
+        ends = torch.arange(1, local + 1, device=device, dtype=torch.int32) * per_expert
+        expert_of = torch.arange(local, device=device).repeat_interleave(per_expert)
+        out = self.experts(grouped, ends, expert_of)
+        if self.ep is not None:
+            out = out.view(local, senders, cap, dim).transpose(0, 1).reshape(-1, dim)
+            out = all_to_all_single_autograd(out, None, None, self.ep.group)
+        return torch.cat([out, out.new_zeros(1, dim)])[slot]
 
 
 def init_moe(module: MoE, std: float, residual_std: float) -> None:

@@ -87,6 +87,9 @@ class MoEModelConfig:
     topk_groups: int = 0
     routed_scale: float = 1.0
     balance: str = "none"
+    # Rows each expert takes per process, as a multiple of its even share; 0: dropless (the references). See
+    # common/llm/moe.py: a factor keeps expert parallelism free of host reads, so that its step can be graphed.
+    capacity_factor: float = 0.0
     aux_loss_coeff: float = 0.0
     # The sigmoid router's auxiliary-loss-free balancing (DeepSeek-V3): after each step every expert's
     # correction bias moves by this rate toward the mean load (0: never).
@@ -102,7 +105,8 @@ class MoEModelConfig:
         return MoEConfig(experts=self.experts, top_k=self.top_k, hidden=self.expert_dim, shared=self.shared_experts,
                          scoring=self.scoring, router_bias=self.router_bias, expert_bias=self.expert_bias,
                          activation=self.activation, groups=self.groups, topk_groups=self.topk_groups,
-                         routed_scale=self.routed_scale, balance=self.balance)
+                         routed_scale=self.routed_scale, balance=self.balance,
+                         capacity_factor=self.capacity_factor)
 
     @property
     def rotary_dim(self) -> int:

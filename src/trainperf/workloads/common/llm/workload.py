@@ -13,7 +13,16 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from trainperf.contract import Assets, DataParts, FullyShard, Metric, ModelParts, RuntimeContext, Workload
+from trainperf.contract import (
+    Assets,
+    DataParts,
+    FullyShard,
+    Metric,
+    ModelParts,
+    RuntimeContext,
+    StepProbe,
+    Workload,
+)
 from trainperf.optim import kernels
 from trainperf.workloads.common.llm import data as llama_data
 from trainperf.workloads.common.llm import synthetic
@@ -108,6 +117,18 @@ class DecoderWorkload(Workload[R]):
 
 
 
+def expert_parallel_probes(moe_layers: int) -> tuple[StepProbe, ...]:
+    """The MoE step's configurations beside the default one (ep=1) whose host demands are counted: expert
+    parallelism over two processes, dropless as the references train (each of the probe's `moe_layers` MoE
+    layers reads its split sizes back once a forward), and with a capacity factor (static splits: nothing read
+    back, so the step can be captured)."""
+    return (StepProbe("ep=2", ("ep=2", "global_batch_size=2"), processes=2, syncs={"host copy": moe_layers},
+                      why="dropless expert parallelism: each MoE layer's all-to-all split sizes, read back once a "
+                          "forward (torch.distributed takes them as host integers; Megatron and torchtitan too)"),
+            StepProbe("ep=2, capacity factor 1.25", ("ep=2", "global_batch_size=2", "model.capacity_factor=1.25"),
+                      processes=2))
+
+
 class MoEWorkload(DecoderWorkload[MoERecipe]):
     """A mixture-of-experts decoder (common/llm/moe_model.py), its experts split over processes by expert
     parallelism."""
@@ -119,7 +140,17 @@ class MoEWorkload(DecoderWorkload[MoERecipe]):
         logged["expert_parallelism"] = recipe.ep
         if recipe.model.aux_loss_coeff:
             logged["moe_aux_loss_coeff"] = recipe.model.aux_loss_coeff
+        if recipe.model.capacity_factor:  # not an MLPerf key (the checker ignores it): the run drops tokens
+            logged["trainperf_moe_capacity_factor"] = recipe.model.capacity_factor
         return logged
+
+    def notes(self, recipe: MoERecipe, scale: str) -> list[str]:
+        notes = super().notes(recipe, scale)
+        if recipe.model.capacity_factor:
+            notes.append(f"model.capacity_factor={recipe.model.capacity_factor:g}: assignments over an expert's "
+                         "capacity are dropped; the reference MoE is dropless, so this run is not comparable to "
+                         "MLPerf (it measures the graphable dispatch)")
+        return notes
 
     def build(self, recipe: MoERecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         model, optimizer = _model_and_adamw(MoETransformer, recipe, ctx)
