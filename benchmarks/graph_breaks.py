@@ -51,7 +51,8 @@ def breaks(name: str) -> dict[str, Any]:
 def markdown(rows: list[dict[str, Any]], steps: int) -> str:
     """The table of docs/gpus.md from the rows (each as printed to stderr while the script runs)."""
     lines = [f"| workload | graphs | first break (fullgraph, forward or backward) | forward breaks (where: why) "
-             f"| recompiles over {steps} steps | buckets | syncs / step | two steps replay | --cuda-graphs |",
+             f"| recompiles over {steps} steps | buckets | syncs / step (counted on a CPU) | two steps replay "
+             "| --cuda-graphs |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:

@@ -4,10 +4,10 @@ step (`bench llama2_70b_lora`) against PEFT's LoRA on that model: the same confi
 optimizer (AdamW with the recipe's settings), gradient clipping, recomputation, batch and sequence length,
 alternated, medians reported.
 
-    python benchmarks/llm_peers.py --pair llama --reps 5                  # a CPU-sized check (2 blocks of 512)
-    python benchmarks/llm_peers.py --pair lora --reps 5
+    python benchmarks/llm_peers.py --pair llama                           # a CPU-sized check (2 blocks of 512)
+    python benchmarks/llm_peers.py --pair lora
     python benchmarks/llm_peers.py --pair llama --device cuda --dim 4096 --layers 4 --ffn 14336 --heads 32 \\
-        --kv-heads 8 --vocab 128256 --seq 8192 --batch-size 1 --precision bf16 --reps 5   # Llama 3.1 8B's blocks
+        --kv-heads 8 --vocab 128256 --seq 8192 --batch-size 1 --precision bf16           # Llama 3.1 8B's blocks
 
 transformers and peft are benchmark dependencies (`pip install trainperf[peers]`), not trainperf's.
 """
@@ -17,12 +17,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from trainperf import devices, registry
-from trainperf.bench import throughput
+from trainperf.contract import Assets, RuntimeContext
+from trainperf.runtime import speedups
+from trainperf.runtime.step import TrainStep
 
 WORKLOADS = {"llama": "llama31_8b", "lora": "llama2_70b_lora"}
 
@@ -62,8 +65,8 @@ def peer(args: argparse.Namespace, recipe: Any, device: torch.device) -> tuple[t
     return model, optimizer
 
 
-def peer_rate(args: argparse.Namespace, recipe: Any, device: torch.device) -> float:
-    """Sequences per second of the peer's loop."""
+def peer_step(args: argparse.Namespace, recipe: Any, device: torch.device) -> Callable[[], None]:
+    """One training step of the peer's loop, as its users write it."""
     model, optimizer = peer(args, recipe, device)
     model.train()
     generator = torch.Generator(device=device).manual_seed(0)
@@ -78,14 +81,26 @@ def peer_rate(args: argparse.Namespace, recipe: Any, device: torch.device) -> fl
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(args.warmup):
-        step()
+    return step
+
+
+def trainperf_step(workload: Any, recipe: Any, device: torch.device) -> Callable[[], Any]:
+    """One step of trainperf's training loop for the workload's full recipe (as `bench` builds it)."""
+    ctx = RuntimeContext.create(str(device))
+    torch.manual_seed(0)
+    parts = speedups.assemble(workload, recipe, ctx, Assets(workload.assets(recipe, None)))
+    step = TrainStep(parts, 1000, recipe, device, ctx=ctx, split=workload.split_batch, count=workload.batch_samples)
+    batch = workload.synthetic_batch(recipe, ctx, parts.model)
+    parts.model.train()
+    return lambda: step(batch)
+
+
+def timed(step: Callable[[], Any], device: torch.device) -> float:
     devices.synchronize(device)
     start = time.perf_counter()
-    for _ in range(args.steps):
-        step()
+    step()
     devices.synchronize(device)
-    return args.batch_size * args.steps / (time.perf_counter() - start)
+    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -100,9 +115,8 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--reps", type=int, default=5, help="alternating repetitions; medians are reported")
+    parser.add_argument("--warmup", type=int, default=2, help="steps of each before the timed ones")
+    parser.add_argument("--reps", type=int, default=15, help="timed steps of each, alternated; medians reported")
     parser.add_argument("--precision", default=None, choices=("bf16", "fp32"),
                         help="both sides (default: bf16 on a GPU, fp32 on a CPU)")
     args = parser.parse_args()
@@ -114,18 +128,21 @@ def main() -> None:
             f"model.ffn_dim={args.ffn}", f"model.vocab_size={args.vocab}", f"precision={args.precision}",
             f"fused_optimizer={'true' if device.type == 'cuda' else 'false'}"]
     recipe = workload.recipe("full").with_overrides(sets)
+    theirs_step, ours_step = peer_step(args, recipe, device), trainperf_step(workload, recipe, device)
+    for _ in range(args.warmup):
+        timed(theirs_step, device), timed(ours_step, device)
+    # One step of each in turn: the machine's noise falls on both alike; medians of the step times.
     theirs, ours = [], []
     for _ in range(args.reps):
-        theirs.append(peer_rate(args, recipe, device))
-        result = throughput.run_bench(workload, recipe, "full", None, True, args.steps, args.warmup, str(device))
-        ours.append(result.samples_per_s)
+        theirs.append(args.batch_size / timed(theirs_step, device))
+        ours.append(args.batch_size / timed(ours_step, device))
         print(f"peer {theirs[-1]:8.3f} sequences/s   trainperf {ours[-1]:8.3f} sequences/s", flush=True)
     name = {"llama": "transformers LlamaForCausalLM (SDPA)", "lora": "PEFT LoRA on transformers' Llama"}[args.pair]
     t, o = statistics.median(theirs), statistics.median(ours)
     print(f"{args.pair}: {args.layers} blocks of {args.dim} (ffn {args.ffn}, {args.heads}/{args.kv_heads} heads), "
           f"vocab {args.vocab}, seq {args.seq}, batch {args.batch_size}, {args.precision}, AdamW"
-          f"{', recomputed' if recipe.checkpointing != 'none' else ''}, {args.steps} steps after {args.warmup}, "
-          f"{device}, medians of {args.reps}")
+          f"{', recomputed' if recipe.checkpointing != 'none' else ''}, {device}, {args.warmup} warm-up steps each, "
+          f"then {args.reps} steps of each in turn (medians)")
     ratios = ", ".join(f"{b / a:.2f}" for a, b in zip(theirs, ours, strict=True))
     print(f"{name}: {t:.3f} sequences/s; trainperf bench {workload.name}: {o:.3f} sequences/s; "
           f"trainperf / peer: {o / t:.2f}x (per rep: {ratios})")

@@ -22,7 +22,8 @@ from trainperf.runtime import distributed
 
 
 def markdown(rows: list[stepcount.StepCounts]) -> str:
-    lines = ["| workload | probe settings | ops / step | kernels / step | syncs / step | host-data tensors / step "
+    lines = ["| workload | probe settings | ops / step | kernels / step | syncs / step (counted on a CPU) "
+             "| host-to-device transfers / step "
              "| host ms / step | step ms (this CPU) | where the syncs are |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -114,8 +114,11 @@ class DLRMWorkload(Workload[DLRMRecipe]):
                                  "would all-reduce the host tables)")
         if recipe.embeddings == "torchrec":
             return self._build_torchrec(recipe, ctx, table_sizes)
-        model = DLRM(table_sizes, recipe.embedding_dim, recipe.bottom_mlp, recipe.top_mlp, sparse=sparse,
-                     max_ind_range=recipe.max_ind_range)
+        # Built where it trains: the full tables (up to 10 M rows each) initialised on the host and then copied
+        # cost a GPU round tens of seconds a build (host tables: built on the host).
+        with torch.device("cpu" if recipe.embedding_device == "cpu" else ctx.device):
+            model = DLRM(table_sizes, recipe.embedding_dim, recipe.bottom_mlp, recipe.top_mlp, sparse=sparse,
+                         max_ind_range=recipe.max_ind_range)
         model = model.to(ctx.device)
         if recipe.embedding_device == "cpu":
             model.embeddings.to("cpu")
