@@ -6,6 +6,7 @@ alternated, medians reported.
 
     python benchmarks/llm_peers.py --pair llama                           # a CPU-sized check (2 blocks of 512)
     python benchmarks/llm_peers.py --pair lora
+    python benchmarks/llm_peers.py --pair moe --dim 256 --kv-heads 2    # GPT-OSS as its card builds it
     python benchmarks/llm_peers.py --pair llama --device cuda --dim 4096 --layers 4 --ffn 14336 --heads 32 \\
         --kv-heads 8 --vocab 128256 --seq 8192 --batch-size 1 --precision bf16           # Llama 3.1 8B's blocks
 
@@ -27,7 +28,11 @@ from trainperf.contract import Assets, RuntimeContext
 from trainperf.runtime import speedups
 from trainperf.runtime.step import TrainStep
 
-WORKLOADS = {"llama": "llama31_8b", "lora": "llama2_70b_lora"}
+WORKLOADS = {"llama": "llama31_8b", "lora": "llama2_70b_lora", "moe": "gpt_oss_20b"}
+# trainperf's GPT-OSS as the model card builds it (what transformers' GptOssForCausalLM implements: attention
+# sinks and biases, router and expert biases, the clamped SwiGLU, no QK norm); the MLPerf reference differs.
+MOE_AS_THE_CARD = ("model.sinks=true", "model.attention_bias=true", "model.router_bias=true", "model.expert_bias=true",
+                   "model.activation=gpt_oss_swiglu", "model.qk_norm=false", "ep=1")
 
 
 def hf_llama(args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
@@ -43,10 +48,24 @@ def hf_llama(args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
     return LlamaForCausalLM(config).to(device)
 
 
+def hf_gpt_oss(args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    config = GptOssConfig(vocab_size=args.vocab, hidden_size=args.dim, intermediate_size=args.expert_dim,
+                          num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                          num_key_value_heads=args.kv_heads, head_dim=args.head_dim, num_local_experts=args.experts,
+                          num_experts_per_tok=args.top_k, sliding_window=args.window,
+                          layer_types=["sliding_attention" if i % 2 == 0 else "full_attention"
+                                       for i in range(args.layers)],
+                          max_position_embeddings=args.seq, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                          attn_implementation="eager", use_cache=False, router_aux_loss_coef=0.0)
+    return GptOssForCausalLM(config).to(device)
+
+
 def peer(args: argparse.Namespace, recipe: Any, device: torch.device) -> tuple[torch.nn.Module, Any]:
     """The peer's model and optimizer, as a user of transformers (and PEFT) writes them."""
     torch.manual_seed(0)
-    model = hf_llama(args, device)
+    model = hf_gpt_oss(args, device) if args.pair == "moe" else hf_llama(args, device)
     if args.pair == "lora":
         from peft import LoraConfig, get_peft_model
 
@@ -113,6 +132,11 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--ffn", type=int, default=1792)
     parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--head-dim", type=int, default=32, help="moe: each head's size")
+    parser.add_argument("--experts", type=int, default=8, help="moe: routed experts a layer")
+    parser.add_argument("--top-k", type=int, default=2, help="moe: experts a token")
+    parser.add_argument("--expert-dim", type=int, default=256, help="moe: each expert's hidden size")
+    parser.add_argument("--window", type=int, default=128, help="moe: the sliding window of every other block")
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=2, help="steps of each before the timed ones")
@@ -125,8 +149,13 @@ def main() -> None:
     workload = registry.get(WORKLOADS[args.pair])
     sets = [f"global_batch_size={args.batch_size}", f"seq_len={args.seq}", f"model.layers={args.layers}",
             f"model.dim={args.dim}", f"model.heads={args.heads}", f"model.kv_heads={args.kv_heads}",
-            f"model.ffn_dim={args.ffn}", f"model.vocab_size={args.vocab}", f"precision={args.precision}",
+            f"model.vocab_size={args.vocab}", f"precision={args.precision}",
             f"fused_optimizer={'true' if device.type == 'cuda' else 'false'}"]
+    if args.pair == "moe":
+        sets += [f"model.head_dim={args.head_dim}", f"model.experts={args.experts}", f"model.top_k={args.top_k}",
+                 f"model.expert_dim={args.expert_dim}", f"model.window={args.window}", *MOE_AS_THE_CARD]
+    else:
+        sets.append(f"model.ffn_dim={args.ffn}")
     recipe = workload.recipe("full").with_overrides(sets)
     theirs_step, ours_step = peer_step(args, recipe, device), trainperf_step(workload, recipe, device)
     for _ in range(args.warmup):
@@ -137,9 +166,12 @@ def main() -> None:
         theirs.append(args.batch_size / timed(theirs_step, device))
         ours.append(args.batch_size / timed(ours_step, device))
         print(f"peer {theirs[-1]:8.3f} sequences/s   trainperf {ours[-1]:8.3f} sequences/s", flush=True)
-    name = {"llama": "transformers LlamaForCausalLM (SDPA)", "lora": "PEFT LoRA on transformers' Llama"}[args.pair]
+    name = {"llama": "transformers LlamaForCausalLM (SDPA)", "lora": "PEFT LoRA on transformers' Llama",
+            "moe": "transformers GptOssForCausalLM (eager attention: its sinks)"}[args.pair]
     t, o = statistics.median(theirs), statistics.median(ours)
-    print(f"{args.pair}: {args.layers} blocks of {args.dim} (ffn {args.ffn}, {args.heads}/{args.kv_heads} heads), "
+    width = (f"{args.experts} experts of {args.expert_dim}, top {args.top_k}" if args.pair == "moe"
+             else f"ffn {args.ffn}")
+    print(f"{args.pair}: {args.layers} blocks of {args.dim} ({width}, {args.heads}/{args.kv_heads} heads), "
           f"vocab {args.vocab}, seq {args.seq}, batch {args.batch_size}, {args.precision}, AdamW"
           f"{', recomputed' if recipe.checkpointing != 'none' else ''}, {device}, {args.warmup} warm-up steps each, "
           f"then {args.reps} steps of each in turn (medians)")

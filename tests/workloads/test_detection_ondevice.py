@@ -91,7 +91,9 @@ def _losses_and_gradients(model: torch.nn.Module, loss_fn, batch) -> list[torch.
 
 
 @pytest.mark.parametrize("workload", [RetinaNetWorkload(), MaskRCNNWorkload()], ids=lambda w: w.name)
-@pytest.mark.parametrize("scale", ["mini", "full"])
+# The reference models take tens of seconds each on 2 cores: the second tier's (the transform's unit tests above
+# cover the images of different sizes and the masks in the gate).
+@pytest.mark.parametrize("scale", ["mini", pytest.param("full", marks=pytest.mark.second_tier)])
 def test_the_training_losses_and_gradients_are_torchvisions(workload, scale):
     if scale == "mini":
         recipe = workload.recipe("mini")
