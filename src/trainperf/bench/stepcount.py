@@ -581,9 +581,10 @@ def configurations(workload: Workload) -> list[StepProbe]:
     --static-shapes where the workload offers it, and what its budget adds (expert parallelism on two
     processes, say)."""
     found = [StepProbe("default", ())]
-    if "static_shapes" in workload.speedups:
+    declared = list(workload.step_budget.also)
+    if "static_shapes" in workload.speedups and all(p.name != "static shapes" for p in declared):
         found.append(StepProbe("static shapes", ("static_shapes=true",)))
-    return found + list(workload.step_budget.also)
+    return found + declared
 
 
 def allowed(workload: Workload, configuration: StepProbe) -> dict[str, int]:

@@ -17,6 +17,8 @@ class StepProbe:
     sets: tuple[str, ...]
     processes: int = 1
     syncs: dict[str, int] = field(default_factory=dict)
+    # Host-to-device transfers it may make beyond the budget's (non-blocking ones: no synchronisation).
+    host_data: int = 0
     why: str = ""
 
 
@@ -33,7 +35,8 @@ class StepBudget:
     host_data: int = 0
     # Two steps of one batch do the same work (what CUDA Graphs replay); False: known not to, said why.
     replays: bool = True
-    # Configurations counted besides the default and --static-shapes (where the workload offers it).
+    # Configurations counted besides the default and --static-shapes (where the workload offers it; one named
+    # "static shapes" here replaces the plain one, to say what that configuration may add).
     also: tuple[StepProbe, ...] = ()
 
 

@@ -24,6 +24,7 @@ from trainperf.contract import (
     RuntimeContext,
     Scale,
     StepBudget,
+    StepProbe,
     bare_model,
 )
 from trainperf.optim import kernels
@@ -82,7 +83,9 @@ class MaskRCNNWorkload(Detector[MaskRCNNRecipe]):
     step_probe = ("global_batch_size=2", "min_image_size=320", "max_image_size=512")
     # 2,934: had 45 data-dependent shapes (torchvision's RPN and RoI heads selecting proposals and samples,
     # 2,269 ops); the sync-free heads select by masks over fixed slots (workloads/maskrcnn/syncfree.py).
-    step_budget = StepBudget(ops=3_230)
+    step_budget = StepBudget(ops=3_230, also=(StepProbe(
+        "static shapes", ("static_shapes=true",), host_data=1,
+        why="the images' sizes (known on the host) copied from pinned memory without a wait"),))
     device_probe = DeviceProbe(batch=8)
     real_layout = ("annotations/instances_train2017.json", "train2017/000000000009.jpg")
     dataset = DATA
