@@ -19,33 +19,38 @@ import numpy as np
 import torch
 from torch import nn
 from torchvision.models.detection._utils import BoxCoder, encode_boxes
+from torchvision.models.detection.image_list import ImageList
 from torchvision.models.detection.transform import GeneralizedRCNNTransform, _resize_image_and_masks
 
 
 class DeviceTransform(GeneralizedRCNNTransform):
-    """torchvision's transform with its constants on the device (see the module's docstring)."""
+    """torchvision's transform with its constants on the device (see the module's docstring). Its `forward` is
+    torchvision's, operation for operation, but for the batched normalisation; it keeps no state between calls
+    (a compiled model traces it without side effects)."""
 
     mean: torch.Tensor
     std: torch.Tensor
-    _normalized: bool = False
 
-    def forward(self, images: Any, targets: list[dict[str, torch.Tensor]] | None = None) -> Any:
-        batch = images if isinstance(images, torch.Tensor) else None
-        if batch is None and images and len({tuple(image.shape) for image in images}) == 1:
-            batch = torch.stack(list(images))
-        if batch is None or batch.dim() != 4:
-            return super().forward(images, targets)
-        # One subtraction and one division for the batch; torchvision's per-image loop then skips its own.
-        normalized = list(self.normalize(batch).unbind(0))
-        self._normalized = True
-        try:
-            return super().forward(normalized, targets)
-        finally:
-            self._normalized = False
+    def forward(self, images: Any, targets: list[dict[str, torch.Tensor]] | None = None
+                ) -> tuple[ImageList, list[dict[str, torch.Tensor]] | None]:
+        if any(image.dim() != 3 for image in images):
+            raise ValueError("images is expected to be a list of 3d tensors of shape [C, H, W]")
+        targets = [dict(t) for t in targets] if targets is not None else None
+        if isinstance(images, torch.Tensor) or len({tuple(image.shape) for image in images}) == 1:
+            batch = images if isinstance(images, torch.Tensor) else torch.stack(list(images))
+            normalized = list(self.normalize(batch).unbind(0))  # one subtraction and one division for all
+        else:
+            normalized = [self.normalize(image) for image in images]
+        for i, image in enumerate(normalized):
+            image, target = self.resize(image, targets[i] if targets is not None else None)
+            normalized[i] = image
+            if targets is not None and target is not None:
+                targets[i] = target
+        sizes = [(int(image.shape[-2]), int(image.shape[-1])) for image in normalized]
+        return ImageList(self.batch_images(normalized, size_divisible=self.size_divisible), sizes), targets
 
     def normalize(self, image: torch.Tensor) -> torch.Tensor:
-        if self._normalized:
-            return image
+        """An image [C, H, W] or a batch of them [B, C, H, W], normalised by the buffers."""
         if not image.is_floating_point():
             raise TypeError(f"Expected input images to be of floating type (in range [0, 1]), but found type "
                             f"{image.dtype} instead")
