@@ -6,9 +6,9 @@ ratios made as device tensors (4 more), and `BoxCoder.encode_single` makes its w
 call; decoding makes two `torch.tensor(0.5, device=)`). Each is a blocking host-to-device copy: on a GPU
 torch waits for the stream before it returns (RetinaNet's step at batch 16 made 97 of them on an H100).
 Here the mean and std are the transform's buffers (moved with the model, left out of its state dict), the
-images of one size are normalised in one batched operation, the box ratios and the halves are Python
-numbers, and the coder's weights are made on a device once and kept. The arithmetic is torchvision's,
-operation for operation: the same values (tested).
+images of one size are normalised in one batched operation, and the box ratios, the halves and the coder's
+weights are Python numbers (no cache of device tensors: a compiled step would recompile when one filled).
+The arithmetic is torchvision's, operation for operation: the same values (tested).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torchvision.models.detection._utils import BoxCoder, encode_boxes
+from torchvision.models.detection._utils import BoxCoder
 from torchvision.models.detection.image_list import ImageList
 from torchvision.models.detection.transform import GeneralizedRCNNTransform, _resize_image_and_masks
 
@@ -84,16 +84,21 @@ def scaled_boxes(boxes: torch.Tensor, original: tuple[int, int], new: tuple[int,
 
 
 class DeviceBoxCoder(BoxCoder):
-    """torchvision's box coder whose encoding weights are made on each device once, then kept."""
-
-    _kept: dict[tuple[torch.dtype, torch.device], torch.Tensor]
+    """torchvision's box coder with its weights as Python numbers in both directions: nothing made from host
+    data, and no cache either (a compiled step would recompile when one filled)."""
 
     def encode_single(self, reference_boxes: torch.Tensor, proposals: torch.Tensor) -> torch.Tensor:
-        key = (reference_boxes.dtype, reference_boxes.device)
-        weights = self._kept.get(key)
-        if weights is None:
-            weights = self._kept[key] = torch.as_tensor(self.weights, dtype=key[0], device=key[1])
-        return encode_boxes(reference_boxes, proposals, weights)
+        """torchvision's `encode_boxes`, operation for operation, its weights Python numbers (a weight times a
+        float32 tensor is the same product whether the weight is a 0-d float32 tensor or a float)."""
+        wx, wy, ww, wh = self.weights
+        px1, py1, px2, py2 = (proposals[:, i].unsqueeze(1) for i in range(4))
+        rx1, ry1, rx2, ry2 = (reference_boxes[:, i].unsqueeze(1) for i in range(4))
+        ex_widths, ex_heights = px2 - px1, py2 - py1
+        ex_ctr_x, ex_ctr_y = px1 + 0.5 * ex_widths, py1 + 0.5 * ex_heights
+        gt_widths, gt_heights = rx2 - rx1, ry2 - ry1
+        gt_ctr_x, gt_ctr_y = rx1 + 0.5 * gt_widths, ry1 + 0.5 * gt_heights
+        return torch.cat((wx * (gt_ctr_x - ex_ctr_x) / ex_widths, wy * (gt_ctr_y - ex_ctr_y) / ex_heights,
+                          ww * torch.log(gt_widths / ex_widths), wh * torch.log(gt_heights / ex_heights)), dim=1)
 
     def decode_single(self, rel_codes: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         """torchvision's decoding, operation for operation, with its two `torch.tensor(0.5, device=)` factors
@@ -124,5 +129,4 @@ def keep_on_device(model: nn.Module, transform: type[DeviceTransform] = DeviceTr
         coder = getattr(module, "box_coder", None)
         if isinstance(coder, BoxCoder) and not isinstance(coder, DeviceBoxCoder):
             coder.__class__ = DeviceBoxCoder
-            coder._kept = {}
     return model
