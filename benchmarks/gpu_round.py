@@ -355,10 +355,10 @@ class Round:
                     "--warmup", "1" if self.quick else "3", "--precision", "bf16", *_supported_switches(workload)]
             for item in spec.sets:
                 base += ["--set", item]
-            jobs, labels = [], []
+            jobs, labels, unrunnable = [], [], []
             for label, added in GRAPH_RUNGS:
                 if self.device == "cpu" and added == ["--cuda-graphs"]:
-                    rows.append({"workload": workload, "rung": label, "skipped": "needs a GPU"})
+                    unrunnable.append({"workload": workload, "rung": label, "skipped": "needs a GPU"})
                     continue
                 name = label.replace(" ", "-")
                 path = self.out / "work" / f"graphs-{workload}" / f"{name}.json"
@@ -366,7 +366,7 @@ class Round:
                                                     "--json", str(path)]})
                 labels.append(label)
             if self.left() < 20:
-                rows += [{"workload": workload, "rung": label, "skipped": "budget"} for label in labels]
+                rows += [{"workload": workload, "rung": label, "skipped": "budget"} for label in labels] + unrunnable
                 continue
             cap = 60 + 2 * gpu_ledger.compile_cap(known[workload])
             ran, folder = self.worker(f"graphs-{workload}", jobs, min(cap, self.left()))
@@ -380,6 +380,7 @@ class Round:
                 else:
                     row.update(_unfinished({"exit": done["exit"], "seconds": done["seconds"] or ran["seconds"]}))
                 rows.append(row)
+            rows += unrunnable  # the rungs in the ladder's order: eager, compile, then CUDA Graphs
         return {"commands": commands, "results": rows,
                 "status": "ok" if all("failed" not in r for r in rows) else "failed"}
 
