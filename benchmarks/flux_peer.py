@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from trainperf import devices, registry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llm_peers import timed, trainperf_step  # noqa: E402 - the other peers' loop, beside this script
+from llm_peers import side_by_side, trainperf_step  # noqa: E402 - the other peers' loop, beside this script
 
 
 def peer_step(args: argparse.Namespace, recipe: Any, device: torch.device) -> Callable[[], None]:
@@ -101,13 +101,8 @@ def main() -> None:
         f"model.depth={args.depth}", f"model.depth_single={args.depth_single}", f"latent_size={args.latent}",
         f"text_tokens={args.text}", f"model.context_in_dim={args.context}", f"precision={args.precision}",
         f"fused_optimizer={'true' if device.type == 'cuda' else 'false'}"])
-    theirs_step, ours_step = peer_step(args, recipe, device), trainperf_step(workload, recipe, device)
-    for _ in range(args.warmup):
-        timed(theirs_step, device), timed(ours_step, device)
-    theirs, ours = [], []
-    for _ in range(args.reps):
-        theirs.append(args.batch_size / timed(theirs_step, device))
-        ours.append(args.batch_size / timed(ours_step, device))
+    theirs, ours = side_by_side(peer_step(args, recipe, device), trainperf_step(workload, recipe, device), device,
+                                args.batch_size, args.warmup, args.reps)
     t, o = statistics.median(theirs), statistics.median(ours)
     ratios = ", ".join(f"{b / a:.2f}" for a, b in zip(theirs, ours, strict=True))
     print(f"flux: {args.depth} + {args.depth_single} blocks of {args.hidden} ({args.heads} heads), latents "

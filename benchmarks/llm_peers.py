@@ -122,6 +122,18 @@ def timed(step: Callable[[], Any], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
+def side_by_side(theirs_step: Callable[[], Any], ours_step: Callable[[], Any], device: torch.device, rows: int,
+                 warmup: int, reps: int) -> tuple[list[float], list[float]]:
+    """Samples per second of each step, one step of each in turn (the machine's noise falls on both alike)."""
+    for _ in range(warmup):
+        timed(theirs_step, device), timed(ours_step, device)
+    theirs, ours = [], []
+    for _ in range(reps):
+        theirs.append(rows / timed(theirs_step, device))
+        ours.append(rows / timed(ours_step, device))
+    return theirs, ours
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", choices=sorted(WORKLOADS), default="llama")
@@ -157,15 +169,8 @@ def main() -> None:
     else:
         sets.append(f"model.ffn_dim={args.ffn}")
     recipe = workload.recipe("full").with_overrides(sets)
-    theirs_step, ours_step = peer_step(args, recipe, device), trainperf_step(workload, recipe, device)
-    for _ in range(args.warmup):
-        timed(theirs_step, device), timed(ours_step, device)
-    # One step of each in turn: the machine's noise falls on both alike; medians of the step times.
-    theirs, ours = [], []
-    for _ in range(args.reps):
-        theirs.append(args.batch_size / timed(theirs_step, device))
-        ours.append(args.batch_size / timed(ours_step, device))
-        print(f"peer {theirs[-1]:8.3f} sequences/s   trainperf {ours[-1]:8.3f} sequences/s", flush=True)
+    theirs, ours = side_by_side(peer_step(args, recipe, device), trainperf_step(workload, recipe, device), device,
+                                args.batch_size, args.warmup, args.reps)
     name = {"llama": "transformers LlamaForCausalLM (SDPA)", "lora": "PEFT LoRA on transformers' Llama",
             "moe": "transformers GptOssForCausalLM (eager attention: its sinks)"}[args.pair]
     t, o = statistics.median(theirs), statistics.median(ours)

@@ -463,15 +463,20 @@ def _time_inside_ops(step: Callable[[], Any]) -> tuple[float, float]:
     return wall, inside
 
 
+def _eager(recipe: Recipe) -> Recipe:
+    """The recipe's step run eagerly (compile and graphs would hide its operators); what runs eagerly around a
+    captured graph is the static-shapes step, so it is counted as such when graphs were on."""
+    graphed = ["static_shapes=true"] if recipe.cuda_graphs else []
+    return recipe.with_overrides([*graphed, "compile=false", "cuda_graphs=false", "async_eval=false"])
+
+
 def count_step(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: Assets, overrides: list[str],
                warmup: int = 1, steps: int = 2, timed_steps: int = 2) -> StepCounts:
     """Count `steps` training steps of `recipe` (after `warmup` steps, which create optimizer state and
     whatever a library keeps from its first call) on one synthetic batch, eager (no compile or graphs:
     they would hide the operators); then time `timed_steps` more under torch.profiler for the host time
     outside operators (0: not timed)."""
-    # What runs eagerly around a captured graph is the static-shapes step: counted as such when graphs were on.
-    graphed = ["static_shapes=true"] if recipe.cuda_graphs else []
-    recipe = recipe.with_overrides([*overrides, *graphed, "compile=false", "cuda_graphs=false", "async_eval=false"])
+    recipe = _eager(recipe.with_overrides(overrides))
     torch.manual_seed(0)
     parts = speedups.assemble(workload, recipe, ctx, assets)
     step = TrainStep(parts, 1000, recipe, ctx.device, ctx=ctx, split=workload.split_batch, count=workload.batch_samples)
@@ -530,8 +535,7 @@ def _built(workload: Workload, ctx: RuntimeContext, sets: list[str] | None) -> t
     step function and its optimizer."""
     overrides = [*workload.step_probe, *(sets or [])]
     recipe = workload.recipe("full").with_overrides(overrides)
-    graphed = ["static_shapes=true"] if recipe.cuda_graphs else []
-    recipe = recipe.with_overrides([*graphed, "compile=false", "cuda_graphs=false", "async_eval=false"])
+    recipe = _eager(recipe)
     workload.check_recipe(recipe)
     torch.manual_seed(0)
     parts = speedups.assemble(workload, recipe, ctx, Assets(workload.assets(recipe, None)))
