@@ -105,10 +105,12 @@ def test_the_graphs_section_climbs_eager_compile_graphs_for_each_workload_offeri
     assert done.returncode == 0, done.stdout + done.stderr
     (section,) = json.loads((tmp_path / "round.json").read_text())["sections"]
     rows = section["results"]
+    # NCF names no repeated blocks: no regional rung; both graph rungs need a GPU.
     assert [(r["workload"], r["rung"]) for r in rows] == [("ncf", "eager"), ("ncf", "compile"),
-                                                          ("ncf", "CUDA Graphs")]
+                                                          ("ncf", "CUDA Graphs"),
+                                                          ("ncf", "CUDA Graphs without Inductor")]
     assert rows[0]["samples_per_s"] > 0 and rows[1]["switches"]["compile"] is True
-    assert rows[2]["skipped"] == "needs a GPU"
+    assert rows[2]["skipped"] == rows[3]["skipped"] == "needs a GPU"
     text = (tmp_path / "round.md").read_text()
     assert "## graphs: ok" in text and "| ncf | compile |" in text and "| ncf | CUDA Graphs | needs a GPU |" in text
 

@@ -624,8 +624,8 @@ def _read_govreport(path: Path) -> object:
 def _lora_base() -> bytes:
     import torch
 
+    from trainperf.workloads.common.llm import hf
     from trainperf.workloads.common.llm.model import Llama, LlamaConfig
-    from trainperf.workloads.llama2_70b_lora import hf
 
     folder = Path(tempfile.mkdtemp())
     config = LlamaConfig(layers=1, dim=16, heads=2, kv_heads=1, ffn_dim=32, vocab_size=24, rope_factor=0.0,
@@ -640,8 +640,8 @@ _LORA_CONFIG = Path(tempfile.mkdtemp()) / "config.json"
 
 
 def _read_lora_base(path: Path) -> object:
+    from trainperf.workloads.common.llm import hf
     from trainperf.workloads.common.llm.model import Llama
-    from trainperf.workloads.llama2_70b_lora import hf
 
     _lora_base()
     (path.parent / "config.json").write_bytes(_LORA_CONFIG.read_bytes())

@@ -12,8 +12,8 @@ import torch
 
 from tests.conftest import launch, mean_step_losses
 from trainperf.errors import TrainperfError
+from trainperf.workloads.common.llm import hf
 from trainperf.workloads.common.llm.model import Llama, LlamaConfig, next_token_loss
-from trainperf.workloads.llama2_70b_lora import hf
 from trainperf.workloads.llama2_70b_lora.lora import LowRank, adapter_parameters, add_adapters
 from trainperf.workloads.llama2_70b_lora.model import LLAMA2_70B
 

@@ -90,6 +90,8 @@ class BenchResult:
     formula_mfu: float | None = None
     # Workload.step_statistics after the timed steps (an MoE model's expert load).
     step_statistics: dict[str, float] = dataclasses.field(default_factory=dict)
+    # The warm-up steps' wall clock: with --compile or --cuda-graphs, mostly compiling and recording.
+    warmup_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -190,9 +192,11 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
                 epoch += 1
     feed = batches()
     parts.model.train()
+    warming = time.perf_counter()
     for _ in range(warmup):
         step(next(feed))
     ctx.synchronize()
+    warmup_s = time.perf_counter() - warming
     devices.reset_peaks(dev)
     waits, samples = 0.0, 0
     counted = data.counters if data is not None and data.counters is not None else (lambda: {})
@@ -252,7 +256,7 @@ def run_bench(workload: Workload, recipe: Recipe, scale: str, data_dir: Path | N
         parameters=sum(p.numel() for p in trainable),
         gradient_bytes=sum(p.numel() * p.element_size() for p in trainable),
         epoch_samples=data.train_samples if data is not None else None, profile=profiled, layout=parts.layout,
-        step_statistics=statistics_after, **formula_fields,
+        step_statistics=statistics_after, warmup_s=warmup_s, **formula_fields,
     )
 
 

@@ -58,6 +58,10 @@ class ModelParts:
     # grad_norm(parameters) -> the global norm of their gradients, where the engine's distribution needs its
     # own (parameters sharded over several meshes: expert parallelism); None: torch's clip_grad_norm_.
     grad_norm: Callable[[list[torch.Tensor]], torch.Tensor] | None = None
+    # The model's repeated blocks (BERT's layers, ResNet's bottlenecks): under --regional-compile each is
+    # compiled in place instead of the whole model; blocks of one class share their compiled code (one
+    # compilation per distinct shape). Empty: the workload offers no regional compilation.
+    regions: tuple[torch.nn.Module, ...] = ()
 
 
 @dataclass

@@ -16,6 +16,9 @@ from trainperf.contract.quality import EPOCH_NUM_STYLES
 from trainperf.errors import TrainperfError
 from trainperf.errors import shown as shown_text
 
+# What records the graphs of --cuda-graphs (Recipe.graphs_backend).
+GRAPHS_BACKENDS = ("inductor", "cudagraphs")
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -53,6 +56,13 @@ class Recipe:
     channels_last: bool = False
     compile: bool = False  # torch.compile of the model and eval forward, warmed up before run_start
     cuda_graphs: bool = False  # capture the model's forward and backward once, replay them (GPU only)
+    # What records --cuda-graphs' graphs: "inductor" (torch.compile's mode="reduce-overhead": compiled kernels,
+    # then recorded) or "cudagraphs" (dynamo's graphs recorded as they are: no kernel compilation, for the models
+    # Inductor takes minutes to compile).
+    graphs_backend: str = "inductor"  # one of GRAPHS_BACKENDS
+    # Compile the model's repeated blocks (ModelParts.regions) one by one instead of the whole model: a block's
+    # code is compiled once and reused by its repeats, so compiling takes a fraction of the time.
+    regional_compile: bool = False
     fused_optimizer: bool = False  # torch's fused optimizer kernels where they exist (else foreach)
     async_eval: bool = False  # score evaluations in the background while training goes on
     packing: bool = False  # several short sequences in one row, attention kept within each (BERT)
@@ -109,6 +119,9 @@ class Recipe:
                                      "official checker's rulesets: " + ", ".join(rulesets.known()))
         if self.precision not in ("fp32", "bf16", "fp16", "fp8"):
             raise TrainperfError(f"recipe field precision={self.precision!r} is not one of: fp32, bf16, fp16, fp8")
+        if self.graphs_backend not in GRAPHS_BACKENDS:
+            raise TrainperfError(f"recipe field graphs_backend={self.graphs_backend!r} is not one of: "
+                                 + ", ".join(GRAPHS_BACKENDS))
         if self.log_epoch_num not in EPOCH_NUM_STYLES:
             raise TrainperfError(f"recipe field log_epoch_num={self.log_epoch_num!r} is not one of: "
                                  + ", ".join(EPOCH_NUM_STYLES))

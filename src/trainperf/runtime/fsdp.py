@@ -33,6 +33,7 @@ from torch import nn
 
 from trainperf.contract import ExpertLayer, FullyShard, ModelParts, Parallelism, Recipe, RuntimeContext, ShardedModel
 from trainperf.errors import TrainperfError
+from trainperf.runtime import speedups
 from trainperf.runtime.engine import Engine
 
 _WRAPPERS = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -148,7 +149,7 @@ class FSDPEngine(Engine):
             # With CUDA Graphs each block is recorded on its own ("reduce-overhead": torch's CUDA graph trees),
             # and FSDP's gathers and reduce-scatters run between the blocks' replays, from its hooks outside
             # the compiled forward; the step marks each iteration's start (TrainStep).
-            options = {"mode": "reduce-overhead"} if recipe.cuda_graphs else {}
+            options = speedups.compile_options(recipe)
             for i in range(len(blocks)):
                 blocks[i] = torch.compile(blocks[i], **options)
         if mesh is not None:

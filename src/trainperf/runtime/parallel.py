@@ -30,7 +30,9 @@ class TorchRecEngine(Engine):
 
         parts = recsys.shard(parts, ctx, ctx.batch_share(recipe.global_batch_size))
         if recipe.compile or recipe.cuda_graphs:
-            compiled = self.compile_units(parts, {"mode": "reduce-overhead"} if recipe.cuda_graphs else {})
+            from trainperf.runtime import speedups
+
+            compiled = self.compile_units(parts, speedups.compile_options(recipe))
             parts.layout = {**(parts.layout or {}), "compiled_dense_modules": compiled}
         return parts
 

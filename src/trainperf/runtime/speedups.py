@@ -54,6 +54,13 @@ SWITCHES: tuple[Switch, ...] = (
            "run_start)", False, True, "compile"),
     Switch("cuda_graphs", "--cuda-graphs", "capture the model's forward/backward as CUDA Graphs and replay them "
            "(GPU only)", False, True, "cuda_graphs"),
+    Switch("graphs_backend", "--graphs-backend", "what records --cuda-graphs' graphs: inductor (compiled kernels, "
+           "mode reduce-overhead) or cudagraphs (dynamo's graphs recorded as traced: no kernel compilation, for the "
+           "models Inductor is slow to compile)", "inductor", "cudagraphs", "graphs without Inductor",
+           choices=("inductor", "cudagraphs"), ladder=False),
+    Switch("regional_compile", "--regional-compile", "compile the model's repeated blocks one by one, each block's "
+           "code once, instead of the whole model (with --compile or --cuda-graphs)", False, True,
+           "regional compile", ladder=False),
     Switch("async_eval", "--async-eval", "score evaluations in the background while training continues", False,
            True, "async_eval", ladder=False),
 )
@@ -73,11 +80,21 @@ def all_off() -> list[str]:
     return [f"{s.name}={str(s.off).lower()}" for s in SWITCHES]
 
 
+# Switches that refine another (a workload supporting the one supports them): name -> the switch refined.
+REFINES = {"graphs_backend": "cuda_graphs"}
+
+
 def check_supported(workload: Workload, recipe: Recipe, device: torch.device) -> None:
     for switch in SWITCHES:
         value = getattr(recipe, switch.name)
-        if value != switch.off and switch.name not in workload.speedups:
+        if value != switch.off and REFINES.get(switch.name, switch.name) not in workload.speedups:
             raise TrainperfError(f"{switch.name}={value}: not supported by {workload.name}")
+    if recipe.graphs_backend != "inductor" and not recipe.cuda_graphs:
+        raise TrainperfError(f"graphs_backend={recipe.graphs_backend} (--graphs-backend): chooses how --cuda-graphs "
+                             "records its graphs; add --cuda-graphs")
+    if recipe.regional_compile and not (recipe.compile or recipe.cuda_graphs):
+        raise TrainperfError("regional_compile=true (--regional-compile): chooses what --compile compiles; add "
+                             "--compile (or --cuda-graphs)")
     if recipe.cuda_graphs and device.type != "cuda":
         raise TrainperfError("cuda_graphs=true (--cuda-graphs): CUDA Graphs need a CUDA GPU; this run is on "
                              f"{device.type}")
@@ -114,7 +131,7 @@ def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: As
     engine = check_parallelism(workload, spec, recipe, ctx)
     parts = engine.apply(spec, parts, recipe, ctx)
     # An engine that compiles the model itself (per block) leaves only the evaluation forward to compile here.
-    options: dict[str, Any] = {}
+    options = compile_options(recipe)
     buckets = workload.shape_buckets(recipe)
     if buckets is not None:
         # One graph per bucket, each specialised to its shape (CUDA Graphs record shapes anyway), and room
@@ -127,15 +144,34 @@ def assemble(workload: Workload, recipe: Recipe, ctx: RuntimeContext, assets: As
     cpu_rnns(parts.model, ctx.device, recipe.precision)
     if recipe.compile or recipe.cuda_graphs:
         compile_rnns()
-    if recipe.cuda_graphs and not engine.compiles_model:
-        # PyTorch's supported capture-and-replay ("reduce-overhead": static shapes, re-capture on change).
-        parts.model = torch.compile(parts.model, mode="reduce-overhead", **options)
-    elif recipe.compile and not engine.compiles_model:
+    compiled = recipe.compile or recipe.cuda_graphs
+    if compiled and recipe.regional_compile:
+        if engine.compiles_model or not parts.regions:  # a workload's defect, not a user's: said plainly anyway
+            raise TrainperfError(f"regional_compile=true (--regional-compile): {workload.name} declares it but names "
+                                 "no repeated blocks its engine leaves to compile")
+        # In place: the training model (under DDP) and the evaluation forward both run the compiled blocks, and
+        # the blocks' shared code is compiled once per distinct shape, not once per block.
+        for region in parts.regions:
+            region.compile(**options)
+        parts.layout = {**(parts.layout or {}), "compiled_regions": len(parts.regions)}
+    elif compiled and not engine.compiles_model:
+        # --cuda-graphs: PyTorch's supported capture-and-replay (static shapes, re-capture on change).
         parts.model = torch.compile(parts.model, **options)
-    if (recipe.compile or recipe.cuda_graphs) and parts.eval_compiles:
+    if compiled and parts.eval_compiles and not recipe.regional_compile:
         # The evaluation forward is compiled on its own (it runs the unwrapped module, without DDP).
         parts.eval_forward = torch.compile(parts.eval_forward)
     return parts
+
+
+def compile_options(recipe: Recipe) -> dict[str, Any]:
+    """torch.compile's arguments for the recipe's compile and CUDA Graphs switches: compiled kernels
+    (--compile), recorded as CUDA graphs ("reduce-overhead") or dynamo's graphs recorded without Inductor
+    (--graphs-backend cudagraphs). Every engine compiles with these."""
+    if not recipe.cuda_graphs:
+        return {}
+    if recipe.graphs_backend == "cudagraphs":
+        return {"backend": "cudagraphs"}
+    return {"mode": "reduce-overhead"}
 
 
 def check_parallelism(workload: Workload, spec: Parallelism, recipe: Recipe, ctx: RuntimeContext) -> Engine:

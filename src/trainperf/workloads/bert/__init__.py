@@ -55,7 +55,8 @@ class BertWorkload(Workload[BertRecipe]):
     metric = Metric("mlm_accuracy", higher_is_better=True)
     summary = ("BERT-Large phase 2 from the phase-1 checkpoint, masked-LM accuracy (mini: a small BERT from a "
                "shipped checkpoint on the standard library's docstrings)")
-    speedups = frozenset({"precision", "fp8", "compile", "cuda_graphs", "fused_optimizer", "packing", "async_eval"})
+    speedups = frozenset({"precision", "fp8", "compile", "cuda_graphs", "fused_optimizer", "packing",
+                          "async_eval", "regional_compile"})
     # Two of the 24 encoder layers (the same operators per layer; the whole model's init and LAMB over 340 M
     # parameters took 98 s of a 2-core CPU for the same verdict).
     step_probe = ("global_batch_size=2", "max_seq_length=128", "max_predictions=20", "checkpoint=none",
@@ -141,7 +142,8 @@ class BertWorkload(Workload[BertRecipe]):
             return bert_model.mlm_correct(mlm, batch.tensors["masked_lm_ids"])
 
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, eval_forward=forward,
-                          lr_schedule=lambda steps: schedule)
+                          lr_schedule=lambda steps: schedule,
+                          regions=tuple(m for m in model.modules() if isinstance(m, bert_model.Layer)))
 
     def _rows_per_process(self, recipe: BertRecipe, ctx: RuntimeContext) -> int:
         return ctx.batch_share(recipe.global_batch_size)

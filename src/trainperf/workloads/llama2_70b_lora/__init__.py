@@ -29,10 +29,11 @@ from trainperf.contract import (
 )
 from trainperf.errors import TrainperfError
 from trainperf.optim import kernels
+from trainperf.workloads.common.llm import hf
 from trainperf.workloads.common.llm.model import Llama
 from trainperf.workloads.common.llm.workload import lr_factor
 from trainperf.workloads.llama2_70b_lora import data as gov
-from trainperf.workloads.llama2_70b_lora import hf, synthetic
+from trainperf.workloads.llama2_70b_lora import synthetic
 from trainperf.workloads.llama2_70b_lora.lora import adapter_parameters, add_adapters
 from trainperf.workloads.llama2_70b_lora.recipes import EVAL_SAMPLES, FULL_RECIPES, MINI, LoraRecipe
 

@@ -187,8 +187,8 @@ def make_base(out: Path, steps: int, say: Callable[[str], None], seed: int) -> d
     it as a Hugging Face checkpoint (fp32) with a manifest of how it was made."""
     import torch
 
+    from trainperf.workloads.common.llm import hf
     from trainperf.workloads.common.llm.model import Llama, next_token_loss
-    from trainperf.workloads.llama2_70b_lora import hf
 
     torch.manual_seed(seed)
     model = Llama(BASE_CONFIG, SEQ_LEN)

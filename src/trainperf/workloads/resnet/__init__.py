@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchvision.models.resnet import Bottleneck
 
 from trainperf.contract import (
     Assets,
@@ -61,7 +62,8 @@ class ResNetWorkload(Workload[ResNetRecipe]):
     step_budget = StepBudget(ops=2_300)
     device_probe = DeviceProbe(batch=256)
     real_layout = ("train/n01440764/n01440764_10026.JPEG", "val/n01440764/ILSVRC2012_val_00000293.JPEG")
-    speedups = frozenset({"precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer", "async_eval"})
+    speedups = frozenset({"precision", "channels_last", "compile", "cuda_graphs", "fused_optimizer",
+                          "async_eval", "regional_compile"})
 
     mini = Scale(MINI_RECIPE, resnet_data.Digits(MINI_RECIPE.image_size))
     full = Scale(FULL_RECIPES, resnet_data.ImageNetFolder())
@@ -134,7 +136,8 @@ class ResNetWorkload(Workload[ResNetRecipe]):
 
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn,
                           lr_schedule=per_epoch_schedule(self.name, lr_schedule), eval_forward=_predict,
-                          epoch_hyperparameters=epoch_hyperparameters)
+                          epoch_hyperparameters=epoch_hyperparameters,
+                          regions=tuple(m for m in model.modules() if isinstance(m, Bottleneck)))
 
     def synthetic_batch(self, recipe: ResNetRecipe, ctx: RuntimeContext,
                         model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:

@@ -72,6 +72,9 @@ class MoEModelConfig:
     yarn_beta_slow: float = 1.0
     yarn_mscale: float = 1.0
     yarn_mscale_all_dim: float = 0.0
+    # Whether the ramp's ends are rounded out to whole dimensions (floor, ceil), as DeepSeek-V3's YaRN does;
+    # OpenAI's GPT-OSS config says "truncate": false, its ramp running between the exact dimensions.
+    yarn_truncate: bool = True
     # Feed-forwards: the first `dense_layers` blocks dense (ffn_dim), the rest MoE.
     dense_layers: int = 0
     ffn_dim: int = 0
@@ -166,7 +169,7 @@ GPT_OSS_20B = MoEModelConfig(window=128)
 # Its sliding window holds 128 keys with the query's own (Megatron's window counts the keys before it).
 GPT_OSS_20B_CARD = MoEModelConfig(vocab_size=201_088, norm_eps=1e-5, qk_norm=False, attention_bias=True, sinks=True,
                                   window=127, router_bias=True, expert_bias=True, activation="gpt_oss_swiglu",
-                                  yarn_factor=32.0, yarn_original_context=4_096, init_std=0.02)
+                                  yarn_factor=32.0, yarn_original_context=4_096, yarn_truncate=False, init_std=0.02)
 
 
 def yarn_m(config: MoEModelConfig, mscale: float) -> float:
@@ -185,8 +188,10 @@ def yarn_frequencies(config: MoEModelConfig) -> tuple[torch.Tensor, float]:
     def turn(rotations: float) -> float:  # the dimension whose wavelength fits `rotations` times in the context
         return dim * math.log(config.yarn_original_context / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
-    low = max(math.floor(turn(config.yarn_beta_fast)), 0)
-    high = min(math.ceil(turn(config.yarn_beta_slow)), dim - 1)
+    low, high = turn(config.yarn_beta_fast), turn(config.yarn_beta_slow)
+    if config.yarn_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)).clamp(0, 1)
     kept = 1 - ramp
     scaled = freqs / config.yarn_factor * (1 - kept) + freqs * kept

@@ -34,34 +34,83 @@ DTYPES = {"torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16, "tor
           "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 
 
+# transformers' own default where a Llama config.json names no rotary base (the conversions of Llama 1 and 2).
+DEFAULT_THETA = 10_000.0
+LLAMA3_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
 def read_config(folder: Path) -> LlamaConfig:
-    """config.json as a LlamaConfig (Llama 2: no rotary scaling)."""
+    """config.json as a LlamaConfig, in either layout transformers writes: 4.x's `rope_theta` beside
+    `rope_scaling`, 5.x's `rope_parameters` (the base and the scaling together). What this Llama cannot
+    compute (another scaling, biases, another activation or head size) is one line naming the file."""
     path = folder / "config.json"
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-        scaling = raw.get("rope_scaling") or {}
-        kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
-        if kind not in (None, "llama3", "default"):
-            raise TrainperfError(f"{path}: rope_scaling of type {kind!r}: Llama's own (llama3) or none only")
+        if not isinstance(raw, dict):
+            raise TypeError("not an object")
+        theta, scaling = _rope(raw, path)
         config = LlamaConfig(
             layers=int(raw["num_hidden_layers"]), dim=int(raw["hidden_size"]), heads=int(raw["num_attention_heads"]),
             kv_heads=int(raw.get("num_key_value_heads") or raw["num_attention_heads"]),
             ffn_dim=int(raw["intermediate_size"]), vocab_size=int(raw["vocab_size"]),
-            norm_eps=float(raw.get("rms_norm_eps", 1e-5)), rope_theta=float(raw.get("rope_theta", 10_000.0)),
-            rope_factor=float(scaling.get("factor", 0.0)) if scaling.get("rope_type", scaling.get("type")) == "llama3"
-            else 0.0,
-            rope_low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
-            rope_high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
-            rope_original_context=int(scaling.get("original_max_position_embeddings",
-                                                  raw.get("max_position_embeddings", 4096))))
-        if raw.get("tie_word_embeddings"):
-            raise TrainperfError(f"{path}: tie_word_embeddings is true; Llama's input and output embeddings are untied")
+            norm_eps=float(raw.get("rms_norm_eps", 1e-5)), rope_theta=theta,
+            rope_factor=float(scaling["factor"]) if scaling else 0.0,
+            rope_low_freq_factor=float(scaling["low_freq_factor"]) if scaling else 1.0,
+            rope_high_freq_factor=float(scaling["high_freq_factor"]) if scaling else 4.0,
+            rope_original_context=int(scaling["original_max_position_embeddings"]) if scaling
+            else int(raw.get("max_position_embeddings", 4096)))
     except OSError as exc:
         raise TrainperfError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise TrainperfError(f"{path}: not a Llama config.json ({type(exc).__name__}: "
                              f"{shown(str(exc), 200)})") from None
+    unsupported = [
+        (raw.get("tie_word_embeddings"), "tie_word_embeddings is true; Llama's input and output embeddings are untied"),
+        (raw.get("attention_bias") or raw.get("mlp_bias"), "attention_bias or mlp_bias is true; Llama has no biases"),
+        (raw.get("hidden_act", "silu") != "silu", f"hidden_act is {shown(str(raw.get('hidden_act')), 40)!r}, "
+                                                   "Llama's feed-forward is SwiGLU (silu)"),
+        (raw.get("head_dim") not in (None, config.head_dim),
+         f"head_dim is {shown(str(raw.get('head_dim')), 40)}, not hidden_size / num_attention_heads "
+         f"= {config.head_dim}"),
+    ]
+    for found, what in unsupported:
+        if found:
+            raise TrainperfError(f"{path}: {what}")
     return config
+
+
+def _rope(raw: dict[str, Any], path: Path) -> tuple[float, dict[str, float] | None]:
+    """The rotary base and Llama 3's scaling (None: unscaled) from either layout; both layouts present must
+    agree, and a scaling this Llama does not compute is refused (never read as none)."""
+    layouts: dict[str, dict[str, float] | None] = {}
+    for name in ("rope_scaling", "rope_parameters"):
+        value = raw.get(name)
+        if value is not None and not isinstance(value, dict):
+            raise TrainperfError(f"{path}: {name} is {shown(str(value), 40)!r}, expected an object or null")
+        if value:
+            kind = value.get("rope_type", value.get("type", "default"))
+            if kind not in ("default", "llama3"):
+                raise TrainperfError(f"{path}: {name} of type {shown(str(kind), 40)!r}: this Llama computes Llama "
+                                     "3's scaling (llama3) or none")
+            layouts[name] = ({k: float(v) for k, v in value.items() if k in LLAMA3_FIELDS} if kind == "llama3"
+                             else None)
+    params = raw.get("rope_parameters") or {}
+    thetas = {float(v) for v in (raw.get("rope_theta"), params.get("rope_theta")) if v is not None}
+    if len(thetas) > 1:
+        raise TrainperfError(f"{path}: rope_theta {raw['rope_theta']} and rope_parameters.rope_theta "
+                             f"{params['rope_theta']} differ")
+    if params and not thetas:
+        raise TrainperfError(f"{path}: rope_parameters has no rope_theta")
+    if len(layouts) == 2 and layouts["rope_scaling"] != layouts["rope_parameters"]:
+        raise TrainperfError(f"{path}: rope_scaling and rope_parameters describe different rotary scalings")
+    theta = thetas.pop() if thetas else DEFAULT_THETA
+    name, scaling = next(((n, v) for n, v in layouts.items() if v is not None), (None, None))
+    if scaling is None:
+        return theta, None
+    missing = [f for f in LLAMA3_FIELDS if f not in scaling]
+    if missing:
+        raise TrainperfError(f"{path}: {name} of type 'llama3' has no {', '.join(missing)}")
+    return theta, scaling
 
 
 def _permute(w: torch.Tensor, heads: int) -> torch.Tensor:
@@ -237,10 +286,25 @@ def write(model: nn.Module, config: LlamaConfig, folder: Path, dtype: torch.dtyp
     os.umask(mask)
     partial.chmod(0o666 & ~mask)  # safetensors writes owner-only; a checkpoint is as readable as any file
     partial.replace(folder / SINGLE)
-    write_json_atomic(folder / "config.json", {
+    write_json_atomic(folder / "config.json", config_json(config, dtype))
+
+
+def config_json(config: LlamaConfig, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+    """`config` as Hugging Face's config.json, in both of transformers' layouts at once (4.x reads
+    rope_theta and rope_scaling, 5.x rope_parameters), so that either builds this very model."""
+    scaling = None
+    if config.rope_factor:
+        scaling = {"rope_type": "llama3", "factor": config.rope_factor,
+                   "low_freq_factor": config.rope_low_freq_factor, "high_freq_factor": config.rope_high_freq_factor,
+                   "original_max_position_embeddings": config.rope_original_context}
+    return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": config.dim,
-        "intermediate_size": config.ffn_dim, "num_attention_heads": config.heads,
+        "intermediate_size": config.ffn_dim, "num_attention_heads": config.heads, "head_dim": config.head_dim,
         "num_hidden_layers": config.layers, "num_key_value_heads": config.kv_heads, "vocab_size": config.vocab_size,
-        "rms_norm_eps": config.norm_eps, "rope_theta": config.rope_theta, "rope_scaling": None,
-        "max_position_embeddings": config.rope_original_context, "tie_word_embeddings": False,
-        "torch_dtype": str(dtype).removeprefix("torch.")})
+        "rms_norm_eps": config.norm_eps, "hidden_act": "silu", "rope_theta": config.rope_theta,
+        "rope_scaling": scaling,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta, **(scaling or {})},
+        # Llama 3.1's rows carry positions up to 16x the scaled context (131,072); unscaled, the context itself.
+        "max_position_embeddings": config.rope_original_context * (16 if scaling else 1),
+        "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+        "torch_dtype": str(dtype).removeprefix("torch.")}

@@ -1,0 +1,130 @@
+"""The Llama family's Hugging Face reader and writer (workloads/common/llm/hf.py) against `transformers` itself:
+a folder `save_pretrained` writes (5.x's `rope_parameters`, or 4.x's `rope_theta` + `rope_scaling`) read into
+trainperf's Llama gives transformers' logits, a folder trainperf writes builds the same model in transformers,
+and every config the Llama cannot compute is refused in one line, never read with a default."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from trainperf.errors import TrainperfError
+from trainperf.workloads.common.llm import hf
+from trainperf.workloads.common.llm.model import Llama, LlamaConfig
+
+transformers = pytest.importorskip("transformers")
+
+# Llama 3.1's shape in miniature: grouped queries, a 500,000 base and Llama 3's rotary scaling, at an original
+# context short enough that the 24 positions below span scaled, blended and kept wavelengths.
+SCALED = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16}
+TINY = LlamaConfig(layers=2, dim=64, heads=4, kv_heads=2, ffn_dim=96, vocab_size=80, norm_eps=1e-5,
+                   rope_theta=500_000.0, rope_factor=8.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                   rope_original_context=16)
+SEQ = 24
+
+
+def _theirs(rope: dict | None = SCALED, theta: float = 500_000.0) -> torch.nn.Module:
+    config = transformers.LlamaConfig(
+        vocab_size=80, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"rope_theta": theta, **(rope or {"rope_type": "default"})})
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # transformers initialises the norms to 1: other scales, so that they are read too
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+def _logits_equal(theirs: torch.nn.Module, ours: Llama) -> None:
+    tokens = torch.randint(0, 80, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = theirs(input_ids=tokens).logits
+        found = ours.eval()(tokens)
+    assert found.shape == expected.shape
+    assert torch.allclose(found, expected, atol=2e-5, rtol=1e-5), (found - expected).abs().max()
+
+
+def _read(folder) -> Llama:
+    checkpoint = hf.Checkpoint(folder)
+    model = Llama(checkpoint.config, SEQ)
+    checkpoint.load_into(model)
+    return model
+
+
+def test_a_folder_transformers_5_writes_is_read_into_the_same_model(tmp_path):
+    theirs = _theirs()
+    theirs.save_pretrained(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert "rope_parameters" in written and "rope_scaling" not in written, "transformers 5's layout"
+    assert hf.read_config(tmp_path) == TINY
+    _logits_equal(theirs, _read(tmp_path))
+
+
+def test_the_layout_of_transformers_4_is_read_as_the_same_model(tmp_path):
+    theirs = _theirs()
+    theirs.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    params = config.pop("rope_parameters")
+    config["rope_theta"] = params.pop("rope_theta")
+    config["rope_scaling"] = params
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert hf.read_config(tmp_path) == TINY
+    _logits_equal(theirs, _read(tmp_path))
+
+
+def test_an_unscaled_llama_2_folder_keeps_its_base(tmp_path):
+    theirs = _theirs(rope=None, theta=10_000.0)
+    theirs.save_pretrained(tmp_path)
+    config = hf.read_config(tmp_path)
+    assert (config.rope_theta, config.rope_factor) == (10_000.0, 0.0)
+    _logits_equal(theirs, _read(tmp_path))
+
+
+def test_what_trainperf_writes_transformers_builds_as_the_same_model(tmp_path):
+    torch.manual_seed(2)
+    ours = Llama(TINY, SEQ)
+    ours.reset_parameters()
+    hf.write(ours, TINY, tmp_path, dtype=torch.float32)
+    assert hf.read_config(tmp_path) == TINY, "the writer writes what the reader reads: Llama 3.1's scaling kept"
+    theirs = transformers.LlamaForCausalLM.from_pretrained(tmp_path, torch_dtype=torch.float32).eval()
+    assert theirs.config.rope_parameters["rope_type"] == "llama3"
+    _logits_equal(theirs, ours)
+
+
+def _config(**changes) -> dict:
+    config = hf.config_json(TINY, torch.float32)
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    return config
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0}, "rope_scaling": None},
+     "rope_parameters of type 'yarn': this Llama computes Llama 3's scaling (llama3) or none"),
+    ({"rope_scaling": {**SCALED, "factor": 4.0}},
+     "rope_scaling and rope_parameters describe different rotary scalings"),
+    ({"rope_theta": 10_000.0}, "rope_theta 10000.0 and rope_parameters.rope_theta 500000.0 differ"),
+    ({"rope_parameters": {"rope_type": "default"}, "rope_scaling": None, "rope_theta": None},
+     "rope_parameters has no rope_theta"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}, "rope_scaling": None},
+     "rope_parameters of type 'llama3' has no low_freq_factor, high_freq_factor, original_max_position_embeddings"),
+    ({"rope_scaling": "llama3"}, "rope_scaling is 'llama3', expected an object or null"),
+    ({"head_dim": 32}, "head_dim is 32, not hidden_size / num_attention_heads = 16"),
+    ({"attention_bias": True}, "attention_bias or mlp_bias is true; Llama has no biases"),
+    ({"hidden_act": "gelu"}, "hidden_act is 'gelu', Llama's feed-forward is SwiGLU (silu)"),
+    ({"tie_word_embeddings": True}, "tie_word_embeddings is true"),
+])
+def test_a_config_the_llama_cannot_compute_is_refused_in_one_line(tmp_path, changes, message):
+    (tmp_path / "config.json").write_text(json.dumps(_config(**changes)))
+    with pytest.raises(TrainperfError, match=re.escape(message)) as caught:
+        hf.read_config(tmp_path)
+    assert str(tmp_path / "config.json") in str(caught.value) and "\n" not in str(caught.value)
