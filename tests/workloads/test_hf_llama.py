@@ -128,3 +128,50 @@ def test_a_config_the_llama_cannot_compute_is_refused_in_one_line(tmp_path, chan
     with pytest.raises(TrainperfError, match=re.escape(message)) as caught:
         hf.read_config(tmp_path)
     assert str(tmp_path / "config.json") in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "with-dropout"])
+def test_the_lora_adapter_on_the_fused_qkv_is_peft_s(train):
+    """The reference's adapter: PEFT's LoRA on a fused qkv_proj (rank 16, alpha 32, dropout 0.1). trainperf's
+    keeps one B per output (q, k, v) so that tensor parallelism can split each; stacked, they are PEFT's B:
+    the same outputs and the same gradients of A and B (the same dropout mask from the same seed)."""
+    peft = pytest.importorskip("peft")
+    from trainperf.workloads.llama2_70b_lora.lora import LowRank
+
+    dim, q, kv, rank = 64, 64, 32, 16
+
+    class Attention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv_proj = torch.nn.Linear(dim, q + 2 * kv, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.qkv_proj(x)
+
+    torch.manual_seed(0)
+    base = Attention()
+    theirs = peft.get_peft_model(base, peft.LoraConfig(r=rank, lora_alpha=32, lora_dropout=0.1,
+                                                       target_modules=["qkv_proj"]))
+    layer = theirs.base_model.model.qkv_proj
+    ours = LowRank(dim, (q, kv, kv), rank, 32, 0.1)
+    with torch.no_grad():
+        layer.lora_B["default"].weight.normal_()  # PEFT starts B at zero, as trainperf does: another B, so it counts
+        ours.lora_a.weight.copy_(layer.lora_A["default"].weight)
+        for b, rows in zip(ours.lora_b, layer.lora_B["default"].weight.split((q, kv, kv)), strict=True):
+            b.weight.copy_(rows)
+    theirs.train(train)
+    ours.train(train)
+    x = torch.randn(3, 5, dim)
+    torch.manual_seed(1)
+    expected = theirs(x)
+    torch.manual_seed(1)
+    found = base.qkv_proj.base_layer(x) + ours(x)
+    assert torch.allclose(found, expected, atol=1e-6)
+    weights = torch.randn_like(expected)
+    (expected * weights).sum().backward()
+    (found * weights).sum().backward()
+    for found_grad, expected_grad in ((ours.lora_a.weight.grad, layer.lora_A["default"].weight.grad),
+                                      (torch.cat([b.weight.grad for b in ours.lora_b]),
+                                       layer.lora_B["default"].weight.grad)):
+        error = (found_grad - expected_grad).abs().max() / expected_grad.abs().max()
+        assert error < 1e-5, error

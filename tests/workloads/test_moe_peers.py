@@ -83,3 +83,70 @@ def test_gpt_oss_as_the_card_builds_it_gives_transformers_logits(truncate):
         expected = theirs(input_ids=tokens).logits
         found = ours(tokens)[0]
     assert torch.allclose(found, expected, atol=3e-5, rtol=1e-4), (found - expected).abs().max()
+
+
+def _deepseek_pair() -> tuple[torch.nn.Module, MoETransformer]:
+    from trainperf.workloads.deepseekv3_671b.recipes import DEEPSEEK_V3
+
+    config = transformers.DeepseekV3Config(
+        vocab_size=96, hidden_size=64, intermediate_size=80, moe_intermediate_size=24, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=3,
+        n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, kv_lora_rank=16, q_lora_rank=24,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, first_k_dense_replace=1, rms_norm_eps=1e-6,
+        max_position_embeddings=4096 * 40, tie_word_embeddings=False, attn_implementation="eager",
+        rope_parameters={"rope_type": "yarn", "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "rope_theta": 10_000.0})
+    torch.manual_seed(0)
+    theirs = transformers.DeepseekV3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(std=0.1)
+        for name, b in theirs.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # the balancing bias picks experts, never weighs them
+                b.normal_(std=0.05)
+    ours_config = dataclasses.replace(DEEPSEEK_V3, layers=3, dim=64, vocab_size=96, heads=4, kv_heads=4, q_rank=24,
+                                      kv_rank=16, nope_dim=16, rope_dim=8, v_dim=16, head_dim=24, dense_layers=1,
+                                      ffn_dim=80, experts=8, top_k=3, expert_dim=24, shared_experts=1, groups=4,
+                                      topk_groups=2, mtp_layers=0)
+    ours = MoETransformer(ours_config, SEQ).eval()
+    found = dict(theirs.named_parameters()) | dict(theirs.named_buffers())
+    state = {"tok_embeddings.weight": found["model.embed_tokens.weight"], "norm.weight": found["model.norm.weight"],
+             "output.weight": found["lm_head.weight"]}
+    names = {"q_a_proj": "wq_a", "q_a_layernorm": "q_norm", "q_b_proj": "wq_b", "kv_a_proj_with_mqa": "wkv_a",
+             "kv_a_layernorm": "kv_norm", "kv_b_proj": "wkv_b", "o_proj": "wo"}
+    for i in range(3):
+        hf, mine = f"model.layers.{i}.", f"blocks.{i}."
+        for theirs_name, ours_name in names.items():
+            state[f"{mine}attention.{ours_name}.weight"] = found[f"{hf}self_attn.{theirs_name}.weight"]
+        state[f"{mine}attention_norm.weight"] = found[f"{hf}input_layernorm.weight"]
+        state[f"{mine}ffn_norm.weight"] = found[f"{hf}post_attention_layernorm.weight"]
+        if i == 0:
+            for w, p in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+                state[f"{mine}feed_forward.{w}.weight"] = found[f"{hf}mlp.{p}.weight"]
+            continue
+        state[f"{mine}feed_forward.router.gate.weight"] = found[f"{hf}mlp.gate.weight"]
+        state[f"{mine}feed_forward.router.correction"] = found[f"{hf}mlp.gate.e_score_correction_bias"]
+        # Theirs: [experts, gate rows then up rows, dim] and [experts, dim, hidden], each applied as F.linear.
+        gate, up = found[f"{hf}mlp.experts.gate_up_proj"].chunk(2, dim=1)
+        state[f"{mine}feed_forward.experts.w1"] = gate.transpose(1, 2)
+        state[f"{mine}feed_forward.experts.w3"] = up.transpose(1, 2)
+        state[f"{mine}feed_forward.experts.w2"] = found[f"{hf}mlp.experts.down_proj"].transpose(1, 2)
+        for w, p in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+            state[f"{mine}feed_forward.shared.{w}.weight"] = found[f"{hf}mlp.shared_experts.{p}.weight"]
+    missing, unexpected = ours.load_state_dict({k: v.detach().clone() for k, v in state.items()}, strict=False)
+    assert not unexpected and all(k.endswith((".load", ".tokens_seen")) for k in missing), (missing, unexpected)
+    return theirs, ours
+
+
+def test_deepseek_v3_gives_transformers_logits():
+    """Latent attention with YaRN (its softmax temperature included), grouped sigmoid routing with the
+    correction bias choosing experts only, the routed scale, a shared expert and a first dense block."""
+    theirs, ours = _deepseek_pair()
+    tokens = torch.randint(0, 96, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = theirs(input_ids=tokens).logits
+        found = ours(tokens)[0]
+    assert torch.allclose(found, expected, atol=3e-5, rtol=1e-4), (found - expected).abs().max()
