@@ -175,3 +175,88 @@ def test_the_lora_adapter_on_the_fused_qkv_is_peft_s(train):
                                        layer.lora_B["default"].weight.grad)):
         error = (found_grad - expected_grad).abs().max() / expected_grad.abs().max()
         assert error < 1e-5, error
+
+
+def _sharded_logits(folder: str, tp: int) -> list[list[float]]:
+    """In each of two launched processes: the checkpoint read into a Llama built on the meta device and sharded
+    (FSDP2 over both, or tensor parallelism over both), each process reading only its shards' parts; the
+    logits of fixed tokens."""
+    from pathlib import Path
+
+    from trainperf import registry
+    from trainperf.contract import FullyShard, ModelParts
+    from trainperf.runtime import distributed
+    from trainperf.runtime.fsdp import FSDPEngine
+
+    ctx = distributed.init_from_env("cpu")
+    try:
+        checkpoint = hf.Checkpoint(Path(folder))
+        read: list[str] = []
+        region = checkpoint.region
+
+        def counted(name, shape, where):  # what this process read, to hold it to its share
+            out = region(name, shape, where)
+            read.append(f"{name}:{out.numel()}")
+            return out
+
+        checkpoint.region = counted
+        with torch.device("meta"):
+            model = Llama(checkpoint.config, SEQ)
+        model.weights_source = checkpoint
+        recipe = registry.get("llama31_8b").recipe("mini").with_overrides([f"tp={tp}", "meta_init=true"])
+        parts = ModelParts(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
+                           loss_fn=lambda m, b: torch.zeros(()), lr_schedule=lambda steps: lambda s: 1.0)
+        parts = FSDPEngine().apply(FullyShard(tp=tp), parts, recipe, ctx)
+        tokens = torch.randint(0, 80, (2, SEQ), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            logits = parts.model.eval()(tokens)
+        if hasattr(logits, "full_tensor"):
+            logits = logits.full_tensor()
+        total = sum(int(r.split(":")[1]) for r in read)
+        return [logits.tolist(), total]
+    finally:
+        distributed.shutdown()
+
+
+@pytest.mark.second_tier
+@pytest.mark.parametrize("tp", [1, 2], ids=["fsdp2", "tp2"])
+def test_a_sharded_model_reads_its_shards_and_gives_transformers_logits(tmp_path, tp):
+    from tests.conftest import launch
+
+    theirs = _theirs()
+    theirs.save_pretrained(tmp_path, max_shard_size="200KB")  # several shards and an index, as 405B's 191
+    assert (tmp_path / hf.INDEX).is_file()
+    tokens = torch.randint(0, 80, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = theirs(input_ids=tokens).logits
+    whole = sum(p.numel() for p in theirs.parameters())
+    for rank, (logits, read) in launch(_sharded_logits, str(tmp_path), tp).items():
+        assert torch.allclose(torch.tensor(logits), expected, atol=2e-5, rtol=1e-5), rank
+        # Each process reads about half of the model (q and k rows rounded out to whole heads), never all of it.
+        assert read < 0.6 * whole, (rank, read, whole)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["q-k-v", "fused-qkv"])
+def test_any_part_of_a_tensor_is_read_as_that_part_of_the_whole(tmp_path, fused):
+    """What a shard reads (rows cut anywhere, inside a head too, and columns) is that part of the whole tensor
+    in this Llama's row order: the launched processes' test holds the sharded model to transformers' logits."""
+    from safetensors.torch import load_file, save_file
+
+    _theirs().save_pretrained(tmp_path)
+    if fused:  # the MLPerf LoRA checkpoint's layout: q, k and v rows in one qkv_proj
+        tensors = load_file(str(tmp_path / hf.SINGLE))
+        for i in range(TINY.layers):
+            prefix = f"model.layers.{i}.self_attn."
+            tensors[prefix + "qkv_proj.weight"] = torch.cat([tensors.pop(prefix + f"{p}_proj.weight") for p in "qkv"])
+        save_file(tensors, str(tmp_path / hf.SINGLE), metadata={"format": "pt"})
+    checkpoint = hf.Checkpoint(tmp_path)
+    with torch.device("meta"):
+        shapes = {name: tuple(p.shape) for name, p in Llama(TINY, SEQ).named_parameters()}
+    for name in ("blocks.1.attention.wq.weight", "blocks.1.attention.wk.weight", "blocks.0.attention.wv.weight",
+                 "blocks.0.attention.wo.weight", "tok_embeddings.weight", "blocks.1.feed_forward.w2.weight"):
+        shape = shapes[name]
+        whole = checkpoint.full(name, shape)
+        for rows in (slice(0, shape[0]), slice(3, 13), slice(shape[0] // 2, shape[0]), slice(7, 8)):
+            for cols in (slice(0, shape[1]), slice(5, 37)):
+                part = checkpoint.region(name, shape, (rows, cols))
+                assert torch.equal(part, whole[rows, cols]), (name, rows, cols)

@@ -8,9 +8,9 @@ then v rows), `mlp.{gate,up,down}_proj`, `input_layernorm`, `post_attention_laye
 that its rotary embedding can rotate halves; this Llama rotates interleaved pairs as Meta's code does, so
 those rows are permuted back on reading (and forth on writing).
 
-Tensors are read one at a time from the memory-mapped shards (safetensors' lazy slices): a process of a
-sharded model holds one whole tensor at a time (the largest, the embeddings: 0.5 GB in bf16 for Llama 2
-70B), keeps its shard and drops the rest. Anything missing or of the wrong shape or dtype is one line
+Tensors are read from the memory-mapped shards through safetensors' lazy slices: a process of a sharded model
+(FSDP2, tensor parallelism, both) reads only the part of each tensor its shard holds (for q and k, the whole
+heads it falls in), never a whole 405B tensor. Anything missing or of the wrong shape or dtype is one line
 naming the file."""
 
 from __future__ import annotations
@@ -224,41 +224,57 @@ class Checkpoint:
 
     def full(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """One of this Llama's base tensors, whole, in Meta's row order."""
+        return self.region(name, shape, tuple(slice(0, n) for n in shape))
+
+    def region(self, name: str, shape: tuple[int, ...], where: tuple[slice, ...]) -> torch.Tensor:
+        """The part `where` (a slice per dimension, in Meta's row order) of one of this Llama's base tensors
+        of global `shape`, reading from the shard only what it covers: for q and k the whole heads its rows
+        fall in (Hugging Face's rows are permuted within each head), for a fused q|k|v its part's rows."""
         config = self.config
         q_rows, kv_rows = config.heads * config.head_dim, config.kv_heads * config.head_dim
         theirs = dict(hf_names(config))[name]
         module = theirs.split(".")[-2]
         fused = theirs.replace(f".{module}.", ".qkv_proj.")
+        start = 0
         if module in ("q_proj", "k_proj", "v_proj") and fused in self.files and theirs not in self.files:
             piece = self._tensor(fused, (q_rows + 2 * kv_rows, config.dim))
             start = {"q_proj": 0, "k_proj": q_rows, "v_proj": q_rows + kv_rows}[module]
-            tensor = piece[start:start + shape[0]]
         else:
-            tensor = self._tensor(theirs, shape)[:]
-        if theirs.endswith("q_proj.weight"):
-            tensor = _unpermute(tensor, config.heads)
-        elif theirs.endswith("k_proj.weight"):
-            tensor = _unpermute(tensor, config.kv_heads)
-        return tensor
+            piece = self._tensor(theirs, shape)
+        rows, rest = where[0], tuple(where[1:])
+        if module in ("q_proj", "k_proj"):
+            size = config.head_dim
+            first, last = rows.start // size * size, -(-rows.stop // size) * size
+            whole = piece[(slice(start + first, start + last), *rest)]
+            return _unpermute(whole, (last - first) // size)[rows.start - first:rows.stop - first]
+        return piece[(slice(start + rows.start, start + rows.stop), *rest)]
 
     def load_into(self, model: nn.Module) -> None:
-        """Copy every base parameter of `model` (plain or a DTensor shard) from the checkpoint."""
+        """Copy every base parameter of `model` (plain, or a DTensor shard: each process reads only the part
+        its shard holds) from the checkpoint."""
         params = dict(_plain_named(model))
         for name, _ in hf_names(self.config):
             if name not in params:
                 raise TrainperfError(f"{self.folder}: the model has no parameter {name} (another shape?)")
             param = params[name]
-            full = self.full(name, tuple(param.shape))
+            shape = tuple(param.shape)
             with torch.no_grad():
                 if hasattr(param, "to_local"):
-                    from torch.distributed.tensor import distribute_tensor
-
-                    # Every process read the same tensor: each keeps its shard, nothing is scattered.
-                    local = distribute_tensor(full.to(param.dtype), param.device_mesh, param.placements,
-                                              src_data_rank=None).to_local()
-                    param.to_local().copy_(local)
+                    local = param.to_local()
+                    where = _local_region(param)
+                    if local.numel():
+                        local.copy_(self.region(name, shape, where).to(local.dtype).view(local.shape))
                 else:
-                    param.copy_(full)
+                    param.copy_(self.full(name, shape))
+
+
+def _local_region(param: Any) -> tuple[slice, ...]:
+    """The part of a DTensor's global tensor this process holds, as a slice per dimension (Shard placements,
+    even or not, FSDP's strided ones under tensor parallelism included; replicated dimensions whole)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    local, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    return tuple(slice(o, o + n) for o, n in zip(offset, local, strict=True))
 
 
 def _plain_named(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
