@@ -246,7 +246,14 @@ class Round:
         return (env.get("gpus") or [self.device])[0]
 
     def torch_version(self) -> str:
-        return self.summary.get("environment", {}).get("versions", {}).get("torch") or "unknown"
+        """The environment section's torch, else this process's (the same interpreter runs every section): an
+        environment section stopped on a loaded machine must not make the whole ledger look stale."""
+        found = self.summary.get("environment", {}).get("versions", {}).get("torch")
+        if found:
+            return found
+        import torch
+
+        return torch.__version__
 
     def planned(self, keys: list[str]) -> list[gpu_ledger.Planned]:
         codes = {k: self.codes.setdefault(k.split("/")[1], gpu_ledger.fingerprint(k.split("/")[1])) for k in keys}
@@ -503,7 +510,8 @@ def _bench_row(result: dict[str, Any] | None) -> dict[str, Any]:
     if not result:
         return {}
     keys = ("batch_size", "samples_per_s", "units_per_s", "units", "sample_name", "step_time_p50_ms",
-            "peak_memory_mb", "peak_allocated_mb", "device_in_use_mb", "achieved_tflops", "mfu", "data_share", "warmup_s")
+            "peak_memory_mb", "peak_allocated_mb", "device_in_use_mb", "achieved_tflops", "mfu", "data_share",
+            "warmup_s")
     return {k: result.get(k) for k in keys} | {"switches": {k: v for k, v in result.get("speedups", {}).items() if v
                                                               and v != "fp32"}}
 

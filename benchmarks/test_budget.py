@@ -61,6 +61,9 @@ def tables(gate: dict[str, Any] | None = None, second: dict[str, Any] | None = N
         lines.append(f"The second tier's last run ({second.get('date')}, commit {str(second.get('commit'))[:12]}): "
                      f"{second.get('passed', 0)} passed, {second.get('failed', 0)} failed, "
                      f"{second.get('skipped', 0)} skipped in {second.get('duration_s', 0) / 60:.0f} minutes.")
+        for rerun in second.get("reruns") or []:  # a failure run again on the same code (--rerun-failed)
+            lines[-1] += (f" `{rerun['test']}` failed in the whole run and {rerun['again']} when run again alone "
+                          f"({rerun['date']}).")
     lines += ["", "| workload | gate (s) | second tier (s) |", "|---|--:|--:|"]
     for name in registry.names():
         g = in_gate["workloads"].get(name, 0.0)
