@@ -134,7 +134,7 @@ def test_a_log_stopped_short_of_its_target_fails_only_the_rules_that_bound_a_val
     argv = ["run", name, "--out", str(out), "--quiet", "--seed", "0", *[x for s in sets for x in ("--set", s)]]
     assert main(argv) == 1
     assert json.loads((out / "result.json").read_text())["evaluations"]
-    verdict = check(out / "mlperf_log.txt", "6.0.0" if name != "ncf" else "0.7.0")
+    verdict = check(out / "mlperf_log.txt", None)  # each workload's ruleset
     complaints = [line for line in verdict.output.splitlines() if line.startswith("WARNING")]
     assert all("Failed checks for" in line and ("eval_accuracy" in line or "averaged_validation_loss" in line)
                for line in complaints), complaints

@@ -369,7 +369,7 @@ def test_fsdp2_on_two_processes_reaches_the_mini_target_with_a_log_that_passes(t
     result = json.loads((out / "result.json").read_text())
     assert result["status"] == "success" and result["environment"]["world_size"] == 2
     assert result["layout"]["engine"] == "fsdp" and result["layout"]["mesh"] == {"dp": 2, "tp": 1}
-    verdict = check(out / "mlperf_log.txt", "6.0.0")
+    verdict = check(out / "mlperf_log.txt", None)
     assert verdict.valid and verdict.division == "open", verdict.output
 
 

@@ -301,7 +301,7 @@ def test_the_mini_reaches_its_target_with_a_log_that_passes(tmp_path):
     assert logged["lora_rank"] == 16 and logged["lora_alpha"] == 32 and logged["train_samples"] == 2_048
     evals = [r for r in records if r["key"] == "eval_accuracy"]
     assert evals[0]["metadata"]["samples_count"] == 1_536 and evals[-1]["value"] <= 0.45
-    verdict = check(out / "mlperf_log.txt", "6.0.0")
+    verdict = check(out / "mlperf_log.txt", None)
     assert verdict.valid and verdict.division == "open", verdict.output
 
 

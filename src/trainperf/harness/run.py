@@ -32,6 +32,7 @@ from trainperf.contract import (
     EpochView,
     Evaluation,
     ModelParts,
+    Parallelism,
     Quality,
     Recipe,
     RunResult,
@@ -222,7 +223,9 @@ class _TimedLoop:
         now = clock.now_ms()
         log.event(constants.GLOBAL_BATCH_SIZE, recipe.global_batch_size, time_ms=now)
         log.event(constants.GRADIENT_ACCUMULATION_STEPS, recipe.grad_accum_steps, time_ms=now)
-        log.hyperparameters(workload.mlperf_hyperparameters(recipe, ctx), time_ms=now)
+        logged = workload.mlperf_hyperparameters(recipe, ctx)
+        log.hyperparameters(logged, time_ms=now)
+        log.hyperparameters(disclosure(workload, recipe, parallel.spec_of(parts), ctx, logged), time_ms=now)
         # Not an MLPerf key (the checker ignores it): which speedups produced this log.
         log.event("trainperf_speedups", speedups.enabled(recipe), time_ms=now)
         if ctx.distributed:
@@ -502,3 +505,28 @@ class _TimedLoop:
         if not metric.finite(value):
             raise RunAborted(f"non-finite {metric.name} at {at}")
         return metric.reached(value, recipe.target)
+
+
+# The autocast precisions as the rules name them.
+PRECISION_NAMES = {"fp32": "fp32", "bf16": "bfloat16", "fp16": "fp16", "fp8": "fp8"}
+
+
+def _version(ruleset: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in ruleset.split(".") if part.isdigit())
+
+
+def disclosure(workload: Workload, recipe: Recipe, spec: Parallelism, ctx: RuntimeContext,
+               logged: dict[str, Any]) -> dict[str, Any]:
+    """What ruleset 6.1.0 makes every log disclose (none before it), beside the hyperparameters already `logged`:
+    the lowest precision in the linear layers, in attention (fp8 runs only the Linear layers in float8, the rest
+    in bf16) and in communication, the parallelism degrees, the micro-batch each process computes at once, and
+    the configuration the run was made from."""
+    if _version(recipe.ruleset or workload.mlperf.ruleset) < (6, 1, 0):
+        return {}
+    linear = PRECISION_NAMES[recipe.precision]
+    found = {"lowest_numerical_precision_in_linear": linear,
+             "lowest_numerical_precision_in_attn": "bfloat16" if recipe.precision == "fp8" else linear,
+             **parallel.engine_for(spec).disclosure(spec, recipe),
+             "micro_batch_size": max(1, ctx.batch_share(recipe.global_batch_size) // max(1, recipe.grad_accum_steps)),
+             "config_filename": f"trainperf:{workload.name}/{recipe.name}"}
+    return {k: v for k, v in found.items() if k not in logged}

@@ -29,6 +29,13 @@ class Engine(ABC):
         """Distribute `parts.model` over ctx's processes; the optimizer must then train the distributed
         parameters."""
 
+    def disclosure(self, spec: Parallelism, recipe: Recipe) -> dict[str, Any]:
+        """What this distribution is, as ruleset 6.1.0 asks every log to disclose: the parallelism degrees
+        (trainperf builds no pipeline or context parallelism) and the lowest precision its collectives carry
+        (data parallelism all-reduces the fp32 gradients autocast leaves)."""
+        return {"tensor_parallelism": 1, "pipeline_parallelism": 1, "context_parallelism": 1,
+                "expert_parallelism": 1, "lowest_numerical_precision_in_comm": "fp32"}
+
     def compile_units(self, parts: ModelParts, options: dict[str, Any]) -> list[str] | None:
         """Compile, with torch.compile's `options`, the parts of the distributed model this engine compiles
         (in place), and name them; None: the whole model is one unit, compiled by the caller. The graph

@@ -119,6 +119,13 @@ class FSDPEngine(Engine):
             raise TrainperfError(f"precision=fp8 with tp={spec.tp}: float8 layers need torchao's own tensor-parallel "
                                  "styles, not built; use tp=1")
 
+    def disclosure(self, spec: Parallelism, recipe: Recipe) -> dict[str, Any]:
+        assert isinstance(spec, FullyShard)
+        # Under bf16 (and fp8's bf16 rest) the parameters are gathered in bf16; gradients reduce in fp32.
+        comm = "bfloat16" if recipe.precision in ("bf16", "fp8") else "fp32"
+        return {**super().disclosure(spec, recipe), "tensor_parallelism": spec.tp, "expert_parallelism": spec.ep,
+                "lowest_numerical_precision_in_comm": comm}
+
     def replicas(self, spec: Parallelism) -> int:
         assert isinstance(spec, FullyShard)
         return spec.tp  # the mesh's tp processes are adjacent ranks

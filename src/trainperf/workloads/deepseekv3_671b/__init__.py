@@ -22,7 +22,7 @@ __all__ = ["DeepSeekV3Workload"]
 class DeepSeekV3Workload(MoEWorkload):
     name = "deepseekv3_671b"
     benchmark = "deepseekv3_671b"
-    mlperf = MLPerf(ruleset="6.0.0", runs=3, full_eval_samples=1_024)
+    mlperf = MLPerf(ruleset="6.1.0", runs=3, full_eval_samples=1_024)
     summary = ("DeepSeek-V3 671B mixture-of-experts pretraining on C4, log perplexity (full scale only: see "
                "gpt_oss_20b's mini)")
     # The full step's operators at a CPU's size: 2 blocks (one dense, one MoE of 16 experts in 4 groups, a

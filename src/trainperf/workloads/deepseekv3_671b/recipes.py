@@ -33,14 +33,16 @@ def _deepseek(gbs: int) -> MoERecipe:
     """DeepSeek-V3's closed rules (6.0.0) and reference (mlcommons/training llm_moe_pretraining/nemo at
     aa344c7f): 4,096-token sequences, batch >= 15,360 in micro-batches of 64 per step of accumulation (the
     reference's GBS / 240 at 15,360), LR 2.4e-5 x sqrt(GBS / 16,384) to 1e-8, 4 warmup steps, the cosine over
-    12,000 steps, eps 1e-8; 1,024 evaluation sequences after every step, as the v6.0 reference evaluates
-    (it continues from a checkpoint: about 47 steps reach the target); a budget of 100 steps (NVIDIA's v6.0
+    12,000 steps, eps 1e-8; 1,024 evaluation sequences after every step from step floor(42 + 24,576 / GBS) on
+    (the reference's START_EVAL_AT_ITER, which ruleset 6.1.0 checks: it continues from a checkpoint and about
+    47 steps reach the target); a budget of 100 steps (NVIDIA's v6.0
     max_steps). Expert parallelism over 64 processes with full recomputation; the reference adds pipeline
     parallelism of 4 (256 GPUs), which trainperf has not built."""
     base_lr = round(2.4e-5 * math.sqrt(gbs / 16_384), 9)
     return MoERecipe(
         name=f"gbs{gbs}", global_batch_size=gbs, grad_accum_steps=gbs // 64, max_epochs=0, target=3.6,
         eval_every=1, eval_first=1, eval_every_samples=gbs, log_epoch_num="samples", max_samples=100 * gbs,
+        eval_first_samples=gbs * math.floor(42 + 24_576 / gbs),
         max_grad_norm=1.0, model=MLPERF_DEEPSEEK_V3, seq_len=DEEPSEEK_SEQ_LEN, base_lr=base_lr,
         end_lr_fraction=DEEPSEEK_END_LR / base_lr, warmup_steps=4, max_steps=DEEPSEEK_MAX_STEPS, eps=1e-8,
         precision="bf16", fused_optimizer=True, ep=64, checkpointing="full", meta_init=True)

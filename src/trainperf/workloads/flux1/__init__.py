@@ -82,7 +82,7 @@ def validation_losses(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
 class Flux1Workload(Workload[FluxRecipe]):
     name = "flux1"
     benchmark = "flux1"
-    mlperf = MLPerf(ruleset="6.0.0", runs=10, full_epoch_samples=TRAIN_SAMPLES, full_eval_samples=EVAL_SAMPLES)
+    mlperf = MLPerf(ruleset="6.1.0", runs=10, full_epoch_samples=TRAIN_SAMPLES, full_eval_samples=EVAL_SAMPLES)
     # The log's eval_accuracy is the loss, as the reference logs it; the open rules read it as
     # averaged_validation_loss.
     metric = Metric("validation_loss", higher_is_better=False, also_logged_as=("averaged_validation_loss",))

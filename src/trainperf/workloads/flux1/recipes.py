@@ -19,7 +19,8 @@ from trainperf.contract.parallel import CHECKPOINTING
 from trainperf.errors import TrainperfError
 from trainperf.workloads.flux1.model import FLUX1_SCHNELL, FluxConfig
 
-EVAL_EVERY_SAMPLES = 262_144  # closed_flux1.yaml: evaluation_frequency == 262144
+# closed_flux1.yaml: evaluation_frequency == 262144 (6.0.0), the next multiple of the batch from 6.1.0 on
+EVAL_EVERY_SAMPLES = 262_144
 TRAIN_SAMPLES = 1_099_776  # CC12M after the reference's filtering (its first 1,099,776 usable images)
 EVAL_SAMPLES = 29_696  # COCO-2014 validation captions, 3,712 at each of the 8 timesteps
 TARGET = 0.586
@@ -78,10 +79,11 @@ class FluxRecipe(Recipe):
 
 
 def _rcp(gbs: int, lr: float, warmup: int) -> FluxRecipe:
-    evals = math.ceil(1.5 * RCP_SLOWEST[gbs] / EVAL_EVERY_SAMPLES)
+    every = math.ceil(EVAL_EVERY_SAMPLES / gbs) * gbs  # ruleset 6.1.0: whole batches (the RCPs' batches divide it)
+    evals = math.ceil(1.5 * RCP_SLOWEST[gbs] / every)
     return FluxRecipe(name=f"gbs{gbs}", global_batch_size=gbs, max_epochs=0,
-                      target=TARGET, eval_every=1, eval_first=1, eval_every_samples=EVAL_EVERY_SAMPLES,
-                      log_epoch_num="samples", max_samples=evals * EVAL_EVERY_SAMPLES, max_grad_norm=1.0,
+                      target=TARGET, eval_every=1, eval_first=1, eval_every_samples=every,
+                      log_epoch_num="samples", max_samples=evals * every, max_grad_norm=1.0,
                       base_lr=lr, warmup_steps=warmup, precision="bf16", fused_optimizer=True, checkpointing="full")
 
 

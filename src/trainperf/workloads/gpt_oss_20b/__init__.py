@@ -18,7 +18,7 @@ __all__ = ["GptOssWorkload", "MoERecipe"]
 class GptOssWorkload(MoEWorkload):
     name = "gpt_oss_20b"
     benchmark = "gpt_oss_20b"
-    mlperf = MLPerf(ruleset="6.0.0", runs=10, full_eval_samples=1_024)
+    mlperf = MLPerf(ruleset="6.1.0", runs=10, full_eval_samples=1_024)
     summary = ("GPT-OSS-20B mixture-of-experts pretraining on C4, log perplexity (mini: a 2-block MoE of 8 "
                "experts on a Markov corpus)")
     # The full step's operators at a CPU's size: 2 blocks (one windowed), 8 narrow experts, 256 tokens.

@@ -69,7 +69,7 @@ class GovReportFiles(DataSource):
 class LoraWorkload(Workload[LoraRecipe]):
     name = "llama2_70b_lora"
     benchmark = "llama2_70b_lora"
-    mlperf = MLPerf(ruleset="6.0.0", runs=10, full_eval_samples=EVAL_SAMPLES)
+    mlperf = MLPerf(ruleset="6.1.0", runs=10, full_eval_samples=EVAL_SAMPLES)
     metric = Metric("eval_loss", higher_is_better=False)
     summary = ("Llama 2 70B LoRA fine-tuning on GovReport, evaluation loss (mini: a shipped 2-block base "
                "fine-tuned on a generated document -> title task)")

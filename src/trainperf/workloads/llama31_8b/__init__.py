@@ -17,7 +17,7 @@ __all__ = ["Llama31Workload", "LlamaRecipe", "lr_factor"]
 class Llama31Workload(DecoderWorkload[LlamaRecipe]):
     name = "llama31_8b"
     benchmark = "llama31_8b"
-    mlperf = MLPerf(ruleset="6.0.0", runs=10, full_eval_samples=EVAL_SAMPLES)
+    mlperf = MLPerf(ruleset="6.1.0", runs=10, full_eval_samples=EVAL_SAMPLES)
     summary = "Llama 3.1 8B pretraining on C4, log perplexity (mini: a 2-layer Llama on a Markov corpus)"
     # The full shape at a CPU's size: 2 blocks, narrower, a smaller vocabulary, 256 tokens (the same operators).
     step_probe = ("global_batch_size=1", "seq_len=256", "model.layers=2", "model.dim=512", "model.ffn_dim=1792",
