@@ -260,3 +260,85 @@ def test_any_part_of_a_tensor_is_read_as_that_part_of_the_whole(tmp_path, fused)
             for cols in (slice(0, shape[1]), slice(5, 37)):
                 part = checkpoint.region(name, shape, (rows, cols))
                 assert torch.equal(part, whole[rows, cols]), (name, rows, cols)
+
+
+def test_a_llama_recipe_starts_from_the_initial_checkpoint_it_names(tmp_path):
+    """`--set initial_checkpoint=DIR`: the dense Llama workloads build the model from a Hugging Face folder (built
+    whole, or on the meta device where each shard reads its part), its config held to the recipe's model."""
+    from trainperf import registry
+    from trainperf.contract import Assets, RuntimeContext
+
+    workload = registry.get("llama31_8b")
+    recipe = workload.recipe("mini")
+    torch.manual_seed(5)
+    source = Llama(recipe.model, recipe.seq_len)
+    source.reset_parameters()
+    hf.write(source, recipe.model, tmp_path / "ckpt", dtype=torch.float32)
+    recipe = recipe.with_overrides([f"initial_checkpoint={tmp_path / 'ckpt'}"])
+    assets = Assets(workload.assets(recipe, None))
+    workload.check_assets(recipe, assets)
+    parts = workload.build(recipe, RuntimeContext.create("cpu"), assets)
+    for (name, a), b in zip(source.named_parameters(), parts.model.parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_an_initial_checkpoint_of_another_model_is_refused_in_one_line(tmp_path):
+    import dataclasses
+
+    from trainperf import registry
+    from trainperf.contract import Assets
+
+    workload = registry.get("llama31_8b")
+    recipe = workload.recipe("mini")
+    other = dataclasses.replace(recipe.model, layers=recipe.model.layers + 1)
+    hf.write(Llama(other, 16), other, tmp_path, dtype=torch.float32)
+    recipe = recipe.with_overrides([f"initial_checkpoint={tmp_path}"])
+    with pytest.raises(TrainperfError, match=re.escape(f"layers {other.layers} in the checkpoint, "
+                                                       f"{other.layers - 1} in the recipe")):
+        workload.check_assets(recipe, Assets(workload.assets(recipe, None)))
+    moe = registry.get("gpt_oss_20b")
+    moe_recipe = moe.recipe("mini").with_overrides([f"initial_checkpoint={tmp_path}"])
+    with pytest.raises(TrainperfError, match="gpt_oss_20b's model is not a Llama; only Llama checkpoints"):
+        moe.check_assets(moe_recipe, Assets(moe.assets(moe_recipe, None)))
+
+
+@pytest.mark.parametrize("more", [24, -16], ids=["a-larger-vocabulary", "a-smaller-vocabulary"])
+def test_another_vocabulary_reads_the_overlapping_rows_as_megatron_does(tmp_path, more):
+    """The MLPerf 405B reference continues from Meta's checkpoint (128,256 rows) with the Mixtral tokenizer's
+    padded 32,768: Megatron's shape-mismatch load keeps the checkpoint's first rows and zeros past them."""
+    import dataclasses
+
+    from trainperf import registry
+    from trainperf.contract import Assets, RuntimeContext
+
+    workload = registry.get("llama31_8b")
+    recipe = workload.recipe("mini")
+    theirs = dataclasses.replace(recipe.model, vocab_size=recipe.model.vocab_size + more)
+    torch.manual_seed(6)
+    source = Llama(theirs, recipe.seq_len)
+    source.reset_parameters()
+    hf.write(source, theirs, tmp_path, dtype=torch.float32)
+    recipe = recipe.with_overrides([f"initial_checkpoint={tmp_path}"])
+    assets = Assets(workload.assets(recipe, None))
+    workload.check_assets(recipe, assets)
+    model = workload.build(recipe, RuntimeContext.create("cpu"), assets).model
+    kept = min(theirs.vocab_size, recipe.model.vocab_size)
+    for name in ("tok_embeddings", "output"):
+        ours, read = getattr(model, name).weight, getattr(source, name).weight
+        assert ours.shape[0] == recipe.model.vocab_size
+        assert torch.equal(ours[:kept], read[:kept]) and not ours[kept:].any()
+    assert torch.equal(model.blocks[0].attention.wq.weight, source.blocks[0].attention.wq.weight)
+
+
+def test_the_405b_recipes_name_their_checkpoint_and_refuse_to_start_without_it(tmp_path):
+    from trainperf import registry
+    from trainperf.contract import Assets
+
+    workload = registry.get("llama31_405b")
+    recipe = workload.recipe("full")
+    assert recipe.initial_checkpoint == "checkpoint"
+    assert workload.assets(recipe, tmp_path) == {"initial checkpoint": tmp_path / "checkpoint" / "config.json"}
+    assert workload.assets(recipe, None) == {}, "a synthetic bench draws the weights"
+    # What `run` checks before it writes anything (jobs.py: the assets, then their headers).
+    with pytest.raises(TrainperfError, match=re.escape(str(tmp_path / "checkpoint" / "config.json"))):
+        Assets(workload.assets(recipe, tmp_path)).check()

@@ -14,6 +14,10 @@ LLAMA31_405B = LlamaConfig(layers=126, dim=16_384, heads=128, kv_heads=8, ffn_di
 MLPERF_405B = LlamaConfig(layers=126, dim=16_384, heads=128, kv_heads=8, ffn_dim=53_248, vocab_size=32_768)
 
 END_LR_405B = 8e-7
+# The benchmark continues from Meta's Llama 3.1 405B (the reference's README, `--use_ckpt --resume_from_hf`): its
+# Hugging Face folder beside the data (`--data DIR` holds DIR/checkpoint/), its first 32,768 embedding and output
+# rows read for the Mixtral tokenizer, as the reference's Megatron loads them.
+INITIAL_CHECKPOINT = "checkpoint"
 
 
 def _405b(gbs: int) -> LlamaRecipe:
@@ -30,7 +34,8 @@ def _405b(gbs: int) -> LlamaRecipe:
         log_epoch_num="samples", max_samples=(first + 40) * 18_432, max_grad_norm=1.0, model=MLPERF_405B,
         base_lr=base_lr, end_lr_fraction=END_LR_405B / base_lr, warmup_steps=warmup,
         max_steps=math.ceil(1_200_000 * 1152 / gbs),
-        eval_samples=5_760, precision="bf16", fused_optimizer=True, tp=8, checkpointing="full", meta_init=True)
+        eval_samples=5_760, precision="bf16", fused_optimizer=True, tp=8, checkpointing="full", meta_init=True,
+        initial_checkpoint=INITIAL_CHECKPOINT)
 
 
 FULL_405B = {r.name: r for r in (_405b(1152), _405b(2304), _405b(4608))}

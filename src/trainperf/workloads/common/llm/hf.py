@@ -36,6 +36,8 @@ DTYPES = {"torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16, "tor
 
 # transformers' own default where a Llama config.json names no rotary base (the conversions of Llama 1 and 2).
 DEFAULT_THETA = 10_000.0
+# The parameters whose rows are the vocabulary's (a model of another vocabulary reads the overlap).
+VOCABULARY_ROWS = ("tok_embeddings.weight", "output.weight")
 LLAMA3_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -239,6 +241,8 @@ class Checkpoint:
         if module in ("q_proj", "k_proj", "v_proj") and fused in self.files and theirs not in self.files:
             piece = self._tensor(fused, (q_rows + 2 * kv_rows, config.dim))
             start = {"q_proj": 0, "k_proj": q_rows, "v_proj": q_rows + kv_rows}[module]
+        elif name in VOCABULARY_ROWS and shape[0] != config.vocab_size:
+            return self._vocabulary_rows(theirs, where)
         else:
             piece = self._tensor(theirs, shape)
         rows, rest = where[0], tuple(where[1:])
@@ -248,6 +252,20 @@ class Checkpoint:
             whole = piece[(slice(start + first, start + last), *rest)]
             return _unpermute(whole, (last - first) // size)[rows.start - first:rows.stop - first]
         return piece[(slice(start + rows.start, start + rows.stop), *rest)]
+
+    def _vocabulary_rows(self, theirs: str, where: tuple[slice, ...]) -> torch.Tensor:
+        """Rows of the embedding or output layer of a model whose vocabulary differs from the checkpoint's, as
+        Megatron's shape-mismatch load gives them (what the MLPerf 405B reference does with Meta's 128,256 rows for
+        the Mixtral tokenizer's padded 32,768): the checkpoint's first rows, zeros past its vocabulary."""
+        config = self.config
+        piece = self._tensor(theirs, (config.vocab_size, config.dim))
+        rows, cols = where
+        width = len(range(config.dim)[cols])
+        out = torch.zeros(rows.stop - rows.start, width, dtype=DTYPES[piece.get_dtype()])
+        stop = min(rows.stop, config.vocab_size)
+        if stop > rows.start:
+            out[:stop - rows.start] = piece[rows.start:stop, cols]
+        return out
 
     def load_into(self, model: nn.Module) -> None:
         """Copy every base parameter of `model` (plain, or a DTensor shard: each process reads only the part

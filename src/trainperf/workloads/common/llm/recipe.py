@@ -48,6 +48,9 @@ class LlamaRecipe(Recipe):
     # Build the model on the meta device and initialise each process's shard after sharding (the 405B's
     # 1.6 TB of fp32 weights fit no device whole). Off: built whole on the device, then sharded.
     meta_init: bool = False
+    # A Hugging Face checkpoint folder the model starts from instead of random weights ("": none), read into each
+    # process's shards (workloads/common/llm/hf.py); its config must be the recipe's model.
+    initial_checkpoint: str = ""
 
     def validate(self) -> None:
         super().validate()

@@ -5,6 +5,7 @@ its recipes, its corpus and data source, its step probe."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -23,10 +24,11 @@ from trainperf.contract import (
     StepProbe,
     Workload,
 )
+from trainperf.errors import TrainperfError, shown
 from trainperf.optim import kernels
 from trainperf.workloads.common.llm import data as llama_data
-from trainperf.workloads.common.llm import synthetic
-from trainperf.workloads.common.llm.model import Llama, next_token_loss, token_losses
+from trainperf.workloads.common.llm import hf, synthetic
+from trainperf.workloads.common.llm.model import Llama, LlamaConfig, next_token_loss, token_losses
 from trainperf.workloads.common.llm.moe import load_imbalance, update_corrections
 from trainperf.workloads.common.llm.moe_model import MoETransformer, moe_loss, moe_token_losses
 from trainperf.workloads.common.llm.recipe import LlamaRecipe, MoERecipe
@@ -87,11 +89,52 @@ class DecoderWorkload(Workload[R]):
             "max_sequence_length": recipe.seq_len, "max_steps": recipe.max_steps, "init_checkpoint_step": 0,
         }
 
+    def assets(self, recipe: R, data_dir: Path | None) -> dict[str, Path]:
+        # A relative folder is the data's (`--data DIR` holding DIR/checkpoint/, as 405B's recipes name it); with no
+        # data (a synthetic bench) there is none to read, and the weights are drawn as without a checkpoint.
+        if not recipe.initial_checkpoint:
+            return {}
+        folder = Path(recipe.initial_checkpoint).expanduser()
+        if not folder.is_absolute():
+            if data_dir is None:
+                return {}
+            folder = data_dir / folder
+        return {"initial checkpoint": folder / "config.json"}
+
+    def check_assets(self, recipe: R, assets: Assets) -> None:
+        checkpoint = self._checkpoint(recipe, assets)
+        if checkpoint is not None:
+            checkpoint.check_headers()
+
+    def _checkpoint(self, recipe: R, assets: Assets) -> hf.Checkpoint | None:
+        """The initial checkpoint the recipe names, its config held equal to the recipe's model (the context
+        it was trained at and the initialisation's scale aside; another vocabulary reads the overlapping rows,
+        as the MLPerf 405B reference's Megatron loads Meta's 128,256 rows for the Mixtral tokenizer's 32,768)."""
+        if "initial checkpoint" not in assets:
+            return None
+        if not isinstance(recipe.model, LlamaConfig):
+            raise TrainperfError(f"recipe field initial_checkpoint={shown(recipe.initial_checkpoint, 80)!r}: "
+                                 f"{self.name}'s model is not a Llama; only Llama checkpoints are read so far")
+        checkpoint = hf.Checkpoint(assets["initial checkpoint"].parent)
+        differ = [f"{f.name} {getattr(checkpoint.config, f.name)} in the checkpoint, "
+                  f"{getattr(recipe.model, f.name)} in the recipe" for f in dataclasses.fields(recipe.model)
+                  if f.name not in ("rope_original_context", "init_std", "vocab_size")
+                  and getattr(checkpoint.config, f.name) != getattr(recipe.model, f.name)]
+        if differ:
+            raise TrainperfError(f"{checkpoint.folder / 'config.json'}: " + "; ".join(differ))
+        return checkpoint
+
     def build(self, recipe: R, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         # Built and initialised on the device: every process holds the whole model until the engine shards
         # it (the same seed everywhere: the same weights), never a host copy per process. With meta_init,
-        # on no device: the engine initialises each shard where it lands (Llama.init_weights).
+        # on no device: the engine initialises each shard where it lands (Llama.init_weights), from the initial
+        # checkpoint when there is one (each process reading only its shards' parts).
+        checkpoint = self._checkpoint(recipe, assets)
         model, optimizer = _model_and_adamw(Llama, recipe, ctx)
+        if checkpoint is not None:
+            model.weights_source = checkpoint
+            if not recipe.meta_init:
+                checkpoint.load_into(model)
         return ModelParts(model=model, optimizer=optimizer, loss_fn=next_token_loss,
                           lr_schedule=lambda steps: lr_factor(recipe), eval_forward=token_losses,
                           parallel=self.parallelism(recipe))
@@ -153,6 +196,7 @@ class MoEWorkload(DecoderWorkload[MoERecipe]):
         return notes
 
     def build(self, recipe: MoERecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
+        self._checkpoint(recipe, assets)  # refuses one: no mixture-of-experts checkpoint is read yet
         model, optimizer = _model_and_adamw(MoETransformer, recipe, ctx)
         rate = recipe.model.bias_update_rate
         return ModelParts(model=model, optimizer=optimizer, loss_fn=moe_loss,
