@@ -505,3 +505,17 @@ def test_token_ids_past_the_vocabulary_stop_a_run_in_one_line(tmp_path, capsys):
     stop = next(r for r in read_log(out / "mlperf_log.txt") if r["key"] == "run_stop")
     assert stop["metadata"]["status"] == "aborted" and "\n" not in stop["metadata"].get("reason", "")
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_full_recipes_evaluate_whole_global_batches_and_log_the_rules_count():
+    """The references evaluate ceil(eval_tokens / GBS) global batches (8B: pretrain_llama31.py's eval_batches from
+    1,024; 405B: from 5,760) and log eval_samples as 1,024 / 5,760; the mini evaluates its eval_samples."""
+    from trainperf.workloads.llama31_8b.recipes import FULL_RECIPES, MINI
+    from trainperf.workloads.llama31_405b.recipes import FULL_405B
+
+    assert {n: r.evaluated_samples for n, r in FULL_RECIPES.items()} == {
+        "gbs16": 1024, "gbs32": 1024, "gbs64": 1024, "gbs96": 1056, "gbs128": 1024}
+    assert {n: r.evaluated_samples for n, r in FULL_405B.items()} == {
+        "gbs1152": 5760, "gbs2304": 6912, "gbs4608": 9216}
+    assert all(r.eval_samples == 5760 for r in FULL_405B.values())
+    assert MINI.evaluated_samples == MINI.eval_samples

@@ -35,7 +35,7 @@ def _405b(gbs: int) -> LlamaRecipe:
         base_lr=base_lr, end_lr_fraction=END_LR_405B / base_lr, warmup_steps=warmup,
         max_steps=math.ceil(1_200_000 * 1152 / gbs),
         eval_samples=5_760, precision="bf16", fused_optimizer=True, tp=8, checkpointing="full", meta_init=True,
-        initial_checkpoint=INITIAL_CHECKPOINT)
+        initial_checkpoint=INITIAL_CHECKPOINT, eval_whole_batches=True)
 
 
 FULL_405B = {r.name: r for r in (_405b(1152), _405b(2304), _405b(4608))}

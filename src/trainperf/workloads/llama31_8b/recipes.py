@@ -15,7 +15,7 @@ def _rcp(gbs: int, lr: float, warmup_samples: int, accum: int) -> LlamaRecipe:
                        eval_every=1, eval_first=1, eval_every_samples=EVAL_EVERY_SAMPLES, log_epoch_num="samples",
                        max_samples=BUDGET_SAMPLES,
                        max_grad_norm=1.0, base_lr=lr, warmup_steps=math.ceil(warmup_samples / gbs),
-                       precision="bf16", fused_optimizer=True)
+                       precision="bf16", fused_optimizer=True, eval_whole_batches=True)
 
 
 FULL_RECIPES = {r.name: r for r in (

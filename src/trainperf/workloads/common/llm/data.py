@@ -89,7 +89,7 @@ class _Rows(torch.utils.data.Dataset):
 
 class C4Pipeline:
     """Training batches (this process's rows of each global batch, in the seed's order) and the evaluation
-    (the validation set's first `eval_samples` sequences, in file order, summed token losses)."""
+    (the validation set's first `evaluated_samples` sequences, in file order, summed token losses)."""
 
     def __init__(self, recipe: LlamaRecipe, data_dir: Path, ctx: RuntimeContext, corpus: Corpus) -> None:
         self.recipe, self.ctx = recipe, ctx
@@ -102,9 +102,9 @@ class C4Pipeline:
         self.train = indexed.Blend([indexed.Samples(data, recipe.seq_len, seed + 1_000_003 * j, vocab_size=vocab)
                                     for j, data in enumerate(trains)])
         self.valid = indexed.Samples(valid, recipe.seq_len, 0, shuffle=False, vocab_size=vocab)
-        if self.valid.per_epoch < recipe.eval_samples:
+        if self.valid.per_epoch < recipe.evaluated_samples:
             raise TrainperfError(f"{valid.bin_path}: {self.valid.per_epoch:,} sequences of {recipe.seq_len + 1:,} "
-                                 f"tokens, the evaluation needs {recipe.eval_samples:,}")
+                                 f"tokens, the evaluation needs {recipe.evaluated_samples:,}")
         self.steps_per_epoch = self.train.per_epoch // recipe.global_batch_size
         if self.steps_per_epoch < 1:
             raise TrainperfError(f"{trains[-1].bin_path}: {self.train.per_epoch:,} sequences, fewer than one global "
@@ -128,7 +128,7 @@ class C4Pipeline:
         recipe, ctx = self.recipe, self.ctx
         loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
         tokens = torch.zeros((), dtype=torch.float64, device=ctx.device)
-        for rows, counted in lockstep_rows(ctx, recipe.eval_samples, recipe.eval_batch_size):
+        for rows, counted in lockstep_rows(ctx, recipe.evaluated_samples, recipe.eval_batch_size):
             batch = torch.from_numpy(np.stack([self.valid.sample(0, i) for i in rows])).to(ctx.device)
             if counted:
                 losses = forward(batch)

@@ -39,6 +39,9 @@ class LlamaRecipe(Recipe):
     eps: Positive = 1e-5
     weight_decay: float = 0.1
     eval_samples: Count = EVAL_SAMPLES
+    # Evaluate whole global batches: ceil(eval_samples / GBS) of them, as the references' `eval_batches =
+    # ceil(eval_tokens / GBS)` does (1,056 sequences at 8B's GBS 96, 6,912 at 405B's 2,304), eval_samples logged.
+    eval_whole_batches: bool = False
     eval_batch_size: Count = 8
     num_workers: int = 2  # DataLoader processes cutting samples from the memory-mapped corpus
     # Parallelism (contract/parallel.py FullyShard): tensor-parallel processes per block, activation
@@ -69,6 +72,13 @@ class LlamaRecipe(Recipe):
         if self.warmup_steps >= self.max_steps:
             raise TrainperfError(f"recipe fields warmup_steps={self.warmup_steps} and max_steps={self.max_steps}: "
                                  "the warmup must end before the schedule does")
+
+    @property
+    def evaluated_samples(self) -> int:
+        """The validation sequences each evaluation scores."""
+        if not self.eval_whole_batches:
+            return self.eval_samples
+        return -(-self.eval_samples // self.global_batch_size) * self.global_batch_size
 
     @property
     def end_lr(self) -> float:
