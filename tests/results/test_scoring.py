@@ -14,7 +14,9 @@ from mlperf_logging.result_summarizer import result_summarizer as official
 
 from tests.conftest import SHARED, read_log
 from trainperf.cli import main
+from trainperf.contract import DataParallel
 from trainperf.errors import TrainperfError
+from trainperf.harness.run import disclosure
 from trainperf.results import scoring
 
 FIXTURES = SHARED / "fixtures" / "mlperf-results-v1.0" / "NVIDIA" / "results"
@@ -303,7 +305,7 @@ def test_without_a_scaling_json_the_rcp_checkers_factor_is_computed_and_said(tmp
 
 
 def test_a_current_rounds_folder_is_scored_by_the_ruleset_its_workload_declares(tmp_path):
-    # Llama 3.1 8B (rounds 5.1-6.1): the benchmark key names the workload, the workload its ruleset (6.0.0).
+    # Llama 3.1 8B (rounds 5.1-6.1): the benchmark key names the workload, the workload its ruleset (6.1.0).
     import torch
 
     from tests.conftest import write_minimal_closed_log
@@ -313,15 +315,17 @@ def test_a_current_rounds_folder_is_scored_by_the_ruleset_its_workload_declares(
 
     workload = Llama31Workload()
     recipe = workload.recipe("full")
-    hyper = workload.mlperf_hyperparameters(recipe, RuntimeContext(device=torch.device("meta")))
+    ctx = RuntimeContext(device=torch.device("meta"))
+    hyper = workload.mlperf_hyperparameters(recipe, ctx)
+    hyper |= disclosure(workload, recipe, DataParallel(), ctx, hyper)  # what 6.1.0 makes every log disclose
     folder = tmp_path / "results" / "sys" / "llama31_8b"
     folder.mkdir(parents=True)
     for i in range(2):
         write_minimal_closed_log(folder / f"result_{i}.txt", "llama31_8b", recipe.global_batch_size, hyper, 3.29,
                                  12_288, train_samples=12_288, eval_samples=1_024)
-    assert check(folder / "result_0.txt", None).ruleset == "6.0.0"
+    assert check(folder / "result_0.txt", None).ruleset == "6.1.0"
     ours = scoring.score_folder(folder)
-    assert ours.ruleset == "6.0.0" and ours.converged == 2 and ours.required_runs == 10
+    assert ours.ruleset == "6.1.0" and ours.converged == 2 and ours.required_runs == 10
     assert "2 of the 10 runs MLPerf requires" in ours.note
 
 
@@ -335,19 +339,21 @@ def test_a_llama2_70b_lora_folder_scores_as_the_official_summarizer_with_its_sca
 
     workload = registry.get("llama2_70b_lora")
     recipe = workload.recipe("full")
-    hyper = workload.mlperf_hyperparameters(recipe, RuntimeContext(device=torch.device("meta")))
+    ctx = RuntimeContext(device=torch.device("meta"))
+    hyper = workload.mlperf_hyperparameters(recipe, ctx)
     hyper = {**hyper, "gradient_accumulation_steps": 1}
+    hyper |= disclosure(workload, recipe, DataParallel(), ctx, hyper)  # what 6.1.0 makes every log disclose
     folder = tmp_path / "results" / "sys" / "llama2_70b_lora"
     folder.mkdir(parents=True)
     for i in range(10):
         write_minimal_closed_log(folder / f"result_{i}.txt", "llama2_70b_lora", recipe.global_batch_size, hyper,
                                  0.92, 3_072, train_samples=3_901, eval_samples=173)
     plain = scoring.score_folder(folder)
-    assert plain.ruleset == "6.0.0" and plain.converged == 10 and plain.required_runs == 10
+    assert plain.ruleset == "6.1.0" and plain.converged == 10 and plain.required_runs == 10
     (folder / "scaling.json").write_text('{"scaling_factor": 1.1}')
     with contextlib.redirect_stdout(io.StringIO()):
         _, _, official_score, _, _ = official._compute_strong_score_standalone(
-            "llama2_70b_lora", "sys", False, str(folder), "training", "6.0.0", return_full_scores=True)
+            "llama2_70b_lora", "sys", False, str(folder), "training", "6.1.0", return_full_scores=True)
     ours = scoring.score_folder(folder)
     assert ours.scaling == 1.1 and ours.score == pytest.approx(official_score, rel=1e-12)
     assert ours.score == pytest.approx(1.1 * plain.score)

@@ -422,7 +422,7 @@ def test_the_405b_full_scale_blends_its_two_training_files(tmp_path, capsys):
     small = ["model.layers=1", "model.dim=64", "model.heads=4", "model.kv_heads=2", "model.ffn_dim=128",
              "model.vocab_size=512", "seq_len=32", "global_batch_size=4", "grad_accum_steps=1", "eval_samples=8",
              "eval_batch_size=4", "eval_every_samples=16", "eval_first_samples=16", "max_samples=32",
-             "num_workers=1", "precision=fp32", "fused_optimizer=false", "tp=1"]
+             "num_workers=1", "precision=fp32", "fused_optimizer=false", "tp=1", "initial_checkpoint="]
     out = tmp_path / "run"
     code = main(["run", "llama31_405b", "--scale", "full", "--data", str(tmp_path), "--out", str(out), "--quiet",
                  *[x for s in small for x in ("--set", s)]])
