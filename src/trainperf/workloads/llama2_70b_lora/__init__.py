@@ -5,7 +5,6 @@ document -> title task in the same parquet layout."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -115,12 +114,7 @@ class LoraWorkload(Workload[LoraRecipe]):
             synthetic.verify_shipped_base(folder)
         checkpoint = hf.Checkpoint(folder)
         # The context it was trained at is the checkpoint's to say (Llama 2: 4,096; the mini's: 128).
-        differ = [f"{f.name} {getattr(checkpoint.config, f.name)} in the checkpoint, "
-                  f"{getattr(recipe.model, f.name)} in the recipe" for f in dataclasses.fields(recipe.model)
-                  if f.name not in ("rope_original_context", "init_std")
-                  and getattr(checkpoint.config, f.name) != getattr(recipe.model, f.name)]
-        if differ:
-            raise TrainperfError(f"{checkpoint.folder / 'config.json'}: " + "; ".join(differ))
+        checkpoint.require(recipe.model)
         return checkpoint
 
     def build(self, recipe: LoraRecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:

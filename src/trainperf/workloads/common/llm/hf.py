@@ -15,6 +15,7 @@ naming the file."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -164,6 +165,16 @@ class Checkpoint:
         else:
             raise TrainperfError(f"{folder}: no {INDEX} nor {SINGLE} (a Hugging Face checkpoint folder)")
         self._open: dict[Path, Any] = {}
+
+    def require(self, model: LlamaConfig, ignored: tuple[str, ...] = ()) -> None:
+        """Refuse (one line naming config.json) a checkpoint of another model than `model`: every field but the
+        context it was trained at, the initialisation's scale and `ignored`."""
+        differ = [f"{f.name} {getattr(self.config, f.name)} in the checkpoint, {getattr(model, f.name)} in the recipe"
+                  for f in dataclasses.fields(model)
+                  if f.name not in ("rope_original_context", "init_std", *ignored)
+                  and getattr(self.config, f.name) != getattr(model, f.name)]
+        if differ:
+            raise TrainperfError(f"{self.folder / 'config.json'}: " + "; ".join(differ))
 
     @staticmethod
     def _names(path: Path) -> list[str]:

@@ -5,7 +5,6 @@ its recipes, its corpus and data source, its step probe."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -116,12 +115,7 @@ class DecoderWorkload(Workload[R]):
             raise TrainperfError(f"recipe field initial_checkpoint={shown(recipe.initial_checkpoint, 80)!r}: "
                                  f"{self.name}'s model is not a Llama; only Llama checkpoints are read so far")
         checkpoint = hf.Checkpoint(assets["initial checkpoint"].parent)
-        differ = [f"{f.name} {getattr(checkpoint.config, f.name)} in the checkpoint, "
-                  f"{getattr(recipe.model, f.name)} in the recipe" for f in dataclasses.fields(recipe.model)
-                  if f.name not in ("rope_original_context", "init_std", "vocab_size")
-                  and getattr(checkpoint.config, f.name) != getattr(recipe.model, f.name)]
-        if differ:
-            raise TrainperfError(f"{checkpoint.folder / 'config.json'}: " + "; ".join(differ))
+        checkpoint.require(recipe.model, ignored=("vocab_size",))
         return checkpoint
 
     def build(self, recipe: R, ctx: RuntimeContext, assets: Assets) -> ModelParts:
