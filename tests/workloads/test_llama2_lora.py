@@ -7,6 +7,7 @@ import json
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -244,6 +245,28 @@ def test_the_losses_take_the_labelled_tokens_only():
     per_sample = gov.sample_losses(NextToken(), batch)
     assert torch.allclose(per_sample, torch.full((2,), math.log(2)), atol=1e-6)
     assert gov.summary_loss(NextToken(), batch).item() == pytest.approx(math.log(2))
+
+
+def test_every_row_weighs_the_same_whatever_its_labelled_length():
+    # The reference trains one row per device and averages the rows' token means; a micro-batch of several
+    # rows must give the same loss, so a row with 1 labelled token counts as much as one with 5.
+    from trainperf.workloads.llama2_70b_lora import data as gov
+
+    ids = [np.array([7, 2, 3, 4, 5, 6]), np.arange(1, 7)]
+    labels = [np.array([-100, -100, -100, -100, -100, 6]), np.array([-100, 2, 3, 4, 5, 6])]
+    batch = gov.stack(ids, labels, [0, 1], 6)
+
+    class Costly(torch.nn.Module):  # a row starting with 7 predicts uniformly over 8 ids, the other is certain
+        def forward(self, ids):
+            following = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1)
+            certain = torch.zeros((*ids.shape, 8)).scatter_(-1, following[..., None], 100.0)
+            return torch.where((ids[:, :1] == 7)[..., None], torch.zeros_like(certain), certain)
+
+    rows = gov.sample_losses(Costly(), batch)
+    assert rows[0].item() == pytest.approx(math.log(8)) and rows[1].item() == pytest.approx(0.0, abs=1e-6)
+    assert gov.summary_loss(Costly(), batch).item() == pytest.approx(math.log(8) / 2)  # token-weighted: ln 8 / 5
+    one_by_one = torch.stack([gov.summary_loss(Costly(), batch[i:i + 1]) for i in range(2)])
+    assert gov.summary_loss(Costly(), batch).item() == pytest.approx(one_by_one.mean().item())
 
 
 def _lora_losses(tp: int = 1, steps: int = 8) -> list[float]:

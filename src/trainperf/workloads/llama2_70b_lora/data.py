@@ -117,9 +117,14 @@ def _token_losses(model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def summary_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    """The mean cross-entropy of the labelled next tokens of the batch."""
-    losses, kept = _token_losses(model, batch)
-    return losses.sum() / kept.sum().clamp(min=1)
+    """The mean over the batch's rows of each row's mean cross-entropy of its labelled next tokens.
+
+    The reference (`scripts/train.py`, Hugging Face's Trainer) trains one row per device and the devices'
+    gradients are averaged, so every row of a global batch weighs the same whatever its summary's length. A
+    micro-batch of several rows (fewer devices than the global batch) keeps that weighting: the mean of the
+    rows' means, never one mean over all their tokens, which would favour the long summaries.
+    """
+    return sample_losses(model, batch).mean()
 
 
 def sample_losses(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
