@@ -8,6 +8,8 @@ Within the budget (sections in order of value; one that no longer fits is record
           table of its top operators by device and by host time: all in one process (benchmarks/bench_worker.py),
           in the ledger's order (docs/gpu/ledger.json: never measured on this GPU model first, then the oldest;
           what is unchanged since, same code, GPU model and torch, is skipped unless --remeasure)
+  energy  a ResNet mini trained to its target with --power nvml,rapl (--power-optional): its energy from NVML
+          (and the CPUs' where powercap is readable), the GPUs' energy counters beside the readings
   syncs   the sync audit (benchmarks/sync_audit.py, one process): each workload's step as the counter counts
           it and as torch reports it under set_sync_debug_mode("warn"), with where each synchronisation is
   graphs  every workload offering --cuda-graphs: eager -> --compile -> --cuda-graphs (static shapes where its
@@ -57,8 +59,8 @@ import gpu_ledger  # noqa: E402 - benchmarks/gpu_ledger.py, beside this script
 
 # In order of value: what was never measured first (the bench section puts it first within), then the sync audit,
 # the compile ladders (fast compiles first), then what earlier rounds measured.
-SECTIONS = ("env", "bench", "syncs", "graphs", "tests", "nccl", "ladder", "counts", "pipeline", "peers", "fp8",
-            "suite")
+SECTIONS = ("env", "bench", "energy", "syncs", "graphs", "tests", "nccl", "ladder", "counts", "pipeline", "peers",
+            "fp8", "suite")
 
 
 def probes() -> dict[str, Any]:
@@ -84,10 +86,10 @@ FAST_MINIS = "resnet,ncf,dlrm,ssd,transformer,gnmt,bert,unet3d"
 GRAPH_RUNGS = (("eager", []), ("compile", ["--compile"]), ("regional compile", ["--compile", "--regional-compile"]),
                ("CUDA Graphs", ["--cuda-graphs"]),
                ("CUDA Graphs without Inductor", ["--cuda-graphs", "--graphs-backend", "cudagraphs"]))
-MIN_S = {"env": 5, "tests": 60, "nccl": 30, "syncs": 60, "ladder": 60, "bench": 60, "graphs": 60, "counts": 60,
-         "pipeline": 60, "peers": 60, "fp8": 60, "suite": 60}
-MAX_S = {"env": 30, "tests": 240, "nccl": 120, "syncs": 180, "ladder": 270, "bench": 300, "graphs": 300, "counts": 150,
-         "pipeline": 180, "peers": 240, "fp8": 180, "suite": 480}
+MIN_S = {"env": 5, "energy": 30, "tests": 60, "nccl": 30, "syncs": 60, "ladder": 60, "bench": 60, "graphs": 60,
+         "counts": 60, "pipeline": 60, "peers": 60, "fp8": 60, "suite": 60}
+MAX_S = {"env": 30, "energy": 120, "tests": 240, "nccl": 120, "syncs": 180, "ladder": 270, "bench": 300,
+         "graphs": 300, "counts": 150, "pipeline": 180, "peers": 240, "fp8": 180, "suite": 480}
 
 
 class Round:
@@ -472,6 +474,26 @@ class Round:
         return {"commands": commands, "results": rows,
                 "status": "ok" if all("failed" not in r for r in rows) else "failed"}
 
+    def energy(self) -> dict[str, Any]:
+        """The ResNet mini's energy to train from NVML (docs/power.md): never measured before on a GPU."""
+        folder = self.out / "work" / "energy"
+        workload = "ncf" if self.quick else "resnet"
+        ran = self.run("energy", self.trainperf("run", workload, "--seed", "0", "--device", self.device, "--quiet",
+                                                "--out", str(folder), "--power", "nvml,rapl", "--power-optional"),
+                       self.left())
+        result = self.json_of(folder / "result.json") or {}
+        power = result.get("power") or {}
+        if (folder / "power" / "power.png").is_file():
+            self.details["energy-power.png"] = (folder / "power" / "power.png").read_bytes()
+        row = {"workload": workload, "status": result.get("status"), "time_to_train_s": result.get("time_to_train_s"),
+               "energy_j": power.get("energy_j"), "average_w": power.get("average_w"),
+               "official_source": power.get("official_source"),
+               "sources": {name: {k: v.get(k) for k in ("energy_j", "average_w", "samples", "max_gap_s",
+                                                        "energy_counter_j", "error")}
+                           for name, v in (power.get("sources") or {}).items()}}
+        return {"commands": [ran], "results": row,
+                "status": "ok" if ran["exit"] == 0 and power.get("energy_j") is not None else "failed"}
+
     def suite(self) -> dict[str, Any]:
         only = self.summary.get("suite_only") or FAST_MINIS
         folder = self.out / "work" / "suite"
@@ -545,6 +567,17 @@ def markdown(summary: dict[str, Any]) -> str:
         results = section.get("results")
         if name == "tests" and results is not None:
             lines.append(", ".join(f"{n} {kind}" for kind, n in results.items()) or "no result line")
+        elif name == "energy" and results:
+            ttt = _num(results.get("time_to_train_s"), ".2f")
+            lines.append(f"{results.get('workload')} mini {results.get('status')} in {ttt} s: "
+                         f"{_num(results.get('energy_j'), ',.0f')} J, {_num(results.get('average_w'))} W "
+                         f"({results.get('official_source')})")
+            for source, v in (results.get("sources") or {}).items():
+                lines.append(f"- {source}: {_num(v.get('energy_j'), ',.0f')} J over the timed region, "
+                             f"{v.get('samples')} samples, longest gap {_num(v.get('max_gap_s'), '.2f')} s"
+                             + (f", energy counters {_num(v['energy_counter_j'], ',.0f')} J over the whole sampling"
+                                if v.get("energy_counter_j") is not None else "")
+                             + (f"; {v['error']}" if v.get("error") else ""))
         elif name == "nccl" and results:
             lines.append(f"run status {results['status']}, backend {results['backend']}, device {results['device']}, "
                          f"time-to-train {_num(results['time_to_train_s'], '.2f')} s")

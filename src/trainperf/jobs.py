@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainperf import devices, prepared, registry
+from trainperf import devices, power, prepared, registry
 from trainperf.contract import Assets, Recipe, Workload, batch_share
 from trainperf.errors import TrainperfError
 from trainperf.files import (
     copy_atomic,
     write_json_atomic,
 )
+from trainperf.power import PowerRequest
 from trainperf.runtime.load import busy_note
 
 Say = Callable[[str], None]
@@ -55,6 +56,7 @@ class RunRequest:
     clear_caches: bool = False
     quiet: bool = False
     command: str = ""  # the command line, recorded with the result
+    power: PowerRequest | None = None  # --power: the sources sampled beside the run (trainperf/power)
 
     @property
     def division_or_default(self) -> str:
@@ -254,6 +256,8 @@ def start(request: RunRequest, say: Say = print, warn: Say = print) -> RunOutcom
         workload.check_assets(recipe, assets)
         for note in workload.notes(recipe, request.scale):
             say(f"note: {note}")
+    if request.power is not None and power.samples_here():
+        request.power = power.check(request.power, warn)  # a source that cannot be read: refused before any write
     seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "little") % (2**31)
     if request.runs is not None:
         code = run_series(request, workload, recipe, folder, out_dir, seed, say, warn)
@@ -269,10 +273,8 @@ def run_once(request: RunRequest, workload: Workload, recipe: Recipe, folder: Pa
              seed: int) -> dict[str, Any] | None:
     """One run into `out_dir`, in this process or on --nproc processes; rank 0's result (else None).
     A non-zero rank whose run did not succeed exits 1 (its launcher reports it)."""
-    from trainperf.harness import RunConfig, run
-    from trainperf.harness.progress import make_progress
+    from trainperf.harness import RunConfig
     from trainperf.results import run_folder
-    from trainperf.runtime import distributed
 
     def run_config(log_path: Path | None, seed: int) -> RunConfig:
         return RunConfig(workload=workload, recipe=recipe, scale=request.scale, data_dir=folder, seed=seed,
@@ -280,8 +282,34 @@ def run_once(request: RunRequest, workload: Workload, recipe: Recipe, folder: Pa
                          status=request.status, clear_caches=request.clear_caches,
                          extra_env={"command": request.command})
 
-    if request.nproc > 1:
-        return _run_launched(request, out_dir, seed, run_config(out_dir / run_folder.LOG_NAME, seed))
+    result: dict[str, Any] | None = None
+    saved = out_dir / run_folder.RESULT_NAME
+    try:
+        with power.sampling(request.power, out_dir):
+            if request.nproc > 1:
+                result = _run_launched(request, out_dir, seed, run_config(out_dir / run_folder.LOG_NAME, seed))
+            else:
+                result = _run_here(request, out_dir, seed, run_config)
+    except BaseException:
+        # Interrupted: the aborted run's log has its timed region, and its energy goes with its result.
+        power.finish(request.power, out_dir, out_dir / run_folder.LOG_NAME,
+                     saved if saved.exists() and power.node_index() == 0 else None)
+        raise
+    # Only the process holding rank 0's result adds to result.json; another node writes its node file.
+    summary = power.finish(request.power, out_dir, out_dir / run_folder.LOG_NAME,
+                           saved if result is not None else None)
+    if result is not None and summary is not None:
+        result = dict(result, power=summary, energy_j=summary["energy_j"])
+    return result
+
+
+def _run_here(request: RunRequest, out_dir: Path, seed: int, run_config: Callable[[Path | None, int], Any]
+              ) -> dict[str, Any] | None:
+    from trainperf.harness import run
+    from trainperf.harness.progress import make_progress
+    from trainperf.results import run_folder
+    from trainperf.runtime import distributed
+
     ctx = distributed.init_from_env(request.device)
     seed = distributed.agree_seed(ctx, seed)
     try:
@@ -390,6 +418,7 @@ def run_series(request: RunRequest, workload: Workload, recipe: Recipe, folder: 
                  "command to go on)")
             return EXIT_INTERRUPTED
         copy_atomic(run_dir / "mlperf_log.txt", logs_dir / f"result_{i}.txt")
+        power.copy_to_series(run_dir, logs_dir, i)
         finished += 1
         ttt = f"{result['time_to_train_s']:.2f} s" if result["time_to_train_s"] is not None else "-"
         say(f"run {i} (seed {seed + i}): {result['status']} in {ttt}")

@@ -22,6 +22,7 @@ from trainperf import jobs, registry
 from trainperf.contract import Workload
 from trainperf.errors import TrainperfError
 from trainperf.files import write_json_atomic
+from trainperf.power import PowerRequest
 
 Say = Callable[[str], None]
 # Before any workload has finished: a run's wall time beyond its time-to-train (process start, data
@@ -125,7 +126,7 @@ def resumable(out_dir: Path, names: Sequence[str], scale: str, runs: int, seed: 
 
 def run_suite(names: Sequence[str], scale: str, runs: int, out_dir: Path, seed: int, device: str | None = None,
               data_root: Path | None = None, system: str | None = None, say: Say = print, warn: Say = print,
-              done: dict[str, SuiteRow] | None = None) -> list[SuiteRow]:
+              done: dict[str, SuiteRow] | None = None, power: PowerRequest | None = None) -> list[SuiteRow]:
     """Each workload's series in turn; returns one row per workload (written to suite.json as it goes).
     `done`: the rows of a suite being resumed (see `resumable`): those workloads are not run again, and
     the others resume their series."""
@@ -165,7 +166,7 @@ def run_suite(names: Sequence[str], scale: str, runs: int, out_dir: Path, seed: 
         row = _row(workload, scale, runs, "failed")
         t0 = time.perf_counter()
         request = jobs.RunRequest(workload=workload.name, scale=scale, device=device, seed=seed, runs=runs,
-                                  out=str(out_dir / tree), system=system, quiet=True, resume=resume,
+                                  out=str(out_dir / tree), system=system, quiet=True, resume=resume, power=power,
                                   data=str(data_root / workload.name) if data_root is not None else None,
                                   command=jobs.command_line(["run", workload.name, "--scale", scale,
                                                              "--seed", str(seed), "--runs", str(runs)]))

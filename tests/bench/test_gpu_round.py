@@ -127,6 +127,24 @@ def test_the_syncs_section_sets_the_counter_beside_the_device(tmp_path):
     assert "| ncf | 0 | - |" in (tmp_path / "round.md").read_text()
 
 
+@pytest.mark.second_tier
+def test_the_energy_section_measures_a_mini_with_its_power(tmp_path, monkeypatch):
+    """On a CPU: NCF's mini with --power nvml,rapl --power-optional, NVML absent (said so), RAPL from a powercap
+    tree advancing at 65 W: the energy of the timed region in round.json and round.md."""
+    from tests.runtime.test_power import FakePowercap
+
+    (tmp_path / "powercap").mkdir()
+    monkeypatch.setenv("TRAINPERF_POWERCAP_ROOT", str(tmp_path / "powercap"))
+    with FakePowercap(tmp_path / "powercap", package_w=60.0, dram_w=5.0):
+        done = _round(tmp_path / "round", "--sections", "energy", "--budget-min", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (section,) = json.loads((tmp_path / "round" / "round.json").read_text())["sections"]
+    row = section["results"]
+    assert row["workload"] == "ncf" and row["official_source"] == "rapl"
+    assert row["average_w"] == pytest.approx(65.0, rel=0.2) and set(row["sources"]) == {"rapl"}
+    assert "J over the timed region" in (tmp_path / "round" / "round.md").read_text()
+
+
 # -- the ledger: what comes first, what is skipped, how long a compile may take (issue 62) ----------------------
 def _ledger_module():
     import importlib.util

@@ -12,10 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainperf import plots
+from trainperf import plots, power
 from trainperf.contract import batch_share
 from trainperf.errors import TrainperfError
 from trainperf.files import write_bytes_atomic, write_csv_atomic, write_json_atomic
+from trainperf.power import PowerRequest
 from trainperf.results import run_folder
 from trainperf.runtime import distributed
 
@@ -31,6 +32,7 @@ class ScalingRow:
     time_to_train_s: float | None  # median over converged runs
     speedup: float | None
     efficiency: float | None
+    energy_j: float | None = None  # median over converged runs measured with --power (node 0 and interconnect)
 
 
 def parse_nprocs(text: str) -> list[int]:
@@ -45,8 +47,9 @@ def parse_nprocs(text: str) -> list[int]:
 
 def run_study(workload: str, nprocs: Sequence[int], runs: int, base_batch: int, out_dir: Path,
               run_args: Sequence[str], fixed_global_batch: bool, first_seed: int = 0,
-              say: Callable[[str], None] = print) -> list[ScalingRow]:
-    """Run the study and return one row per process count (results also kept per run in out_dir)."""
+              say: Callable[[str], None] = print, power_request: PowerRequest | None = None) -> list[ScalingRow]:
+    """Run the study and return one row per process count (results also kept per run in out_dir); with
+    `power_request`, each run's energy measured beside it (this process samples: it launches the run)."""
     results: dict[int, list[dict]] = {}
     for n in nprocs:
         gbs = base_batch if fixed_global_batch else base_batch * n
@@ -57,7 +60,10 @@ def run_study(workload: str, nprocs: Sequence[int], runs: int, base_batch: int, 
             argv = ["run", workload, "--out", str(run_dir), "--seed", str(first_seed + k), "--quiet",
                     *run_args, "--set", f"global_batch_size={gbs}"]
             say(f"devices {n}, run {k + 1}/{runs}: global batch {gbs}, seed {first_seed + k}")
-            results[n].append(run_folder.load_launched(run_dir, distributed.launch_local(n, argv).code))
+            with power.sampling(power_request, run_dir):
+                code = distributed.launch_local(n, argv).code
+            power.finish(power_request, run_dir, run_dir / run_folder.LOG_NAME, run_dir / run_folder.RESULT_NAME)
+            results[n].append(run_folder.load_launched(run_dir, code))
     return summarize(results)
 
 
@@ -82,8 +88,14 @@ def summarize(results: dict[int, list[dict]]) -> list[ScalingRow]:
             time_to_train_s=ttt,
             speedup=speedup,
             efficiency=speedup / (n / base[0]) if (base and speedup) else None,
+            energy_j=_median([r.get("energy_j") for r in ok]),
         ))
     return rows
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def _fmt(value: float | None, spec: str) -> str:

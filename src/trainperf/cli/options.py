@@ -40,8 +40,30 @@ def progress_bar(title: str) -> Iterator[Callable[[int, int, int], None]]:
     yield plain
 
 
+def add_power(p: argparse.ArgumentParser) -> None:
+    """--power and its companions (trainperf/power; docs/power.md)."""
+    from trainperf.power.sources import SPEC_HELP
+
+    g = p.add_argument_group("energy to train (MLPerf's power rules; docs/power.md)")
+    g.add_argument("--power", metavar="SOURCE[,SOURCE]",
+                   help=f"sample the power beside the run and log its energy: {SPEC_HELP}")
+    g.add_argument("--power-interval", type=positive_float, metavar="S",
+                   help="seconds between samples (default 1; the rules ask for at least one a second)")
+    g.add_argument("--power-optional", action="store_true",
+                   help="a source this machine cannot read is left out (said so) instead of refusing the run")
+    g.add_argument("--power-interconnect", type=non_negative_float, metavar="W",
+                   help="the interconnect's estimated watts, logged as interconnect_power_est (sw_0.txt)")
+
+
+def power_request(args: argparse.Namespace) -> Any:
+    from trainperf import power
+
+    return power.request_from(getattr(args, "power", None), getattr(args, "power_interval", None),
+                              getattr(args, "power_optional", False), getattr(args, "power_interconnect", None))
+
+
 def run_request(args: argparse.Namespace) -> jobs.RunRequest:
-    return jobs.RunRequest(
+    return jobs.RunRequest(power=power_request(args),
         workload=args.workload, scale=args.scale, data=args.data, recipe=args.recipe, sets=list(args.set),
         device=args.device, seed=args.seed, out=args.out, nproc=args.nproc, division=args.division, org=args.org,
         status=args.status, runs=args.runs, system=args.system, clear_caches=args.clear_caches, quiet=args.quiet,

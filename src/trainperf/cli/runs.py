@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from trainperf import jobs, registry
+from trainperf import jobs, power, registry
 from trainperf.cli.options import (
     add_batch_size,
     add_bench_batch,
@@ -25,6 +25,7 @@ from trainperf.cli.options import (
     add_link_options,
     add_nproc,
     add_out,
+    add_power,
     add_resume,
     add_ruleset,
     add_runs,
@@ -37,6 +38,7 @@ from trainperf.cli.options import (
     output_file,
     positive_float,
     positive_int,
+    power_request,
     progress_bar,
     run_request,
     share,
@@ -151,6 +153,7 @@ def add_run(sub: Any) -> None:
                   "others (same seeds)")
     p.add_argument("--clear-caches", action="store_true", help="drop the OS page cache first (needs root)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    add_power(p)
     p.set_defaults(func=cmd_run)
 
 
@@ -244,6 +247,7 @@ def add_scale_study(sub: Any) -> None:
     p.add_argument("--fixed-global-batch", action="store_true",
                    help="keep the recipe's global batch at every size (default: keep the per-device batch)")
     add_out(p, "study folder (default: runs/scale-<workload>-<UTC time>/)")
+    add_power(p)
     g = p.add_argument_group("projection (no runs: one device's bench and a ring all-reduce model)")
     g.add_argument("--project", metavar="N,N,...", help="project time-to-train on these device counts")
     add_batch_size(g, "per-device batch (default: the recipe's global batch)")
@@ -268,6 +272,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
         raise TrainperfError(f"--runs {args.runs}: expected >= 1")
     for n in nprocs:  # every leg of the study must hold the recipe's parallelism
         jobs.check_switches(workload, recipe, args.device, n)
+    measured = power.check(power_request(args), warn)
     jobs.prepared_data(workload, args.scale, args.data)
     out_dir = Path(args.out) if args.out else Path("runs") / f"scale-{workload.name}-{stamp()}"
     if (out_dir / "scaling.json").exists():
@@ -275,7 +280,7 @@ def cmd_scale(args: argparse.Namespace) -> int:
     run_args = jobs.RunRequest(workload=workload.name, scale=args.scale, data=args.data, recipe=args.recipe,
                                sets=list(args.set), device=args.device).common_argv()
     rows = scaling.run_study(workload.name, nprocs, args.runs, recipe.global_batch_size, out_dir, run_args,
-                             fixed_global_batch=args.fixed_global_batch)
+                             fixed_global_batch=args.fixed_global_batch, power_request=measured)
     mode = "fixed global batch" if args.fixed_global_batch else "fixed per-device batch"
     title = f"{workload.name} {args.scale}: {mode}, {args.runs} run(s) per point"
     paths = scaling.save(rows, out_dir, title)
@@ -296,6 +301,7 @@ def add_suite(sub: Any) -> None:
     add_system(p)
     add_out(p, "suite folder (default: runs/suite-<scale>-<UTC time>/)")
     add_resume(p, "go on with the interrupted suite in --out: finished workloads kept, each series resumed")
+    add_power(p)
     p.set_defaults(func=cmd_suite)
 
 
@@ -306,6 +312,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
     if args.resume and not args.out:
         raise TrainperfError("--resume: name the suite folder to go on with (--out DIR)")
     out_dir = Path(args.out) if args.out else Path("runs") / f"suite-{args.scale}-{stamp()}"
+    measured = power.check(power_request(args), warn)
     seed, done = args.seed, None
     if args.resume:
         kept = suite.resumable(out_dir, names, args.scale, args.runs, args.seed, system=args.system,
@@ -317,7 +324,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
           f"into {out_dir}" + (f" ({len(done)} finished workload(s) kept)" if done else ""), flush=True)
     rows = suite.run_suite(names, args.scale, args.runs, out_dir, seed, device=args.device,
                            data_root=Path(args.data) if args.data else None, system=args.system,
-                           say=lambda line: print(line, flush=True), warn=warn, done=done)
+                           say=lambda line: print(line, flush=True), warn=warn, done=done, power=measured)
     for path in suite.write_report(out_dir, markdown=True):
         print(f"wrote {path}")
     print(suite.table_text(rows))
@@ -350,13 +357,16 @@ def cmd_score(args: argparse.Namespace) -> int:
         # Names and reasons come from folders and logs: shown as text, never read as rich markup.
         table = Table(title=escape(f"{result.system} / {result.benchmark}  (ruleset {result.ruleset})"),
                       title_justify="left")
-        for column in ("run", "minutes", "converged", "epochs/samples to converge", "last quality"):
+        energies = any(run.energy_j is not None for run in result.runs)
+        for column in ("run", "minutes", "converged", "epochs/samples to converge", "last quality") + (
+                ("energy kJ",) if energies else ()):
             table.add_column(column)
         for run in result.runs:
             table.add_row(Path(run.file).name, f"{run.minutes:.3f}" if run.minutes is not None else "-",
                           "yes" if run.converged else escape(f"no ({run.reason})"),
                           "-" if run.converge_point is None else f"{run.converge_point:g}",
-                          scoring.quality_text(run.quality))
+                          scoring.quality_text(run.quality),
+                          *((("-" if run.energy_j is None else f"{run.energy_j / 1000:,.3f}"),) if energies else ()))
         console = Console(width=None if sys.stdout.isatty() else 120)
         console.print(table)
         if result.score is not None:
@@ -365,6 +375,9 @@ def cmd_score(args: argparse.Namespace) -> int:
             score = "none (too few runs)" if result.valid else "none (invalid)"
         console.print(f"runs found {len(result.runs)}, converged {result.converged}; olympic score: {score}"
                       + (f"  [{result.note}]" if result.note else ""), highlight=False, markup=False)
+        if result.energy_j is not None:
+            console.print(f"energy score: {result.energy_j / 1000:,.3f} kJ ({result.benchmark}:Energy, the official "
+                          "summarizer's olympic mean of the runs' energies)", highlight=False, markup=False)
         console.print(f"RCP check: {result.rcp}\n", highlight=False, markup=False)
     return 0 if all_valid else 1
 

@@ -89,6 +89,8 @@ class RunView:
     x_label: str = "epoch"  # what the evaluations' first coordinate counts
     target: Quality | None = None
     environment: dict[str, Any] | None = None
+    power: dict[str, Any] | None = None  # result.json's `power` (a run with --power): energy and sources
+    power_png: bytes | None = None  # its power/power.png: watts over the run, evaluations marked
 
 
 @dataclass
@@ -170,7 +172,25 @@ def _from_result_json(result: Any, system: str, label: str) -> RunView:
         seed=int(_num(result["seed"])) if result.get("seed") is not None else None, recipe=recipe,
         command=_str(command) if command is not None else None,
         scale=_str(result["scale"]) if result.get("scale") is not None else None, environment=environment,
+        power=_power(result.get("power")),
     )
+
+
+def _power(value: Any) -> dict[str, Any] | None:
+    """result.json's `power`, its numbers checked where the report reads them."""
+    if value is None:
+        return None
+    power = _dict(value)
+    _num(power.get("energy_j"))
+    _num(power.get("average_w"))
+    for entry in _dict(power.get("sources", {})).values():
+        _num(_dict(entry).get("energy_j"))
+    return power
+
+
+def _power_chart(run_dir: Path) -> bytes | None:
+    chart = run_dir / "power" / "power.png"
+    return chart.read_bytes() if chart.is_file() else None
 
 
 def _evals_from_log(path: Path) -> list[tuple[float, Quality]]:
@@ -227,6 +247,7 @@ def _add_run_folder(data: ReportData, folder: Path) -> None:
         # The machine's system name, as a series names it (results before it was recorded: the platform).
         system = _shown(_str(env.get("system") or env.get("platform", "this machine")))
         view = _from_result_json(result, system, _shown(folder.name))
+        view.power_png = _power_chart(folder) if view.power is not None else None
         group = data.group(system, view.benchmark, view.scale or "?")
         group.target = view.target if view.target is not None else group.target
         group.runs.append(view)
@@ -262,6 +283,7 @@ def _add_results_tree(data: ReportData, root: Path) -> None:
             if detail.is_file():
                 with _validating(detail, "trainperf run result"):
                     view = _from_result_json(_json(detail, "run result"), system, name)
+                view.power_png = _power_chart(detail.parent) if view.power is not None else None
                 group.target = view.target if view.target is not None else group.target
                 view.status = "success" if run.converged else "aborted"
             else:

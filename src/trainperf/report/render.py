@@ -17,7 +17,7 @@ from pathlib import Path
 
 from trainperf import __version__, plots
 from trainperf.files import write_bytes_atomic, write_text_atomic
-from trainperf.report.collect import GroupView, ReportData
+from trainperf.report.collect import GroupView, ReportData, RunView
 
 SYSTEM_FIELDS = ("submitter", "division", "status", "number_of_nodes", "host_processor_model_name",
                  "host_processor_core_count", "host_processor_vcpu_count", "host_memory_capacity",
@@ -94,6 +94,20 @@ def ablation_rows(study: dict) -> tuple[list[str], list[list[str]]]:
 # ---------------------------------------------------------------------------------------------
 # figures
 # ---------------------------------------------------------------------------------------------
+def energy_rows(runs: Sequence[RunView]) -> tuple[list[str], list[list[str]]]:
+    header = ["system", "benchmark", "run", "minutes", "energy kJ", "average W", "node source", "closed",
+              "sampling meets the rules"]
+    rows = []
+    for r in runs:
+        p = r.power or {}
+        energy = p.get("energy_j")
+        rows.append([r.system, r.benchmark, r.label, _fmt(r.minutes),
+                     _fmt(energy / 1000 if energy is not None else None), _fmt(p.get("average_w"), ".1f"),
+                     str(p.get("official_source") or "-"), "yes" if p.get("closed_accepted") else "no",
+                     "yes" if p.get("meets_sampling_rules") else "no"])
+    return header, rows
+
+
 def convergence_figure(bench: str, groups: Sequence[GroupView], index: int) -> Figure | None:
     """Every run's evaluations against its target. A composite metric (Mask R-CNN's BBOX and SEGM)
     gets one line style per named value, each with its own target line."""
@@ -234,6 +248,16 @@ def build(data: ReportData, asset_prefix: str = "report") -> tuple[str, str, lis
         doc.section("Convergence")
         for i, bench in enumerate(sorted({g.benchmark for g in data.groups})):
             doc.figure(convergence_figure(bench, [g for g in data.groups if g.benchmark == bench], i))
+    measured = [r for g in data.groups for r in g.runs if r.power is not None]
+    if measured:
+        doc.section("Energy to train")
+        doc.table(*energy_rows(measured))
+        doc.note("energy: the joules of run_start→run_stop as the official summarizer counts a node (each reading "
+                 "times the interval before it), plus the interconnect's estimate; closed: whether the node's "
+                 "source is one MLPerf's power rules accept (a PSU or PDU reading) rather than GPUs or CPUs alone.")
+        for i, r in enumerate(measured):
+            if r.power_png is not None:
+                doc.figure(Figure(f"{r.system} / {r.benchmark} / {r.label}: power", r.power_png, f"power_{i}.png"))
     for i, (path, study) in enumerate(data.scaling):
         doc.section(f"Scaling study ({path})")
         doc.table(*scaling_rows(study))

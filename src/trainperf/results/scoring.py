@@ -40,6 +40,7 @@ class RunScore:
     division: str | None = None
     quality: Any = None  # the last eval_accuracy value: a number, or named numbers
     busy: str | None = None  # trainperf's record says the machine was busy while it was timed: why
+    energy_j: float | None = None  # its power logs' energy (power/result_<i>/), as the official summarizer counts
 
 
 @dataclass
@@ -61,6 +62,9 @@ class BenchmarkScore:
     scaling: float = 1.0
     scaling_source: str = "none"  # "scaling.json", "rcp_checker" (computed here: the folder has none) or "none"
     unscaled: float | None = None  # the olympic mean before the factor
+    # The energy score (a folder with power/result_<i>/ logs): the official summarizer's — each run's node and
+    # interconnect joules, the olympic mean over the runs the time score keeps, times the same factor.
+    energy_j: float | None = None
 
     @property
     def converged(self) -> int:
@@ -231,6 +235,9 @@ def score_folder(folder: Path, ruleset: str | None = None,
     if busy:
         notes.append(f"{busy} run(s) timed on a busy machine: their times are not figures")
     result.note = "; ".join(notes)
+    if (folder / "power").is_dir():
+        notes += _energy(folder, files, result, drop)
+        result.note = "; ".join(notes)
     factor = read_scaling(folder)
     if factor is not None:
         result.scaling, result.scaling_source = factor, "scaling.json"
@@ -241,6 +248,8 @@ def score_folder(folder: Path, ruleset: str | None = None,
         result.unscaled = result.score
         if result.score is not None:
             result.score *= result.scaling
+        if result.energy_j is not None:
+            result.energy_j *= result.scaling
         where = ("its scaling.json" if result.scaling_source == "scaling.json" else
                  "the RCP checker's normalisation (the folder has no scaling.json; the official package checker "
                  "would write it)")
@@ -251,6 +260,36 @@ def score_folder(folder: Path, ruleset: str | None = None,
         notes.append("no RCP scaling: the RCP checker applies none to these runs")
         result.note = "; ".join(notes)
     return result
+
+
+def _energy(folder: Path, files: list[Path], result: BenchmarkScore, drop: int) -> list[str]:
+    """Each converged run's energy and the energy score, by the official summarizer's own functions
+    (`_compute_total_power`: every node's power log, plus the interconnect's estimate, over the run's time to
+    train; `_index_olympic_average`: the runs ordered by their times, the same ones dropped)."""
+    from mlperf_logging.result_summarizer import result_summarizer as official
+
+    counted: list[tuple[float, float]] = []  # (minutes, joules) of the converged runs
+    missing = []
+    for path, run in zip(files, result.runs, strict=True):
+        if not run.converged or run.minutes is None:
+            continue
+        with contextlib.redirect_stdout(io.StringIO()):
+            try:
+                # Its result-name parsing splits on "/" and "." (training_results layout): a plain path keeps it.
+                run.energy_j = official._compute_total_power(str(folder), str(path), run.minutes * 60_000,
+                                                             result.ruleset)
+            except (AssertionError, ValueError, OSError, KeyError, TypeError, ZeroDivisionError):
+                missing.append(path.stem)
+                continue
+        counted.append((run.minutes, run.energy_j))
+    if missing:
+        return [f"no energy score: {', '.join(missing)} without a whole power log (power/<result>/node_*.txt)"]
+    if not counted or result.score is None:
+        return []
+    order = [i for i, _ in sorted(enumerate(counted), key=lambda item: item[1][0])]
+    non_converged = len(result.runs) - len(counted)
+    result.energy_j = official._index_olympic_average([j for _, j in counted], order, non_converged, drop)
+    return []
 
 
 # The rounds whose results tables multiply the olympic mean by the RCP normalisation (scaling.json).
