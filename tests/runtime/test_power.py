@@ -495,3 +495,57 @@ def test_a_series_run_with_power_leaves_the_official_layout(tmp_path, monkeypatc
     assert [r.energy_j for r in scored.runs] == pytest.approx(
         [json.loads(next((tmp_path / "sub").rglob(f"run_{i}/result.json")).read_text())["energy_j"]
          for i in range(1)], rel=1e-9)
+
+
+FAKE_PYNVML = '''"""A strict pynvml: the calls trainperf makes and nothing else (another name is an AttributeError)."""
+import os
+WATTS = [float(w) for w in os.environ["FAKE_NVML_WATTS"].split(",")]
+_up = False
+def nvmlInit():
+    global _up
+    _up = True
+def nvmlShutdown():
+    global _up
+    assert _up, "shutdown without init"
+    _up = False
+def nvmlDeviceGetCount():
+    assert _up, "NVML not initialised"
+    return len(WATTS)
+def nvmlDeviceGetHandleByIndex(i):
+    assert _up and 0 <= i < len(WATTS)
+    return ("handle", i)
+def nvmlDeviceGetUUID(h):
+    return "GPU-%08d" % h[1]
+def nvmlDeviceGetPowerUsage(h):
+    assert _up and h[0] == "handle"
+    return int(WATTS[h[1]] * 1000)
+def nvmlDeviceGetTotalEnergyConsumption(h):
+    import time
+    return int(time.time() * 1000 * WATTS[h[1]])  # mJ, growing at the board's power
+'''
+
+
+def test_the_sampler_reads_nvml_in_its_own_process(tmp_path, monkeypatch):
+    """`--power nvml` end to end with a strict pynvml module on the path (the sampler process imports it)."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "pynvml.py").write_text(FAKE_PYNVML)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("FAKE_NVML_WATTS", "300,280")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    sys.modules.pop("pynvml", None)
+    request = power.check(power.request_from("nvml", 0.1))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with power.sampling(request, run_dir):
+        start = time.time() * 1000
+        time.sleep(1.0)
+        stop = time.time() * 1000
+    _write_run_log(run_dir / "mlperf_log.txt", start, stop, [])
+    summary = power.finish(request, run_dir, run_dir / "mlperf_log.txt", None)
+    nvml = summary["sources"]["nvml"]
+    assert nvml["average_w"] == pytest.approx(580.0) and nvml["samples"] >= 7
+    # The counters grow at 580 W over the whole sampling (from before run_start to after run_stop).
+    assert nvml["energy_counter_j"] == pytest.approx(580.0 * (stop - start) / 1000, rel=0.6)
+    assert nvml["energy_counter_j"] > nvml["energy_j"]
+    sys.modules.pop("pynvml", None)
