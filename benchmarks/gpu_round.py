@@ -483,8 +483,8 @@ class Round:
                        self.left())
         result = self.json_of(folder / "result.json") or {}
         power = result.get("power") or {}
-        if (folder / "power" / "power.png").is_file():
-            self.details["energy-power.png"] = (folder / "power" / "power.png").read_bytes()
+        if (folder / "power" / "power_node_0.png").is_file():
+            self.details["energy-power.png"] = (folder / "power" / "power_node_0.png").read_bytes()
         row = {"workload": workload, "status": result.get("status"), "time_to_train_s": result.get("time_to_train_s"),
                "energy_j": power.get("energy_j"), "average_w": power.get("average_w"),
                "official_source": power.get("official_source"),

@@ -241,6 +241,11 @@ def start(request: RunRequest, say: Say = print, warn: Say = print) -> RunOutcom
     if request.nproc > 1:
         batch_share(recipe.global_batch_size, request.nproc, where=f"--nproc {request.nproc}")
     check_switches(workload, recipe, request.device, placement[2] if in_group else request.nproc)
+    if request.power is not None and workload.untimed_evaluation:
+        raise TrainperfError(f"--power: {workload.name}'s evaluations are off the MLPerf clock, so its log's times are "
+                             "not the wall clock the power readings keep; its energy is not measured")
+    if request.power is not None and power.samples_here():
+        request.power = power.check(request.power, warn)  # a source that cannot be read: refused before any write
     out_dir = Path(request.out) if request.out else default_run_dir(workload.name)
     is_main = placement is None or placement[0] == 0
     if is_main and request.runs is None:
@@ -256,8 +261,6 @@ def start(request: RunRequest, say: Say = print, warn: Say = print) -> RunOutcom
         workload.check_assets(recipe, assets)
         for note in workload.notes(recipe, request.scale):
             say(f"note: {note}")
-    if request.power is not None and power.samples_here():
-        request.power = power.check(request.power, warn)  # a source that cannot be read: refused before any write
     seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "little") % (2**31)
     if request.runs is not None:
         code = run_series(request, workload, recipe, folder, out_dir, seed, say, warn)
@@ -291,9 +294,10 @@ def run_once(request: RunRequest, workload: Workload, recipe: Recipe, folder: Pa
             else:
                 result = _run_here(request, out_dir, seed, run_config)
     except BaseException:
-        # Interrupted: the aborted run's log has its timed region, and its energy goes with its result.
+        # Interrupted: the aborted run's log has its timed region, and its energy goes with its result (finish
+        # never raises, so the interruption stays what propagates).
         power.finish(request.power, out_dir, out_dir / run_folder.LOG_NAME,
-                     saved if saved.exists() and power.node_index() == 0 else None)
+                     saved if saved.exists() and power.holds_result() else None)
         raise
     # Only the process holding rank 0's result adds to result.json; another node writes its node file.
     summary = power.finish(request.power, out_dir, out_dir / run_folder.LOG_NAME,
@@ -417,8 +421,8 @@ def run_series(request: RunRequest, workload: Workload, recipe: Recipe, folder: 
             warn(f"run {i}: interrupted; the {finished} finished run(s) are kept (add --resume to the same "
                  "command to go on)")
             return EXIT_INTERRUPTED
+        power.copy_to_series(run_dir, logs_dir, i)  # first: result_<i>.txt is what marks the run as kept
         copy_atomic(run_dir / "mlperf_log.txt", logs_dir / f"result_{i}.txt")
-        power.copy_to_series(run_dir, logs_dir, i)
         finished += 1
         ttt = f"{result['time_to_train_s']:.2f} s" if result["time_to_train_s"] is not None else "-"
         say(f"run {i} (seed {seed + i}): {result['status']} in {ttt}")
@@ -459,6 +463,11 @@ def _check_same_series(request: RunRequest, recipe: Recipe, logs_dir: Path, deta
                                  "series; start a new folder") from None
         logged = {r["key"]: r.get("value") for r in read_records(logs_dir / f"result_{k}.txt")}
         was |= {"org": logged.get("submission_org"), "status": logged.get("submission_status")}
+        measured = bool(result.get("power"))
+        if measured != (request.power is not None):
+            raise TrainperfError(f"--resume: run {k} was made {'with' if measured else 'without'} --power, this "
+                                 f"command {'with' if request.power is not None else 'without'}; a resumed series "
+                                 "measures the energy of all its runs or of none")
         for key in ("scale", "division", "org", "status"):
             if was[key] != now[key]:
                 raise TrainperfError(f"--resume: run {k} was made with --{key} {was[key]}, this command says "

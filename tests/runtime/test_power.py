@@ -37,13 +37,9 @@ def test_sources_are_parsed_and_bad_ones_refused_in_one_line(tmp_path):
     with pytest.raises(TrainperfError, match="go with --power"):
         power.request_from(None, 0.5)
     request = power.request_from("rapl,ipmi", 0.5, True, 40.0)
-    assert power.request_from(*_argv_values(request.argv())) == request
-
-
-def _argv_values(argv: list[str]) -> tuple:
-    values = dict(zip(argv[::2], argv[1::2], strict=False))
-    return (values["--power"], float(values["--power-interval"]), "--power-optional" in argv,
-            float(argv[argv.index("--power-interconnect") + 1]) if "--power-interconnect" in argv else None)
+    assert request.interval_s == 0.5 and request.optional and request.interconnect_w == 40.0
+    with pytest.raises(TrainperfError, match="--power-interconnect -1.0: expected watts >= 0"):
+        power.request_from("rapl", None, False, -1.0)
 
 
 def test_an_unavailable_source_refuses_the_run_unless_optional(tmp_path, monkeypatch):
@@ -262,17 +258,17 @@ def test_ipmi_reads_a_redfish_power_resource(redfish, monkeypatch):
 def test_a_meters_log_is_read_or_refused_naming_the_line(tmp_path):
     good = tmp_path / "meter.csv"
     good.write_text("timestamp,watts\n1764324000.0,500\n1764324001.5,510.5\n\n")
-    assert sources.read_meter_file(good) == [(1764324000000, 500.0), (1764324001500, 510.5)]
+    assert sources.read_meter_log(good) == ([(1764324000000, 500.0), (1764324001500, 510.5)], 1.0)
     for text, where in (("time,w\n1,2\n", ":1: expected the header timestamp,watts"),
                         ("timestamp,watts\n1764324000,500\n1764324001,lots\n", ":3: expected Unix seconds"),
                         ("timestamp,watts\n1764324000,-5\n", ":2: expected a time after 1970 and watts >= 0"),
                         ("timestamp,watts\n", ": no readings")):
         good.write_text(text)
         with pytest.raises(TrainperfError, match=f"meter.csv{where}"):
-            sources.read_meter_file(good)
+            sources.read_meter_log(good)
     mlperf = tmp_path / "node_0.txt"
     mlperf.write_text(power.official_log([(1000, 10.0), (2000, 20.0)], 500, 2000, "node_0"))
-    assert sources.read_meter_file(mlperf) == [(1000, 10.0), (2000, 20.0)]
+    assert sources.read_meter_log(mlperf) == ([(1000, 10.0), (2000, 20.0)], 1.0)
 
 
 # -- the official layout and arithmetic -----------------------------------------------------------------------
@@ -349,7 +345,7 @@ def test_the_sampler_runs_beside_the_timed_region_and_its_energy_lands_in_the_re
     assert result["energy_j"] == summary["energy_j"] and result["power"]["sources"]["rapl"]["accepted"].startswith(
         "indicative")
     assert (run_dir / "power" / "node_0.txt").is_file() and (run_dir / "power" / "sw_0.txt").is_file()
-    assert (run_dir / "power" / "power.png").stat().st_size > 1000
+    assert (run_dir / "power" / "power_node_0.png").stat().st_size > 1000
 
 
 def test_a_node_level_source_is_the_official_one_and_a_meter_log_is_merged(tmp_path):
@@ -360,7 +356,7 @@ def test_a_node_level_source_is_the_official_one_and_a_meter_log_is_merged(tmp_p
                                                    for i in range(-4, 150)))
     run_dir = tmp_path / "run"
     (run_dir / "power").mkdir(parents=True)
-    (run_dir / "power" / "readings.csv").write_text("".join(f"{i},{int(start + i * 1000)},rapl,150.0\n"
+    (run_dir / "power" / "readings_node_0.csv").write_text("".join(f"{i},{int(start + i * 1000)},rapl,150.0\n"
                                                             for i in range(-1, 75)))
     _write_run_log(run_dir / "mlperf_log.txt", start, stop, [])
     request = power.request_from(f"rapl,file:{meter}")
@@ -556,7 +552,129 @@ def test_a_published_power_submission_scores_as_the_official_summarizer(tmp_path
         {Path(f).name: j for f, j in energies.items()}, rel=1e-12)
     # The node file's own arithmetic, by trainperf's reading of it: conversion_eff 0.94 applied.
     node = folder / "power" / "result_0" / "node_0.txt"
-    readings = sources.read_meter_file(node)
+    readings, eff = sources.read_meter_log(node)
+    assert eff == 0.94
     run = scored.runs[[Path(r.file).name for r in scored.runs].index("result_0.txt")]
     assert 0.94 * power.window_energy(readings, readings[0][0] - 1000, readings[0][0] - 1000 + run.minutes * 60_000
                                       )["energy_j"] == pytest.approx(run.energy_j, rel=0.02)
+
+
+# -- what goes wrong ---------------------------------------------------------------------------------------------
+
+
+def test_no_reading_inside_the_timed_region_writes_no_power_log(tmp_path):
+    """A meter log on another clock (its readings all before the run): no node file of 0 J, said in one line."""
+    start = 1_764_324_000_000.0
+    meter = tmp_path / "pdu.csv"
+    meter.write_text("timestamp,watts\n" + "".join(f"{(start - 3_600_000 + i * 1000) / 1000},700\n" for i in range(90)))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _write_run_log(run_dir / "mlperf_log.txt", start, start + 60_000, [])
+    said = []
+    summary = power.finish(power.request_from(f"file:{meter}", interconnect_w=20.0), run_dir,
+                           run_dir / "mlperf_log.txt", None, said.append)
+    assert summary["energy_j"] is None and not list((run_dir / "power").glob("*.txt"))
+    assert said == [f"power: no source has a reading inside the timed region: no power log written (file:{meter})"]
+
+
+def test_a_merged_mlperf_power_log_keeps_its_conversion_efficiency(tmp_path):
+    """A PSU log at conversion_eff 0.94 (as Lenovo's published ones): its energy is 0.94 of the readings', in
+    result.json and in the node file the official summarizer reads."""
+    from mlperf_logging.compliance_checker.mlp_parser import parse_file
+    from mlperf_logging.result_summarizer import result_summarizer as official
+
+    start = 1_764_324_000_000.0
+    stop = start + 80_000
+    meter = tmp_path / "psu.txt"
+    meter.write_text(power.official_log([(int(start + i * 1000), 1000.0) for i in range(-3, 85)], start - 3000,
+                                        start + 84_000, "node_0", "AC", 0.94))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _write_run_log(run_dir / "mlperf_log.txt", start, stop, [])
+    summary = power.finish(power.request_from(f"file:{meter}"), run_dir, run_dir / "mlperf_log.txt", None)
+    assert summary["energy_j"] == pytest.approx(0.94 * 1000 * 80)
+    lines, _ = parse_file(str(run_dir / "power" / "node_0.txt"), "6.1.0")
+    assert official._compute_power_node(lines, stop - start) == pytest.approx(summary["energy_j"], rel=1e-12)
+    meter.write_text(meter.read_text().replace('"value": 0.94', '"value": 1.5'))
+    with pytest.raises(TrainperfError, match=r"psu.txt: conversion_eff 1.5: expected a number in \(0, 1\]"):
+        sources.read_meter_log(meter)
+
+
+def test_readings_that_stop_before_run_stop_break_the_sampling_rules():
+    start = 1_764_324_000_000.0
+    half = [(int(start + i * 500), 300.0) for i in range(1, 200)]  # 100 s of a 200 s run
+    measured = power.window_energy(half, start, start + 200_000)
+    assert measured["max_gap_s"] == pytest.approx(100.5) and not measured["meets_sampling_rules"]
+
+
+def test_a_source_failing_mid_run_is_noted_and_the_sampling_goes_on(tmp_path, monkeypatch):
+    """An ipmitool that answers three times, then fails: the failures are in the readings file, in the summary
+    and on the terminal; the readings before them still count."""
+    monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + os.environ["PATH"])
+    (tmp_path / "bin").mkdir()
+    script = tmp_path / "bin" / "ipmitool"
+    counter = tmp_path / "calls"
+    script.write_text(f"#!{sys.executable}\nimport pathlib, sys\np = pathlib.Path({str(counter)!r})\n"
+                      "n = int(p.read_text()) + 1 if p.exists() else 1\np.write_text(str(n))\n"
+                      f"if n > 3:\n    sys.stderr.write('Error: Unable to establish IPMI v2 / RMCP+ session')\n"
+                      f"    sys.exit(1)\nsys.stdout.write({DCMI.format(w=450)!r})\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    request = power.check(power.request_from("ipmi", 0.1))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with power.sampling(request, run_dir):
+        start = time.time() * 1000
+        time.sleep(0.8)
+        stop = time.time() * 1000
+    _write_run_log(run_dir / "mlperf_log.txt", start, stop, [])
+    said = []
+    summary = power.finish(request, run_dir, run_dir / "mlperf_log.txt", None, said.append)
+    assert "failed,ipmi,IPMI: ipmitool dcmi power reading: Error: Unable to establish" in summary["sampler"]
+    assert said[0].startswith("power: the sampler said: failed,ipmi")
+    raw = (run_dir / "power" / "readings_node_0.csv").read_text().splitlines()
+    # Calls 1 and 2: the check before the run and the sampler opening the source; call 3: the first tick.
+    assert sum(1 for line in raw if line.endswith(",ipmi,450.000")) == 1
+    assert sum(1 for line in raw if line.startswith("# failed,ipmi,")) >= 3
+
+
+def test_one_sampler_a_node_and_one_result_holder(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID",
+                 "GROUP_RANK", "NODE_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_NODEID", "3")  # a single-node run on the fourth node of an allocation
+    assert power.samples_here() and power.holds_result() and power.node_index() == 0
+    monkeypatch.setenv("SLURM_PROCID", "9")  # srun: task 9 of 16, the second on node 3
+    monkeypatch.setenv("SLURM_NTASKS", "16")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    assert not power.samples_here() and not power.holds_result() and power.node_index() == 3
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    assert power.samples_here() and not power.holds_result()
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "16"), ("LOCAL_RANK", "0"), ("GROUP_RANK", "0")):
+        monkeypatch.setenv(name, value)  # torchrun's variables come first
+    assert power.samples_here() and power.holds_result() and power.node_index() == 0
+
+
+def test_minigo_is_refused_with_power():
+    from trainperf import jobs
+
+    with pytest.raises(TrainperfError, match="minigo's evaluations are off the MLPerf clock"):
+        jobs.start(jobs.RunRequest(workload="minigo", power=power.request_from("rapl", optional=True)))
+
+
+@pytest.mark.second_tier
+@pytest.mark.multiprocess
+def test_a_run_on_two_processes_is_sampled_once_by_its_launcher(tmp_path, monkeypatch):
+    """`trainperf run ncf --nproc 2 --power rapl`: the launching process samples (its ranks are not asked to),
+    and rank 0's result.json gets the energy."""
+    from trainperf.cli import main
+
+    (tmp_path / "powercap").mkdir()
+    monkeypatch.setenv("TRAINPERF_POWERCAP_ROOT", str(tmp_path / "powercap"))
+    with FakePowercap(tmp_path / "powercap", package_w=50.0, dram_w=5.0):
+        code = main(["run", "ncf", "--nproc", "2", "--seed", "0", "--quiet", "--out", str(tmp_path / "run"),
+                     "--power", "rapl", "--power-interval", "0.2"])
+    assert code == 0
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["power"]["sources"]["rapl"]["average_w"] == pytest.approx(55.0, rel=0.2)
+    assert sorted(p.name for p in (tmp_path / "run" / "power").iterdir()) == [
+        "node_0.txt", "power_node_0.png", "readings_node_0.csv"]

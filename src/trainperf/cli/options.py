@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainperf import jobs
+from trainperf import jobs, power
 from trainperf.contract import SCALES
 from trainperf.errors import shown
+from trainperf.power import PowerRequest
 
 
 @contextlib.contextmanager
@@ -55,9 +56,7 @@ def add_power(p: argparse.ArgumentParser) -> None:
                    help="the interconnect's estimated watts, logged as interconnect_power_est (sw_0.txt)")
 
 
-def power_request(args: argparse.Namespace) -> Any:
-    from trainperf import power
-
+def power_request(args: argparse.Namespace) -> PowerRequest | None:
     return power.request_from(getattr(args, "power", None), getattr(args, "power_interval", None),
                               getattr(args, "power_optional", False), getattr(args, "power_interconnect", None))
 

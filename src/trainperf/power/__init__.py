@@ -36,10 +36,9 @@ from typing import Any
 
 from trainperf.errors import TrainperfError
 from trainperf.files import write_json_atomic, write_text_atomic
-from trainperf.power.sources import ACCEPTANCE, SourceSpec, Unavailable, open_live, parse_specs, read_meter_file
+from trainperf.power.sources import ACCEPTANCE, SourceSpec, Unavailable, open_live, parse_specs, read_meter_log
 
 FOLDER = "power"
-READINGS = "readings.csv"
 MIN_SAMPLES = 60  # the rules: at least 60 samples over the timed run
 MAX_INTERVAL_S = 1.0  # the rules: at least one sample a second
 Say = Callable[[str], None]
@@ -53,15 +52,6 @@ class PowerRequest:
     interval_s: float = MAX_INTERVAL_S
     optional: bool = False  # an unavailable source is left out (said so) instead of refusing the run
     interconnect_w: float | None = None
-
-    def argv(self) -> list[str]:
-        """The options that ask for it again (a series' runs, a study's)."""
-        out = ["--power", ",".join(s.name for s in self.specs), "--power-interval", repr(self.interval_s)]
-        if self.optional:
-            out.append("--power-optional")
-        if self.interconnect_w is not None:
-            out += ["--power-interconnect", repr(self.interconnect_w)]
-        return out
 
 
 def request_from(power: str | None, interval_s: float | None = None, optional: bool = False,
@@ -106,8 +96,19 @@ def check(request: PowerRequest | None, warn: Say = print) -> PowerRequest | Non
     return PowerRequest(tuple(kept), request.interval_s, request.optional, request.interconnect_w)
 
 
+def _placement() -> tuple[int, int, int] | None:
+    """(rank, local rank, world size) when torchrun or srun started this process (their variables), else None."""
+    from trainperf.runtime.distributed import env_placement
+
+    return env_placement(dict(os.environ))  # a copy: it fills in MASTER_ADDR for srun
+
+
 def node_index() -> int:
-    """This node's number in a multi-node run (its node_<k>.txt): the launcher's, Slurm's, or 0."""
+    """This node's number in a multi-node group (its node_<k>.txt): the launcher's, Slurm's; 0 outside a group
+    (a single-node run on the fourth node of an allocation is still node 0 of its own run)."""
+    placement = _placement()
+    if placement is None or placement[2] <= 1:
+        return 0
     for name in ("GROUP_RANK", "NODE_RANK", "SLURM_NODEID"):
         value = os.environ.get(name, "")
         if value.isdigit():
@@ -116,8 +117,21 @@ def node_index() -> int:
 
 
 def samples_here() -> bool:
-    """One sampler a node: the process that launches the others, or local rank 0 of a group torchrun started."""
-    return os.environ.get("LOCAL_RANK", "0") == "0"
+    """One sampler a node: a process no launcher started (it may launch the others), or local rank 0 of a group
+    torchrun (LOCAL_RANK) or srun (SLURM_LOCALID) started."""
+    placement = _placement()
+    return placement is None or placement[1] == 0
+
+
+def holds_result() -> bool:
+    """Whether this process writes result.json: global rank 0, or a process no launcher started."""
+    placement = _placement()
+    return placement is None or placement[0] == 0
+
+
+def readings_path(run_dir: Path) -> Path:
+    """The sampler's raw readings, one file a node (nodes may share the run folder)."""
+    return run_dir / FOLDER / f"readings_node_{node_index()}.csv"
 
 
 @contextlib.contextmanager
@@ -131,9 +145,8 @@ def sampling(request: PowerRequest | None, run_dir: Path) -> Iterator[None]:
     if not live:
         yield
         return
-    folder = run_dir / FOLDER
-    folder.mkdir(parents=True, exist_ok=True)
-    readings = folder / READINGS
+    readings = readings_path(run_dir)
+    readings.parent.mkdir(parents=True, exist_ok=True)
     readings.unlink(missing_ok=True)  # an attempt cut short before its run left readings of another time
     process = subprocess.Popen(
         [sys.executable, "-m", "trainperf.power.sampler", "--out", str(readings), "--interval",
@@ -142,9 +155,10 @@ def sampling(request: PowerRequest | None, run_dir: Path) -> Iterator[None]:
     try:
         ready = process.stdout.readline() if process.stdout else ""
         if ready.strip() != "ready":
-            raise TrainperfError(f"--power: the sampler did not start (exit code {process.wait()}; {readings})")
+            raise TrainperfError(f"--power: the sampler did not start (exit code {process.wait()}; "
+                                 f"{_sampler_lines(readings) or 'no source could be opened'})")
         yield
-        time.sleep(1.5 * request.interval_s)
+        _await_reading_after(readings, time.time() * 1000, 1.5 * request.interval_s + 5.0)
     finally:
         if process.poll() is None:
             process.terminate()
@@ -153,34 +167,68 @@ def sampling(request: PowerRequest | None, run_dir: Path) -> Iterator[None]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        if process.stdout:
+            process.stdout.close()
+
+
+def _await_reading_after(readings: Path, after_ms: float, limit_s: float) -> None:
+    """Wait (at most limit_s) until a reading later than `after_ms` is written: the window's last sample, which
+    a slow BMC may take a second to answer."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        for _tick, t, _name, _w in _raw_lines(readings, tail=4096):
+            if t >= after_ms:
+                return
+        time.sleep(0.1)
+
+
+def _sampler_lines(readings: Path) -> str:
+    """What the sampler said of its sources (`# unavailable,…`, `# failed,…`), the first few, for one line."""
+    if not readings.is_file():
+        return ""
+    said = [line[2:] for line in readings.read_text(encoding="utf-8", errors="replace").splitlines()
+            if line.startswith("# ")]
+    return "; ".join(dict.fromkeys(said[:20]))[:500]
 
 
 # -- after the run ---------------------------------------------------------------------------------------------
 
+def _raw_lines(path: Path, tail: int | None = None) -> list[tuple[int, int, str, float]]:
+    """The sampler's reading lines (tick, time_ms, source, watts); comments and a line cut by a kill skipped."""
+    if not path.is_file():
+        return []
+    with open(path, "rb") as f:
+        if tail is not None:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
+        text = f.read().decode("utf-8", errors="replace")
+    out = []
+    for line in text.splitlines():
+        parts = line.split(",")
+        if line.startswith("#") or len(parts) < 4:
+            continue
+        try:
+            # The source's name may hold commas (a URL): it is everything between time and watts.
+            out.append((int(parts[0]), int(parts[1]), ",".join(parts[2:-1]), float(parts[-1])))
+        except ValueError:
+            continue
+    return out
+
+
 def read_readings(path: Path) -> dict[str, list[tuple[int, int, float]]]:
     """The sampler's raw readings, per source: (tick, time_ms, watts), in order."""
     out: dict[str, list[tuple[int, int, float]]] = {}
-    if not path.is_file():
-        return out
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        if line.startswith("#"):
-            continue
-        parts = line.split(",")
-        if len(parts) != 4:
-            continue  # a line cut by a kill
-        try:
-            tick, t, name, watts = int(parts[0]), int(parts[1]), parts[2], float(parts[3])
-        except ValueError:
-            continue
+    for tick, t, name, watts in _raw_lines(path):
         out.setdefault(name, []).append((tick, t, watts))
     return out
 
 
-def window_energy(readings: list[tuple[int, float]], start_ms: float, stop_ms: float) -> dict[str, Any]:
+def window_energy(readings: list[tuple[int, float]], start_ms: float, stop_ms: float,
+                  conversion_eff: float = 1.0) -> dict[str, Any]:
     """A source's energy over the timed region [start, stop] as the official summarizer computes a node's
     (`result_summarizer._compute_power_node`): the measurement window runs from `start` to the first reading at
     or after `stop`; each reading in it counts its watts times the time since the one before (the first, since
-    `start`); the sum is scaled by (stop - start) / window. With the sampling facts the rules ask about."""
+    `start`); the sum is scaled by (stop - start) / window, times the log's conversion efficiency. With the
+    sampling facts the rules ask about (a gap counts up to `stop` when no reading follows it)."""
     inside = [(t, w) for t, w in readings if start_ms < t <= stop_ms]
     after = [(t, w) for t, w in readings if t > stop_ms]
     window = inside + after[:1]
@@ -193,8 +241,8 @@ def window_energy(readings: list[tuple[int, float]], start_ms: float, stop_ms: f
         agg += w * (t - prev)
         prev = t
     duration = stop_ms - start_ms
-    energy = agg * duration / (end - start_ms) / 1000.0 if end > start_ms else 0.0
-    times = [start_ms] + [t for t, _ in window]
+    energy = conversion_eff * agg * duration / (end - start_ms) / 1000.0 if end > start_ms else 0.0
+    times = [start_ms] + [t for t, _ in window] + ([] if after else [stop_ms])
     gap = max(b - a for a, b in zip(times, times[1:], strict=False)) / 1000.0
     samples = len(inside)
     meets = samples >= MIN_SAMPLES and samples >= math.floor(duration / 1000.0 / MAX_INTERVAL_S) and gap <= 2.0
@@ -215,7 +263,7 @@ def _timed_region(log: Path) -> tuple[float, float] | None:
 
 
 def official_log(readings: list[tuple[int, float]], start_ms: float, stop_ms: float, host: str,
-                 measurement_type: str = "AC") -> str:
+                 measurement_type: str = "AC", conversion_eff: float = 1.0) -> str:
     """A node's power log, written by the official package's logger (mllog): what the summarizer reads."""
     from mlperf_logging.mllog import constants, mllog
 
@@ -232,7 +280,7 @@ def official_log(readings: list[tuple[int, float]], start_ms: float, stop_ms: fl
         window = inside + after[:1]
         end = window[-1][0] if window else stop_ms
         out.start(key=constants.POWER_MEASUREMENT_START, time_ms=round(start_ms), metadata={"host": host})
-        out.event(key=constants.CONVERTION_EFF, value=1.0, time_ms=round(start_ms),
+        out.event(key=constants.CONVERTION_EFF, value=conversion_eff, time_ms=round(start_ms),
                   metadata={"host": host, "measurement_type": measurement_type})
         for t, w in window:
             out.event(key=constants.POWER_READING, value=w, time_ms=t, metadata={"host": host})
@@ -255,10 +303,11 @@ def interconnect_log(watts: float, start_ms: float, stop_ms: float, host: str = 
     logger.addHandler(handler)
     try:
         out = mllog.MLLogger(logger=logger)
-        out.start(key=constants.POWER_MEASUREMENT_START, time_ms=start_ms, metadata={"host": host})
-        out.event(key=constants.CONVERTION_EFF, value=1.0, time_ms=start_ms, metadata={"host": host})
-        out.event(key=constants.INTERCONNECT_POWER_EST, value=watts, time_ms=start_ms, metadata={"host": host})
-        out.end(key=constants.POWER_MEASUREMENT_STOP, time_ms=stop_ms, metadata={"host": host})
+        out.start(key=constants.POWER_MEASUREMENT_START, time_ms=round(start_ms), metadata={"host": host})
+        out.event(key=constants.CONVERTION_EFF, value=1.0, time_ms=round(start_ms), metadata={"host": host})
+        out.event(key=constants.INTERCONNECT_POWER_EST, value=watts, time_ms=round(start_ms),
+                  metadata={"host": host})
+        out.end(key=constants.POWER_MEASUREMENT_STOP, time_ms=round(stop_ms), metadata={"host": host})
     finally:
         logger.removeHandler(handler)
     return text.getvalue()
@@ -276,26 +325,42 @@ def _per_tick_sum(series: list[list[tuple[int, int, float]]]) -> list[tuple[int,
 
 def finish(request: PowerRequest | None, run_dir: Path, log: Path, result_path: Path | None,
            warn: Say = print) -> dict[str, Any] | None:
-    """After a run: the official power files of this node, and the energy in result.json (when this process
-    holds it). Nothing to do without a request or on a process that did not sample."""
+    """After a run: this node's official power files, and the energy in result.json when `result_path` is given
+    (the process holding rank 0's result). Nothing to do without a request or on a process that did not sample.
+    Never raises: a run that finished stays finished whatever its power measurement met (said in one line)."""
     if request is None or not samples_here():
         return None
+    try:
+        return _finish(request, run_dir, log, result_path, warn)
+    except Exception as exc:  # noqa: BLE001 - the run's own result matters more than its energy
+        warn(f"power: the measurement could not be completed ({type(exc).__name__}: {exc})")
+        return None
+
+
+def _finish(request: PowerRequest, run_dir: Path, log: Path, result_path: Path | None,
+            warn: Say) -> dict[str, Any]:
     from trainperf.power.sources import NODE_LEVEL
 
     folder = run_dir / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
+    readings_file = readings_path(run_dir)
     region = _timed_region(log)
-    raw = read_readings(folder / READINGS)
+    raw = read_readings(readings_file)
     node = node_index()
     summary: dict[str, Any] = {"interval_s": request.interval_s, "node": node, "sources": {}, "energy_j": None,
-                               "official_source": None, "readings": f"{FOLDER}/{READINGS}"}
+                               "official_source": None, "readings": str(readings_file.relative_to(run_dir))}
+    said = _sampler_lines(readings_file)
+    if said:
+        summary["sampler"] = said
+        warn(f"power: the sampler said: {said}")
     series: dict[str, list[tuple[int, float]]] = {}
+    efficiency: dict[str, float] = {}
     ticks: dict[str, list[tuple[int, int, float]]] = {}
     for spec in request.specs:
         entry: dict[str, Any] = {"accepted": ACCEPTANCE[spec.kind]}
         if spec.kind == "file":
             try:
-                series[spec.name] = read_meter_file(Path(spec.target))
+                series[spec.name], efficiency[spec.name] = read_meter_log(Path(spec.target))
             except TrainperfError as exc:
                 entry["error"] = str(exc)
                 warn(f"power: {exc}")
@@ -311,32 +376,33 @@ def finish(request: PowerRequest | None, run_dir: Path, log: Path, result_path: 
     else:
         start, stop = region
         for name, readings in series.items():
-            if name in summary["sources"] and "error" not in summary["sources"][name]:
-                summary["sources"][name].update(window_energy(readings, start, stop))
-        node_level = [s.name for s in request.specs if s.kind in NODE_LEVEL and series.get(s.name)]
+            if "error" not in summary["sources"][name]:
+                summary["sources"][name].update(window_energy(readings, start, stop, efficiency.get(name, 1.0)))
+        covers = {name for name, entry in summary["sources"].items() if entry.get("samples")}
+        node_level = [s.name for s in request.specs if s.kind in NODE_LEVEL and s.name in covers]
+        indicative = [s.name for s in request.specs if s.kind not in NODE_LEVEL and s.name in covers]
         if node_level:
-            chosen, official = node_level[0], series[node_level[0]]
+            chosen, official, eff = node_level[0], series[node_level[0]], efficiency.get(node_level[0], 1.0)
         else:
-            live = [ticks[s.name] for s in request.specs if s.kind not in NODE_LEVEL and ticks.get(s.name)]
-            chosen = " + ".join(s.name for s in request.specs if s.kind not in NODE_LEVEL and ticks.get(s.name))
-            official = _per_tick_sum(live) if live else []
-        if official:
+            chosen, official, eff = " + ".join(indicative), _per_tick_sum([ticks[n] for n in indicative]), 1.0
+            if not indicative:
+                official = []
+        measured = window_energy(official, start, stop, eff) if official else None
+        if measured is not None and measured["samples"]:
             host = f"node_{node}"
-            write_text_atomic(folder / f"{host}.txt", official_log(official, start, stop, host))
-            measured = window_energy(official, start, stop)
-            summary["official_source"] = chosen
-            summary["node_energy_j"] = measured["energy_j"]
-            summary["meets_sampling_rules"] = measured["meets_sampling_rules"]
-            summary["energy_j"] = measured["energy_j"]
-            summary["closed_accepted"] = bool(node_level)
+            kind = "AC" if node_level else "DC"  # a PSU's or PDU's input; the GPUs' and CPUs' own DC rails
+            write_text_atomic(folder / f"{host}.txt", official_log(official, start, stop, host, kind, eff))
+            summary.update(official_source=chosen, node_energy_j=measured["energy_j"],
+                           meets_sampling_rules=measured["meets_sampling_rules"], energy_j=measured["energy_j"],
+                           closed_accepted=bool(node_level))
             if request.interconnect_w is not None and node == 0:
                 write_text_atomic(folder / "sw_0.txt", interconnect_log(request.interconnect_w, start, stop))
                 summary["interconnect_j"] = request.interconnect_w * (stop - start) / 1000.0
-                summary["energy_j"] = (summary["energy_j"] or 0.0) + summary["interconnect_j"]
-            if summary["energy_j"] is not None:
-                summary["average_w"] = summary["energy_j"] / ((stop - start) / 1000.0)
+                summary["energy_j"] += summary["interconnect_j"]
+            summary["average_w"] = summary["energy_j"] / ((stop - start) / 1000.0) if stop > start else None
         else:
-            summary["note"] = "no reading covers the timed region"
+            summary["note"] = "no source has a reading inside the timed region: no power log written"
+            warn(f"power: {summary['note']} ({', '.join(s.name for s in request.specs)})")
     if result_path is not None and result_path.is_file():
         import json
 
@@ -344,12 +410,12 @@ def finish(request: PowerRequest | None, run_dir: Path, log: Path, result_path: 
         result["power"] = summary
         result["energy_j"] = summary["energy_j"]
         write_json_atomic(result_path, result)
-    _plot(folder, series, log)
+    _plot(folder / f"power_node_{node}.png", series, log)
     return summary
 
 
-def _plot(folder: Path, series: dict[str, list[tuple[int, float]]], log: Path) -> None:
-    """power.png: each source's watts over the run, the timed region shaded, every evaluation marked."""
+def _plot(path: Path, series: dict[str, list[tuple[int, float]]], log: Path) -> None:
+    """power_node_<k>.png: each source's watts over the run, the timed region shaded, every evaluation marked."""
     from trainperf.results.logs import read_records
 
     if not any(series.values()):
@@ -374,7 +440,7 @@ def _plot(folder: Path, series: dict[str, list[tuple[int, float]]], log: Path) -
     ax.set_xlabel("seconds")
     ax.set_ylabel("watts")
     ax.legend(loc="best", fontsize=8)
-    write_bytes_atomic(folder / "power.png", png(fig))
+    write_bytes_atomic(path, png(fig))
 
 
 def copy_to_series(run_dir: Path, logs_dir: Path, index: int) -> None:

@@ -39,14 +39,18 @@ def main(argv: list[str] | None = None) -> int:
                 sources.append(open_live(spec))
             except Unavailable as exc:
                 out.write(f"# unavailable,{spec.name},{exc}\n")
+        if not sources:
+            out.flush()
+            return 3  # nothing to read: the starting process says why, from the lines above
         _counters(sources, out)
         start, tick, told = time.time(), 0, False
         while not stopping and os.getppid() == args.parent:
             for source in sources:
                 try:
                     watts = source.read()
-                except Unavailable as exc:
-                    out.write(f"# failed,{source.spec.name},{exc}\n")
+                except Exception as exc:  # noqa: BLE001 - one failed reading must not end the sampling
+                    why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    out.write(f"# failed,{source.spec.name},{why}\n")
                     continue
                 if watts is not None:
                     out.write(f"{tick},{round(time.time() * 1000)},{source.spec.name},{watts:.3f}\n")

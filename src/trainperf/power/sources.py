@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import http.client
 import json
 import os
 import re
@@ -238,7 +239,7 @@ class Ipmi(Source):
         try:
             with urllib.request.urlopen(request, timeout=5, context=context) as response:
                 body = json.loads(response.read())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, http.client.HTTPException) as exc:
             raise Unavailable(f"IPMI: Redfish {self.spec.target}: {exc}") from None
         watts = _redfish_watts(body)
         if watts is None:
@@ -272,9 +273,10 @@ def open_live(spec: SourceSpec) -> Source:
     raise ValueError(spec.kind)
 
 
-def read_meter_file(path: Path) -> list[tuple[int, float]]:
+def read_meter_log(path: Path) -> tuple[list[tuple[int, float]], float]:
     """A meter's own log: a CSV with the header `timestamp,watts` (Unix seconds, watts), or a power log already
-    in MLPerf's format (`:::MLLOG` power_reading records). (time in ms, watts), in time order."""
+    in MLPerf's format (`:::MLLOG` power_reading records, and its `conversion_eff`, which the summarizer applies:
+    0.94 for a PSU log read on the AC side, say). ((time in ms, watts) in time order, conversion efficiency)."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
@@ -282,11 +284,20 @@ def read_meter_file(path: Path) -> list[tuple[int, float]]:
     if ":::MLLOG" in text:
         from trainperf.results.logs import read_records
 
-        rows = [(int(r["time_ms"]), float(r["value"])) for r in read_records(path)
+        records = read_records(path)
+        rows = [(int(r["time_ms"]), float(r["value"])) for r in records
                 if r["key"] == "power_reading" and isinstance(r.get("value"), (int, float))]
         if not rows:
             raise TrainperfError(f"{path}: an MLPerf log without power_reading records")
-        return sorted(rows)
+        effs = [r["value"] for r in records if r["key"] == "conversion_eff"]
+        eff = effs[-1] if effs else 1.0
+        if not isinstance(eff, (int, float)) or not 0 < eff <= 1:
+            raise TrainperfError(f"{path}: conversion_eff {eff!r}: expected a number in (0, 1]")
+        return sorted(rows), float(eff)
+    return _read_csv(path, text), 1.0
+
+
+def _read_csv(path: Path, text: str) -> list[tuple[int, float]]:
     lines = text.splitlines()
     reader = csv.reader(lines)
     header = [h.strip().lower() for h in next(reader, [])]

@@ -90,7 +90,7 @@ class RunView:
     target: Quality | None = None
     environment: dict[str, Any] | None = None
     power: dict[str, Any] | None = None  # result.json's `power` (a run with --power): energy and sources
-    power_png: bytes | None = None  # its power/power.png: watts over the run, evaluations marked
+    power_png: bytes | None = None  # its power/power_node_0.png: watts over the run, evaluations marked
 
 
 @dataclass
@@ -189,7 +189,7 @@ def _power(value: Any) -> dict[str, Any] | None:
 
 
 def _power_chart(run_dir: Path) -> bytes | None:
-    chart = run_dir / "power" / "power.png"
+    chart = run_dir / "power" / "power_node_0.png"
     return chart.read_bytes() if chart.is_file() else None
 
 
