@@ -22,12 +22,14 @@ ALLOWED: dict[str, set[str]] = {
     "harness": {"contract", "runtime"},
     "results": {"contract", "runtime", "registry"},  # what the rules say of a key, asked of its workload
     "registry": {"contract"},  # workloads are imported by name, lazily
-    "bench": {"contract", "runtime", "harness", "results"},
+    # energy to train: where a run stands (runtime's placement) and its log's times (results' reader)
+    "power": {"runtime", "results"},
+    "bench": {"contract", "runtime", "harness", "results", "power"},
     "report": {"contract", "results", "registry"},
-    "jobs": {"contract", "runtime", "harness", "results", "registry"},
-    "suite": {"contract", "runtime", "results", "registry", "jobs", "report"},
+    "jobs": {"contract", "runtime", "harness", "results", "registry", "power"},
+    "suite": {"contract", "runtime", "results", "registry", "jobs", "report", "power"},
     "science": {"contract", "runtime", "harness", "results", "registry", "jobs", "bench"},
-    "cli": {"contract", "runtime", "results", "registry", "jobs", "bench", "report", "suite", "science"},
+    "cli": {"contract", "runtime", "results", "registry", "jobs", "bench", "report", "suite", "science", "power"},
     "__main__": {"cli"},
 }
 
