@@ -320,6 +320,18 @@ def _write_run_log(path: Path, start_ms: float, stop_ms: float, evals: list[floa
                             for r in lines))
 
 
+def _sampled(request: power.PowerRequest, tmp_path: Path, seconds: float) -> tuple[Path, float, float]:
+    """A run folder whose "run" is a timed wait with the sampler beside it: (folder, run_start, run_stop)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with power.sampling(request, run_dir):
+        start = time.time() * 1000
+        time.sleep(seconds)
+        stop = time.time() * 1000
+    _write_run_log(run_dir / "mlperf_log.txt", start, stop, [])
+    return run_dir, start, stop
+
+
 def test_the_sampler_runs_beside_the_timed_region_and_its_energy_lands_in_the_result(tmp_path, monkeypatch):
     """The whole path of a run with --power, the training replaced by a timed wait: the sampler process reads a
     powercap tree advancing at 120 W; the node file is the official one; result.json has the energy."""
@@ -505,13 +517,7 @@ def test_the_sampler_reads_nvml_in_its_own_process(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     sys.modules.pop("pynvml", None)
     request = power.check(power.request_from("nvml", 0.1))
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    with power.sampling(request, run_dir):
-        start = time.time() * 1000
-        time.sleep(1.0)
-        stop = time.time() * 1000
-    _write_run_log(run_dir / "mlperf_log.txt", start, stop, [])
+    run_dir, start, stop = _sampled(request, tmp_path, 1.0)
     summary = power.finish(request, run_dir, run_dir / "mlperf_log.txt", None)
     nvml = summary["sources"]["nvml"]
     assert nvml["average_w"] == pytest.approx(580.0) and nvml["samples"] >= 7
@@ -620,13 +626,7 @@ def test_a_source_failing_mid_run_is_noted_and_the_sampling_goes_on(tmp_path, mo
                       f"    sys.exit(1)\nsys.stdout.write({DCMI.format(w=450)!r})\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     request = power.check(power.request_from("ipmi", 0.1))
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    with power.sampling(request, run_dir):
-        start = time.time() * 1000
-        time.sleep(0.8)
-        stop = time.time() * 1000
-    _write_run_log(run_dir / "mlperf_log.txt", start, stop, [])
+    run_dir, start, stop = _sampled(request, tmp_path, 0.8)
     said = []
     summary = power.finish(request, run_dir, run_dir / "mlperf_log.txt", None, said.append)
     assert "failed,ipmi,IPMI: ipmitool dcmi power reading: Error: Unable to establish" in summary["sampler"]

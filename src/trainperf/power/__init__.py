@@ -222,6 +222,15 @@ def read_readings(path: Path) -> dict[str, list[tuple[int, int, float]]]:
     return out
 
 
+def _window(readings: list[tuple[int, float]], start_ms: float, stop_ms: float
+            ) -> tuple[list[tuple[int, float]], list[tuple[int, float]], list[tuple[int, float]]]:
+    """(the measurement window: the readings after start up to and including the first after stop; those
+    inside the timed region; those after it)."""
+    inside = [(t, w) for t, w in readings if start_ms < t <= stop_ms]
+    after = [(t, w) for t, w in readings if t > stop_ms]
+    return inside + after[:1], inside, after
+
+
 def window_energy(readings: list[tuple[int, float]], start_ms: float, stop_ms: float,
                   conversion_eff: float = 1.0) -> dict[str, Any]:
     """A source's energy over the timed region [start, stop] as the official summarizer computes a node's
@@ -229,9 +238,7 @@ def window_energy(readings: list[tuple[int, float]], start_ms: float, stop_ms: f
     or after `stop`; each reading in it counts its watts times the time since the one before (the first, since
     `start`); the sum is scaled by (stop - start) / window, times the log's conversion efficiency. With the
     sampling facts the rules ask about (a gap counts up to `stop` when no reading follows it)."""
-    inside = [(t, w) for t, w in readings if start_ms < t <= stop_ms]
-    after = [(t, w) for t, w in readings if t > stop_ms]
-    window = inside + after[:1]
+    window, inside, after = _window(readings, start_ms, stop_ms)
     if not window:
         return {"energy_j": None, "average_w": None, "samples": 0, "max_gap_s": None, "meets_sampling_rules": False,
                 "window_ms": None}
@@ -262,10 +269,10 @@ def _timed_region(log: Path) -> tuple[float, float] | None:
     return float(start["time_ms"]), float(stop["time_ms"])
 
 
-def official_log(readings: list[tuple[int, float]], start_ms: float, stop_ms: float, host: str,
-                 measurement_type: str = "AC", conversion_eff: float = 1.0) -> str:
-    """A node's power log, written by the official package's logger (mllog): what the summarizer reads."""
-    from mlperf_logging.mllog import constants, mllog
+@contextlib.contextmanager
+def _power_log(host: str) -> Iterator[tuple[Any, io.StringIO]]:
+    """The official package's logger (mllog) writing into a string: (its MLLogger, the text)."""
+    from mlperf_logging.mllog import mllog
 
     text = io.StringIO()
     logger = logging.getLogger(f"trainperf.power.{host}.{id(text)}")
@@ -274,42 +281,39 @@ def official_log(readings: list[tuple[int, float]], start_ms: float, stop_ms: fl
     handler = logging.StreamHandler(text)
     logger.addHandler(handler)
     try:
-        out = mllog.MLLogger(logger=logger)
-        inside = [(t, w) for t, w in readings if start_ms < t <= stop_ms]
-        after = [(t, w) for t, w in readings if t > stop_ms]
-        window = inside + after[:1]
-        end = window[-1][0] if window else stop_ms
+        yield mllog.MLLogger(logger=logger), text
+    finally:
+        logger.removeHandler(handler)
+
+
+def official_log(readings: list[tuple[int, float]], start_ms: float, stop_ms: float, host: str,
+                 measurement_type: str = "AC", conversion_eff: float = 1.0) -> str:
+    """A node's power log, written by the official package's logger (mllog): what the summarizer reads."""
+    from mlperf_logging.mllog import constants
+
+    window = _window(readings, start_ms, stop_ms)[0]
+    end = window[-1][0] if window else stop_ms
+    with _power_log(host) as (out, text):
         out.start(key=constants.POWER_MEASUREMENT_START, time_ms=round(start_ms), metadata={"host": host})
         out.event(key=constants.CONVERTION_EFF, value=conversion_eff, time_ms=round(start_ms),
                   metadata={"host": host, "measurement_type": measurement_type})
         for t, w in window:
             out.event(key=constants.POWER_READING, value=w, time_ms=t, metadata={"host": host})
         out.end(key=constants.POWER_MEASUREMENT_STOP, time_ms=round(end), metadata={"host": host})
-    finally:
-        logger.removeHandler(handler)
     return text.getvalue()
 
 
 def interconnect_log(watts: float, start_ms: float, stop_ms: float, host: str = "sw_0") -> str:
     """The interconnect's estimate (`interconnect_power_est`, watts), which the summarizer multiplies by the
     time to train."""
-    from mlperf_logging.mllog import constants, mllog
+    from mlperf_logging.mllog import constants
 
-    text = io.StringIO()
-    logger = logging.getLogger(f"trainperf.power.{host}.{id(text)}")
-    logger.propagate = False
-    logger.setLevel(logging.INFO)
-    handler = logging.StreamHandler(text)
-    logger.addHandler(handler)
-    try:
-        out = mllog.MLLogger(logger=logger)
+    with _power_log(host) as (out, text):
         out.start(key=constants.POWER_MEASUREMENT_START, time_ms=round(start_ms), metadata={"host": host})
         out.event(key=constants.CONVERTION_EFF, value=1.0, time_ms=round(start_ms), metadata={"host": host})
         out.event(key=constants.INTERCONNECT_POWER_EST, value=watts, time_ms=round(start_ms),
                   metadata={"host": host})
         out.end(key=constants.POWER_MEASUREMENT_STOP, time_ms=round(stop_ms), metadata={"host": host})
-    finally:
-        logger.removeHandler(handler)
     return text.getvalue()
 
 
