@@ -651,6 +651,72 @@ def _read_lora_base(path: Path) -> object:
     return model
 
 
+# A DeepSeek-V3 of two blocks (a dense one, an MoE one of 4 experts and a shared one), FP8 routed experts with
+# block scales as deepseek-ai publishes them.
+_DEEPSEEK_CONFIG = {
+    "model_type": "deepseek_v3", "num_hidden_layers": 2, "hidden_size": 16, "vocab_size": 24,
+    "num_attention_heads": 2, "q_lora_rank": 8, "kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4,
+    "v_head_dim": 4, "first_k_dense_replace": 1, "intermediate_size": 32, "n_routed_experts": 4,
+    "num_experts_per_tok": 2, "moe_intermediate_size": 8, "n_shared_experts": 1, "n_group": 2, "topk_group": 1,
+    "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 0, "rms_norm_eps": 1e-6,
+    "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 8, "beta_fast": 32,
+                     "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}, "rope_theta": 10000.0,
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                            "weight_block_size": [8, 8]}}
+
+
+@cache
+def _deepseek_config() -> bytes:
+    return json.dumps(_DEEPSEEK_CONFIG, indent=1).encode()
+
+
+def _read_deepseek_config(path: Path) -> object:
+    from trainperf.workloads.common.llm.hf_deepseek import read_deepseek_config
+
+    return read_deepseek_config(path.parent)
+
+
+@cache
+def _deepseek_shard() -> bytes:
+    import types
+
+    import torch
+    from safetensors.torch import save
+
+    from trainperf.workloads.common.llm.hf_deepseek import DeepSeekCheckpoint, read_deepseek_config
+    from trainperf.workloads.common.llm.moe_model import MoETransformer
+
+    folder = Path(tempfile.mkdtemp())
+    (folder / "config.json").write_bytes(_deepseek_config())
+    config = read_deepseek_config(folder)
+    with torch.device("meta"):
+        shapes = {n: tuple(t.shape) for n, t in MoETransformer(config, 8).state_dict().items()}
+    gen = torch.Generator().manual_seed(0)
+    tensors = {}
+    for ours, theirs in DeepSeekCheckpoint.names(types.SimpleNamespace(config=config)):
+        shape = shapes[ours]
+        if ".experts." not in ours:
+            tensors[theirs] = torch.randn(shape, generator=gen)
+            continue
+        for e in range(shape[0]):
+            name = theirs.replace(".experts.0.", f".experts.{e}.")
+            tensors[name] = torch.randn(shape[2], shape[1], generator=gen).to(torch.float8_e4m3fn)
+            tensors[name + "_scale_inv"] = torch.rand(-(-shape[2] // 8), -(-shape[1] // 8), generator=gen)
+    return save(tensors, metadata={"format": "pt"})
+
+
+def _read_deepseek_shard(path: Path) -> object:
+    from trainperf.workloads.common.llm.hf_deepseek import DeepSeekCheckpoint
+    from trainperf.workloads.common.llm.moe_model import MoETransformer
+
+    (path.parent / "config.json").write_bytes(_deepseek_config())
+    checkpoint = DeepSeekCheckpoint(path.parent)
+    checkpoint.check_headers()
+    model = MoETransformer(checkpoint.config, 8)
+    checkpoint.load_into(model)
+    return model
+
+
 @cache
 def _multi_hot_day() -> dict[str, bytes]:
     """A day of 6 rows in the reference's multi-hot layout: its three files' bytes."""
@@ -848,6 +914,10 @@ READERS: list[Reader] = [
            workloads=("llama2_70b_lora",), budget=0.5),
     Reader("hugging face safetensors checkpoint", "model.safetensors", _lora_base, _read_lora_base,
            workloads=("llama2_70b_lora",), budget=0.5),
+    Reader("deepseek-v3 hugging face config.json", "config.json", _deepseek_config, _read_deepseek_config,
+           workloads=("deepseekv3_671b",)),
+    Reader("deepseek-v3 safetensors checkpoint, fp8 experts", "model.safetensors", _deepseek_shard,
+           _read_deepseek_shard, workloads=("deepseekv3_671b",), budget=0.5),
     Reader("minigo target network", "target.pt", _minigo_network, _read_minigo_network, workloads=("minigo",)),
     Reader("flux.1 preprocessed arrow shard", "data-00000-of-00001.arrow", _flux_arrow, _read_flux_arrow,
            workloads=("flux1",), damaged=(("truncated shard", lambda: _flux_arrow()[:-40]),

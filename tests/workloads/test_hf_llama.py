@@ -298,7 +298,8 @@ def test_an_initial_checkpoint_of_another_model_is_refused_in_one_line(tmp_path)
         workload.check_assets(recipe, Assets(workload.assets(recipe, None)))
     moe = registry.get("gpt_oss_20b")
     moe_recipe = moe.recipe("mini").with_overrides([f"initial_checkpoint={tmp_path}"])
-    with pytest.raises(TrainperfError, match="gpt_oss_20b's model is not a Llama; only Llama checkpoints"):
+    with pytest.raises(TrainperfError, match="gpt_oss_20b's model is not DeepSeek-V3's; only Llama and DeepSeek-V3 "
+                                                       "checkpoints"):
         moe.check_assets(moe_recipe, Assets(moe.assets(moe_recipe, None)))
 
 

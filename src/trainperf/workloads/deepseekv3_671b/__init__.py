@@ -4,9 +4,8 @@ attention, 256 routed and 1 shared experts, top-8 of the best 4 of 8 groups, sig
 correction biases and a sequence-wise loss, one multi-token prediction layer) and its recipes.
 
 Full scale only. The reference continues training from a checkpoint that MLCommons gives its members only (a
-DeepSeek-V3 re-warmed for 50 steps with the Llama 3.1 tokenizer, in Hugging Face format, converted to
-Megatron's): trainperf has no reader for it, so a full run starts from random weights and cannot reach the
-target in the reference's ~47 steps; `bench`, `plan` and the closed-rules log are what it is for today."""
+DeepSeek-V3 re-warmed for 50 steps with the Llama 3.1 tokenizer, in Hugging Face format); the full recipes read
+it from `--data DIR`'s `checkpoint/` folder (common/llm/hf_deepseek.py), each process its shards and experts."""
 
 from __future__ import annotations
 

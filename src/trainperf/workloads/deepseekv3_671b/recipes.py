@@ -18,15 +18,21 @@ DEEPSEEK_V3 = MoEModelConfig(
     yarn_mscale_all_dim=1.0, dense_layers=3, ffn_dim=18_432, experts=256, top_k=8, expert_dim=2_048,
     shared_experts=1, scoring="sigmoid", groups=8, topk_groups=4, routed_scale=2.5, balance="sequence",
     aux_loss_coeff=0.01, bias_update_rate=1e-3, norm_eps=1e-6, init_std=0.006, mtp_layers=1)
-# MLPerf's (mlcommons/training llm_moe_pretraining/nemo on Megatron-Bridge 0.3.0): the same model continued
-# from a checkpoint re-warmed for the Llama 3.1 tokenizer (its vocabulary, 128,256), one multi-token
-# prediction layer at loss weight 0.1, the sequence-wise balancing loss at 0.01, bias updates at 1e-3.
-MLPERF_DEEPSEEK_V3 = dataclasses.replace(DEEPSEEK_V3, vocab_size=128_256)
+# MLPerf's (mlcommons/training llm_moe_pretraining/nemo on Megatron-Bridge 0.3.0): the same model, continued
+# from a checkpoint re-warmed for 50 steps with the Llama 3.1 tokenizer, one multi-token prediction layer at loss
+# weight 0.1, the sequence-wise balancing loss at 0.01, bias updates at 1e-3. Its embedding and output keep
+# DeepSeek-V3's 129,280 rows, of which the tokenizer's 128,256 are used: the recipe takes the vocabulary from
+# deepseek-ai/DeepSeek-V3's config (Megatron-Bridge v0.3.0 recipes/deepseek/deepseek_v3.py) and
+# `_validate_and_set_vocab_size` (training/setup.py) keeps a model vocabulary larger than the tokenizer's.
+MLPERF_DEEPSEEK_V3 = dataclasses.replace(DEEPSEEK_V3)
 
 
 DEEPSEEK_SEQ_LEN = 4_096
 DEEPSEEK_MAX_STEPS = 12_000
 DEEPSEEK_END_LR = 1e-8
+# The reference continues from MLCommons' DeepSeek-V3 re-warmed for the Llama 3.1 tokenizer: its Hugging Face
+# folder beside the data (`--data DIR` holds DIR/checkpoint/), read by common/llm/hf_deepseek.py.
+INITIAL_CHECKPOINT = "checkpoint"
 
 
 def _deepseek(gbs: int) -> MoERecipe:
@@ -45,7 +51,8 @@ def _deepseek(gbs: int) -> MoERecipe:
         eval_first_samples=gbs * math.floor(42 + 24_576 / gbs),
         max_grad_norm=1.0, model=MLPERF_DEEPSEEK_V3, seq_len=DEEPSEEK_SEQ_LEN, base_lr=base_lr,
         end_lr_fraction=DEEPSEEK_END_LR / base_lr, warmup_steps=4, max_steps=DEEPSEEK_MAX_STEPS, eps=1e-8,
-        precision="bf16", fused_optimizer=True, ep=64, checkpointing="full", meta_init=True)
+        precision="bf16", fused_optimizer=True, ep=64, checkpointing="full", meta_init=True,
+        initial_checkpoint=INITIAL_CHECKPOINT)
 
 
 DEEPSEEK_RECIPES = {r.name: r for r in (_deepseek(15_360), _deepseek(16_384), _deepseek(18_432))}

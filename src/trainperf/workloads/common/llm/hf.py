@@ -33,6 +33,7 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 DTYPES = {"torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16, "torch.float32": torch.float32,
           "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+FP8 = ("F8_E4M3",)
 
 
 # transformers' own default where a Llama config.json names no rotary base (the conversions of Llama 1 and 2).
@@ -142,12 +143,14 @@ def hf_names(config: LlamaConfig) -> Iterator[tuple[str, str]]:
     yield "output.weight", "lm_head.weight"
 
 
-class Checkpoint:
-    """The tensors of one checkpoint folder, by Hugging Face name, read lazily from their shards."""
+class Shards:
+    """The tensors of one Hugging Face checkpoint folder, by Hugging Face name, read lazily from their
+    safetensors shards; what every model family's reader shares. FP8 tensors stored with block scales (the
+    `weight_scale_inv` beside each weight, `quantization_config.weight_block_size` in config.json: DeepSeek's
+    own releases) are read as bf16, weight x scale per block, as DeepSeek's `fp8_cast_bf16.py` converts them."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, raw_config: dict[str, Any]) -> None:
         self.folder = folder
-        self.config = read_config(folder)
         index = folder / INDEX
         if index.is_file():
             try:
@@ -165,16 +168,7 @@ class Checkpoint:
         else:
             raise TrainperfError(f"{folder}: no {INDEX} nor {SINGLE} (a Hugging Face checkpoint folder)")
         self._open: dict[Path, Any] = {}
-
-    def require(self, model: LlamaConfig, ignored: tuple[str, ...] = ()) -> None:
-        """Refuse (one line naming config.json) a checkpoint of another model than `model`: every field but the
-        context it was trained at, the initialisation's scale and `ignored`."""
-        differ = [f"{f.name} {getattr(self.config, f.name)} in the checkpoint, {getattr(model, f.name)} in the recipe"
-                  for f in dataclasses.fields(model)
-                  if f.name not in ("rope_original_context", "init_std", *ignored)
-                  and getattr(self.config, f.name) != getattr(model, f.name)]
-        if differ:
-            raise TrainperfError(f"{self.folder / 'config.json'}: " + "; ".join(differ))
+        self.block = _fp8_block(raw_config, folder / "config.json")
 
     @staticmethod
     def _names(path: Path) -> list[str]:
@@ -201,23 +195,94 @@ class Checkpoint:
                                      f"{shown(str(exc), 200)})") from None
         return self._open[path]
 
-    def _tensor(self, name: str, shape: tuple[int, ...]) -> Any:
+    def _slice(self, name: str) -> Any:
         if name not in self.files:
             raise TrainperfError(f"{self.folder}: no tensor {name} in the checkpoint")
         handle = self._file(name)
         if name not in handle.keys():
             raise TrainperfError(f"{self.files[name]}: no tensor {name}, which {self.folder / INDEX} places there")
         try:
-            piece = handle.get_slice(name)
+            return handle.get_slice(name)
         except Exception as exc:  # safetensors' own error types
             raise TrainperfError(f"{self.files[name]}: {name}: {shown(str(exc), 200)}") from None
+
+    def _tensor(self, name: str, shape: tuple[int, ...]) -> Any:
+        """The lazy slice of tensor `name`, checked to be of `shape` and a float type (an FP8 one with its block
+        scales: read as bf16)."""
+        piece = self._slice(name)
         found = tuple(piece.get_shape())
         if found != shape:
             raise TrainperfError(f"{self.files[name]}: {name} has shape {list(found)}, the config says {list(shape)}")
-        dtype = DTYPES.get(piece.get_dtype())
-        if dtype is None:
-            raise TrainperfError(f"{self.files[name]}: {name} is {piece.get_dtype()}, expected BF16, F16 or F32")
+        kind = piece.get_dtype()
+        if kind in FP8:
+            scales = name.removesuffix(".weight") + ".weight_scale_inv"
+            if self.block is None or scales not in self.files:
+                raise TrainperfError(f"{self.files[name]}: {name} is {kind} without block scales ({scales} and "
+                                     "config.json's quantization_config.weight_block_size); expected BF16, F16 or "
+                                     "F32, or FP8 as DeepSeek publishes it")
+            blocks = tuple(-(-n // b) for n, b in zip(shape, self.block, strict=True))
+            return _BlockScaled(piece, self._tensor(scales, blocks), self.block)
+        if DTYPES.get(kind) is None:
+            raise TrainperfError(f"{self.files[name]}: {name} is {kind}, expected BF16, F16 or F32")
         return piece
+
+    def _vocabulary_rows(self, theirs: str, vocab: int, dim: int, where: tuple[slice, ...]) -> torch.Tensor:
+        """Rows of the embedding or output layer of a model whose vocabulary differs from the checkpoint's
+        `vocab`, as Megatron's shape-mismatch load gives them (what the MLPerf 405B reference does with Meta's
+        128,256 rows for the Mixtral tokenizer's padded 32,768): the checkpoint's first rows, zeros past its
+        vocabulary."""
+        piece = self._tensor(theirs, (vocab, dim))
+        rows, cols = where
+        width = len(range(dim)[cols])
+        out = torch.zeros(rows.stop - rows.start, width, dtype=DTYPES[piece.get_dtype()])
+        stop = min(rows.stop, vocab)
+        if stop > rows.start:
+            out[:stop - rows.start] = piece[rows.start:stop, cols]
+        return out
+
+
+class _BlockScaled:
+    """An FP8 tensor and its inverse scales, one per block of `block` rows x columns, sliced as one bf16 tensor."""
+
+    def __init__(self, piece: Any, scales: Any, block: tuple[int, int]) -> None:
+        self.piece, self.scales, self.block = piece, scales, block
+
+    def get_dtype(self) -> str:
+        return "BF16"
+
+    def get_shape(self) -> list[int]:
+        return list(self.piece.get_shape())
+
+    def __getitem__(self, where: tuple[slice, ...]) -> torch.Tensor:
+        ranges = [range(n)[s] for n, s in zip(self.get_shape(), where, strict=True)]
+        if not all(ranges):
+            return torch.empty([len(r) for r in ranges], dtype=torch.bfloat16)
+        first = [r.start // b for r, b in zip(ranges, self.block, strict=True)]
+        last = [(r.stop - 1) // b + 1 for r, b in zip(ranges, self.block, strict=True)]
+        scales = self.scales[tuple(slice(f, la) for f, la in zip(first, last, strict=True))].float()
+        for dim, b in enumerate(self.block):
+            scales = scales.repeat_interleave(b, dim=dim)
+        offset = [r.start - f * b for r, f, b in zip(ranges, first, self.block, strict=True)]
+        scales = scales[tuple(slice(o, o + len(r)) for o, r in zip(offset, ranges, strict=True))]
+        return (self.piece[tuple(where)].float() * scales).to(torch.bfloat16)
+
+
+class Checkpoint(Shards):
+    """A Llama's checkpoint folder: its config (`read_config`) and its tensors in this Llama's names."""
+
+    def __init__(self, folder: Path) -> None:
+        self.config = read_config(folder)
+        super().__init__(folder, read_json(folder / "config.json"))
+
+    def require(self, model: LlamaConfig, ignored: tuple[str, ...] = ()) -> None:
+        """Refuse (one line naming config.json) a checkpoint of another model than `model`: every field but the
+        context it was trained at, the initialisation's scale and `ignored`."""
+        differ = [f"{f.name} {getattr(self.config, f.name)} in the checkpoint, {getattr(model, f.name)} in the recipe"
+                  for f in dataclasses.fields(model)
+                  if f.name not in ("rope_original_context", "init_std", *ignored)
+                  and getattr(self.config, f.name) != getattr(model, f.name)]
+        if differ:
+            raise TrainperfError(f"{self.folder / 'config.json'}: " + "; ".join(differ))
 
     def check_headers(self) -> None:
         """Every base tensor the config implies is in its shard with its shape and a float dtype, read from
@@ -253,7 +318,7 @@ class Checkpoint:
             piece = self._tensor(fused, (q_rows + 2 * kv_rows, config.dim))
             start = {"q_proj": 0, "k_proj": q_rows, "v_proj": q_rows + kv_rows}[module]
         elif name in VOCABULARY_ROWS and shape[0] != config.vocab_size:
-            return self._vocabulary_rows(theirs, where)
+            return self._vocabulary_rows(theirs, config.vocab_size, config.dim, where)
         else:
             piece = self._tensor(theirs, shape)
         rows, rest = where[0], tuple(where[1:])
@@ -264,20 +329,6 @@ class Checkpoint:
             return _unpermute(whole, (last - first) // size)[rows.start - first:rows.stop - first]
         return piece[(slice(start + rows.start, start + rows.stop), *rest)]
 
-    def _vocabulary_rows(self, theirs: str, where: tuple[slice, ...]) -> torch.Tensor:
-        """Rows of the embedding or output layer of a model whose vocabulary differs from the checkpoint's, as
-        Megatron's shape-mismatch load gives them (what the MLPerf 405B reference does with Meta's 128,256 rows for
-        the Mixtral tokenizer's padded 32,768): the checkpoint's first rows, zeros past its vocabulary."""
-        config = self.config
-        piece = self._tensor(theirs, (config.vocab_size, config.dim))
-        rows, cols = where
-        width = len(range(config.dim)[cols])
-        out = torch.zeros(rows.stop - rows.start, width, dtype=DTYPES[piece.get_dtype()])
-        stop = min(rows.stop, config.vocab_size)
-        if stop > rows.start:
-            out[:stop - rows.start] = piece[rows.start:stop, cols]
-        return out
-
     def load_into(self, model: nn.Module) -> None:
         """Copy every base parameter of `model` (plain, or a DTensor shard: each process reads only the part
         its shard holds) from the checkpoint."""
@@ -285,16 +336,46 @@ class Checkpoint:
         for name, _ in hf_names(self.config):
             if name not in params:
                 raise TrainperfError(f"{self.folder}: the model has no parameter {name} (another shape?)")
-            param = params[name]
-            shape = tuple(param.shape)
-            with torch.no_grad():
-                if hasattr(param, "to_local"):
-                    local = param.to_local()
-                    where = _local_region(param)
-                    if local.numel():
-                        local.copy_(self.region(name, shape, where).to(local.dtype).view(local.shape))
-                else:
-                    param.copy_(self.full(name, shape))
+            copy_region(params[name], lambda shape, where, name=name: self.region(name, shape, where))
+
+
+def copy_region(param: torch.Tensor, read: Any) -> None:
+    """Fill `param` (plain, or a DTensor whose shard this process holds) with `read(global shape, where)`, the
+    part `where` (a slice per dimension) of the global tensor: each process reads only what it holds."""
+    shape = tuple(param.shape)
+    with torch.no_grad():
+        if hasattr(param, "to_local"):
+            local = param.to_local()
+            if local.numel():
+                local.copy_(read(shape, _local_region(param)).to(local.dtype).view(local.shape))
+        else:
+            param.copy_(read(shape, tuple(slice(0, n) for n in shape)))
+
+
+def _fp8_block(raw: dict[str, Any], path: Path) -> tuple[int, int] | None:
+    """The FP8 weights' block (rows, columns) config.json's quantization_config declares; None: not quantized."""
+    quantization = raw.get("quantization_config")
+    if not quantization:
+        return None
+    block = quantization.get("weight_block_size") if isinstance(quantization, dict) else None
+    if (quantization.get("quant_method") if isinstance(quantization, dict) else None) != "fp8" or not (
+            isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+        raise TrainperfError(f"{path}: quantization_config {shown(json.dumps(quantization), 120)}: only FP8 with "
+                             "a weight_block_size [rows, columns] (DeepSeek's release) is read")
+    return block[0], block[1]
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A config.json's object, or one line naming the file."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise TrainperfError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise TrainperfError(f"{path}: not JSON ({shown(str(exc), 200)})") from None
+    if not isinstance(raw, dict):
+        raise TrainperfError(f"{path}: not a JSON object")
+    return raw
 
 
 def _local_region(param: Any) -> tuple[slice, ...]:

@@ -389,6 +389,8 @@ class MoETransformer(ShardedModel):
     def __init__(self, config: MoEModelConfig, max_seq_len: int) -> None:
         super().__init__()
         self.config, self.max_seq_len = config, max_seq_len
+        # Where init_weights takes the weights from (a checkpoint with `load_into(model)`); None: drawn.
+        self.weights_source: Any = None
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.blocks = nn.ModuleList(MoEBlock(config, i) for i in range(config.layers))
         self.norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
@@ -421,11 +423,14 @@ class MoETransformer(ShardedModel):
     @torch.no_grad()
     def init_weights(self) -> None:
         """After a build on the meta device and `to_empty`: the rotary tables computed again where they live,
-        the weights drawn as reset_parameters draws them."""
+        the weights drawn as reset_parameters draws them, then read from the initial checkpoint if there is one
+        (each process its shards' parts; the routing statistics' buffers zeroed by the draw)."""
         cos, sin = rotary(self.config, self.max_seq_len, self.rope_cos.device)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
         self.reset_parameters()
+        if self.weights_source is not None:
+            self.weights_source.load_into(self)
 
     def shard_units(self) -> list[nn.Module]:
         """Sharded on its own by FSDP (runtime/fsdp.py): the multi-token prediction block, 11.6 B parameters

@@ -27,6 +27,7 @@ from trainperf.errors import TrainperfError, shown
 from trainperf.optim import kernels
 from trainperf.workloads.common.llm import data as llama_data
 from trainperf.workloads.common.llm import hf, synthetic
+from trainperf.workloads.common.llm.hf_deepseek import DeepSeekCheckpoint
 from trainperf.workloads.common.llm.model import Llama, LlamaConfig, next_token_loss, token_losses
 from trainperf.workloads.common.llm.moe import load_imbalance, update_corrections
 from trainperf.workloads.common.llm.moe_model import MoETransformer, moe_loss, moe_token_losses
@@ -105,16 +106,21 @@ class DecoderWorkload(Workload[R]):
         if checkpoint is not None:
             checkpoint.check_headers()
 
-    def _checkpoint(self, recipe: R, assets: Assets) -> hf.Checkpoint | None:
-        """The initial checkpoint the recipe names, its config held equal to the recipe's model (the context
-        it was trained at and the initialisation's scale aside; another vocabulary reads the overlapping rows,
-        as the MLPerf 405B reference's Megatron loads Meta's 128,256 rows for the Mixtral tokenizer's 32,768)."""
+    def _checkpoint(self, recipe: R, assets: Assets) -> Any:
+        """The initial checkpoint the recipe names (its reader: `load_into(model)`, `check_headers()`), its
+        config held equal to the recipe's model."""
         if "initial checkpoint" not in assets:
             return None
+        return self.read_checkpoint(recipe, assets["initial checkpoint"].parent)
+
+    def read_checkpoint(self, recipe: R, folder: Path) -> Any:
+        """A Llama's Hugging Face folder, held equal to the recipe's model but for the context it was trained at
+        and the initialisation's scale; another vocabulary reads the overlapping rows, as the MLPerf 405B
+        reference's Megatron loads Meta's 128,256 rows for the Mixtral tokenizer's 32,768."""
         if not isinstance(recipe.model, LlamaConfig):
             raise TrainperfError(f"recipe field initial_checkpoint={shown(recipe.initial_checkpoint, 80)!r}: "
-                                 f"{self.name}'s model is not a Llama; only Llama checkpoints are read so far")
-        checkpoint = hf.Checkpoint(assets["initial checkpoint"].parent)
+                                 f"{self.name}'s model is not a Llama")
+        checkpoint = hf.Checkpoint(folder)
         checkpoint.require(recipe.model, ignored=("vocab_size",))
         return checkpoint
 
@@ -189,9 +195,25 @@ class MoEWorkload(DecoderWorkload[MoERecipe]):
                          "MLPerf (it measures the graphable dispatch)")
         return notes
 
+    def read_checkpoint(self, recipe: MoERecipe, folder: Path) -> Any:
+        """A DeepSeek-V3 Hugging Face folder (latent attention), its architecture the recipe's model's, its
+        vocabulary too: the MLPerf reference's checkpoint was re-warmed for the Llama 3.1 tokenizer, so no rows
+        are mapped between vocabularies."""
+        if recipe.model.attention != "latent":
+            raise TrainperfError(f"recipe field initial_checkpoint={shown(recipe.initial_checkpoint, 80)!r}: "
+                                 f"{self.name}'s model is not DeepSeek-V3's; only Llama and DeepSeek-V3 "
+                                 "checkpoints are read so far")
+        checkpoint = DeepSeekCheckpoint(folder)
+        checkpoint.require(recipe.model)
+        return checkpoint
+
     def build(self, recipe: MoERecipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
-        self._checkpoint(recipe, assets)  # refuses one: no mixture-of-experts checkpoint is read yet
+        checkpoint = self._checkpoint(recipe, assets)
         model, optimizer = _model_and_adamw(MoETransformer, recipe, ctx)
+        if checkpoint is not None:
+            model.weights_source = checkpoint
+            if not recipe.meta_init:
+                checkpoint.load_into(model)
         rate = recipe.model.bias_update_rate
         return ModelParts(model=model, optimizer=optimizer, loss_fn=moe_loss,
                           lr_schedule=lambda steps: lr_factor(recipe), eval_forward=moe_token_losses,
