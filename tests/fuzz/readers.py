@@ -598,7 +598,7 @@ def _read_megatron(path: Path, beside: int) -> object:
     data.check_vocabulary(64)
     docs = [data.document(i) for i in range(len(data))]
     samples = indexed.Samples(data, 8, seed=1)
-    return docs, [samples.sample(0, i) for i in range(samples.per_epoch)]
+    return docs, [samples.sample(i) for i in range(len(samples))]
 
 
 @cache

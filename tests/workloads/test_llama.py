@@ -181,14 +181,17 @@ def test_samples_span_documents_and_share_their_boundary_token(tmp_path):
     data = indexed.IndexedDataset(prefix)
     stream = np.concatenate(docs)
     plain = indexed.Samples(data, 4, seed=0, shuffle=False)
-    assert plain.per_epoch == 11
-    for i in range(plain.per_epoch):
-        assert plain.sample(0, i).tolist() == stream[i * 4:i * 4 + 5].tolist()
+    assert len(plain) == plain.samples_per_epoch == 11
+    for i in range(len(plain)):
+        assert plain.sample(i).tolist() == stream[i * 4:i * 4 + 5].tolist()
     shuffled = indexed.Samples(data, 4, seed=5)
-    again = indexed.Samples(data, 4, seed=5)
-    first = [shuffled.sample(1, i).tolist() for i in range(11)]
-    assert first == [again.sample(1, i).tolist() for i in range(11)]  # a seed gives one order
-    assert first != [shuffled.sample(2, i).tolist() for i in range(11)]  # each epoch its own
+    first = [shuffled.sample(i).tolist() for i in range(11)]
+    assert first == [indexed.Samples(data, 4, seed=5).sample(i).tolist() for i in range(11)]  # a seed: one order
+    assert first != [indexed.Samples(data, 4, seed=6).sample(i).tolist() for i in range(11)]
+    # More samples than one pass holds: the passes' documents shuffled together, every sample whole.
+    longer = indexed.Samples(data, 4, seed=5, num_samples=40)
+    assert longer.epochs == 4 and len(longer) >= 40
+    assert all(longer.sample(i).size == 5 for i in range(len(longer)))
     with pytest.raises(TrainperfError, match="cannot make one sample"):
         indexed.Samples(data, 64, seed=0)
 
@@ -201,10 +204,11 @@ def test_a_blend_alternates_its_corpora_as_megatron_does_for_equal_weights(tmp_p
     indexed.write(tmp_path / "b" / "c", b_docs, np.dtype(np.uint16))
     b = indexed.Samples(indexed.IndexedDataset(tmp_path / "b" / "c"), 4, seed=0, shuffle=False)
     blend = indexed.Blend([a, b])
-    assert blend.per_epoch == 2 * min(a.per_epoch, b.per_epoch) == 8
-    assert [blend.sample(0, k).tolist() for k in range(4)] == [a.sample(0, 0).tolist(), b.sample(0, 0).tolist(),
-                                                              a.sample(0, 1).tolist(), b.sample(0, 1).tolist()]
-    assert indexed.Blend([a]).per_epoch == a.per_epoch
+    assert len(blend) == 2 * min(len(a), len(b)) == 8
+    assert [blend.sample(k).tolist() for k in range(4)] == [a.sample(0).tolist(), b.sample(0).tolist(),
+                                                           a.sample(1).tolist(), b.sample(1).tolist()]
+    assert len(indexed.Blend([a, b], size=6)) == 6
+    assert len(indexed.Blend([a])) == len(a)
 
 
 def test_the_mini_corpus_floor_and_baseline(tmp_path):
@@ -422,7 +426,9 @@ def test_the_405b_full_scale_blends_its_two_training_files(tmp_path, capsys):
     small = ["model.layers=1", "model.dim=64", "model.heads=4", "model.kv_heads=2", "model.ffn_dim=128",
              "model.vocab_size=512", "seq_len=32", "global_batch_size=4", "grad_accum_steps=1", "eval_samples=8",
              "eval_batch_size=4", "eval_every_samples=16", "eval_first_samples=16", "max_samples=32",
-             "num_workers=1", "precision=fp32", "fused_optimizer=false", "tp=1", "initial_checkpoint="]
+             "num_workers=1", "precision=fp32", "fused_optimizer=false", "tp=1", "initial_checkpoint=",
+             # the reference's sample counts at a toy size: 64 steps' training samples, the evaluated validation ones
+             "max_steps=64", "warmup_steps=2", "eval_dataset_samples=0"]
     out = tmp_path / "run"
     code = main(["run", "llama31_405b", "--scale", "full", "--data", str(tmp_path), "--out", str(out), "--quiet",
                  *[x for s in small for x in ("--set", s)]])

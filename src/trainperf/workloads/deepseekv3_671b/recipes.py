@@ -52,7 +52,10 @@ def _deepseek(gbs: int) -> MoERecipe:
         max_grad_norm=1.0, model=MLPERF_DEEPSEEK_V3, seq_len=DEEPSEEK_SEQ_LEN, base_lr=base_lr,
         end_lr_fraction=DEEPSEEK_END_LR / base_lr, warmup_steps=4, max_steps=DEEPSEEK_MAX_STEPS, eps=1e-8,
         precision="bf16", fused_optimizer=True, ep=64, checkpointing="full", meta_init=True,
-        initial_checkpoint=INITIAL_CHECKPOINT)
+        initial_checkpoint=INITIAL_CHECKPOINT,
+        # Megatron-Bridge's loaders.py asks Megatron-Core for train_iters x GBS training samples (its 100-step
+        # budget) and (train_iters // eval_interval + 1) x eval_iters x GBS validation ones (101 x GBS).
+        train_dataset_samples=100 * gbs, eval_dataset_samples=101 * gbs)
 
 
 DEEPSEEK_RECIPES = {r.name: r for r in (_deepseek(15_360), _deepseek(16_384), _deepseek(18_432))}

@@ -77,19 +77,23 @@ class C4(DataSource):
 class _Rows(torch.utils.data.Dataset):
     """One epoch's samples as a map-style dataset (DataLoader workers cut them in parallel)."""
 
-    def __init__(self, samples: indexed.Samples | indexed.Blend, epoch: int) -> None:
-        self.samples, self.epoch = samples, epoch
+    def __init__(self, samples: indexed.Samples | indexed.Blend, first: int) -> None:
+        self.samples, self.first = samples, first
 
     def __len__(self) -> int:
-        return self.samples.per_epoch
+        return len(self.samples)
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.from_numpy(self.samples.sample(self.epoch, i))
+        return torch.from_numpy(self.samples.sample((self.first + i) % len(self.samples)))
 
 
 class C4Pipeline:
-    """Training batches (this process's rows of each global batch, in the seed's order) and the evaluation
-    (the validation set's first `evaluated_samples` sequences, in file order, summed token losses)."""
+    """Training batches (this process's rows of each global batch) and the evaluation (the validation set's
+    first `evaluated_samples` sequences, summed token losses), both in the order the reference's Megatron-Core
+    `GPTDataset` gives for the run's seed (indexed.Samples): the training set asked for the schedule's samples
+    (max_steps x GBS; several files blended in equal shares as its BlendedDataset does), the validation set for
+    the recipe's `eval_dataset_samples`, shuffled or in file order as the reference builds it. The training
+    stream is read in order from its first sample, as Megatron's pretraining sampler reads it."""
 
     def __init__(self, recipe: LlamaRecipe, data_dir: Path, ctx: RuntimeContext, corpus: Corpus) -> None:
         self.recipe, self.ctx = recipe, ctx
@@ -97,14 +101,19 @@ class C4Pipeline:
         valid = indexed.IndexedDataset(data_dir / corpus.valid)
         for data in (*trains, valid):
             data.check_integers()
-        seed = ctx.stream_seed("samples")
-        vocab = recipe.model.vocab_size
-        self.train = indexed.Blend([indexed.Samples(data, recipe.seq_len, seed + 1_000_003 * j, vocab_size=vocab)
-                                    for j, data in enumerate(trains)])
-        self.valid = indexed.Samples(valid, recipe.seq_len, 0, shuffle=False, vocab_size=vocab)
-        if self.valid.per_epoch < recipe.evaluated_samples:
-            raise TrainperfError(f"{valid.bin_path}: {self.valid.per_epoch:,} sequences of {recipe.seq_len + 1:,} "
-                                 f"tokens, the evaluation needs {recipe.evaluated_samples:,}")
+        one_pass = (valid.total_tokens - 1) // recipe.seq_len
+        if one_pass < recipe.evaluated_samples:  # never an evaluation of repeated text
+            raise TrainperfError(f"{valid.bin_path}: {max(0, one_pass):,} sequences of {recipe.seq_len + 1:,} tokens, "
+                                 f"the evaluation needs {recipe.evaluated_samples:,}")
+        # Megatron-Core's `random_seed` is the run's seed (NeMo's and Megatron-Bridge's `seed`), one for every file.
+        seed, vocab = ctx.seed, recipe.model.vocab_size
+        size = recipe.train_dataset_size
+        share = indexed.blended_share(size, len(trains))
+        self.train = indexed.Blend([indexed.Samples(data, recipe.seq_len, seed, share, vocab_size=vocab)
+                                    for data in trains], size)
+        self.valid = indexed.Samples(valid, recipe.seq_len, seed,
+                                     recipe.eval_dataset_samples or recipe.evaluated_samples,
+                                     shuffle=recipe.eval_shuffle, vocab_size=vocab)
         self.steps_per_epoch = self.train.per_epoch // recipe.global_batch_size
         if self.steps_per_epoch < 1:
             raise TrainperfError(f"{trains[-1].bin_path}: {self.train.per_epoch:,} sequences, fewer than one global "
@@ -118,7 +127,8 @@ class C4Pipeline:
                 for step in range(self.steps_per_epoch) for j in range(per_rank)]
         batches = [rows[i:i + per_rank] for i in range(0, len(rows), per_rank)]
         cuda = ctx.device.type == "cuda"
-        loader = torch.utils.data.DataLoader(_Rows(self.train, view.epoch), batch_sampler=batches,
+        first = view.epoch * self.steps_per_epoch * recipe.global_batch_size
+        loader = torch.utils.data.DataLoader(_Rows(self.train, first), batch_sampler=batches,
                                              num_workers=recipe.num_workers, pin_memory=cuda,
                                              persistent_workers=False)
         for batch in loader:
@@ -129,7 +139,7 @@ class C4Pipeline:
         loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
         tokens = torch.zeros((), dtype=torch.float64, device=ctx.device)
         for rows, counted in lockstep_rows(ctx, recipe.evaluated_samples, recipe.eval_batch_size):
-            batch = torch.from_numpy(np.stack([self.valid.sample(0, i) for i in rows])).to(ctx.device)
+            batch = torch.from_numpy(np.stack([self.valid.sample(i) for i in rows])).to(ctx.device)
             if counted:
                 losses = forward(batch)
                 loss += losses.double().sum()

@@ -142,47 +142,79 @@ def write(prefix: Path, documents: list[np.ndarray], dtype: np.dtype) -> None:
 
 
 class Samples:
-    """Fixed-length training samples cut from a corpus as Megatron's GPT dataset cuts them: the
-    documents of each epoch in a shuffled order, concatenated, cut every `seq_len` tokens into samples of
-    seq_len + 1 (the last token is the next sample's first: the labels of the last position), the samples
-    then shuffled. The orders are drawn from `seed` and the epoch, so a seed gives one sequence of batches."""
+    """Fixed-length samples cut from a corpus exactly as Megatron-Core's `GPTDataset` cuts them (its
+    `_build_document_sample_shuffle_indices`, `helpers.cpp`'s `build_sample_idx`; the same seed gives the
+    same sequence of samples, tested against megatron-core itself):
 
-    def __init__(self, data: IndexedDataset, seq_len: int, seed: int, shuffle: bool = True,
-                 vocab_size: int | None = None) -> None:
+    - enough epochs of the corpus for `num_samples` samples of seq_len + 1 tokens (the last token is the next
+      sample's first: the labels of the last position), at least one;
+    - the document index: the corpus's documents once per epoch, shuffled together across the epochs by
+      `numpy.random.RandomState(seed)` (the final epoch shuffled on its own when fewer than 80 % of its samples
+      are asked for);
+    - the documents concatenated in that order, cut every seq_len tokens (the last partial sample dropped);
+    - the samples' order shuffled by the same random state (the samples of a separate final epoch on their own).
+
+    With `shuffle=False` the documents and samples stay in file order (Megatron built without its shuffles,
+    as the 405B reference's validation set is). Large indices are computed once and kept in trainperf's cache
+    (as Megatron keeps them beside the data), memory-mapped by every process that needs them."""
+
+    def __init__(self, data: IndexedDataset, seq_len: int, seed: int, num_samples: int | None = None,
+                 shuffle: bool = True, vocab_size: int | None = None) -> None:
         self.data, self.seq_len, self.seed, self.shuffle = data, seq_len, seed, shuffle
         self.vocab_size = vocab_size  # each sample's ids checked against it (a host-side max: no device read)
-        total = data.total_tokens
-        self.per_epoch = (total - 1) // seq_len if total > seq_len else 0
-        if self.per_epoch == 0:
-            raise TrainperfError(f"{data.bin_path}: {total:,} tokens cannot make one sample of {seq_len + 1:,}")
-        self._epoch: int | None = None
+        lengths = np.asarray(data.lengths)
+        tokens = int(lengths.sum(dtype=np.int64))
+        if tokens <= seq_len:
+            raise TrainperfError(f"{data.bin_path}: {tokens:,} tokens cannot make one sample of {seq_len + 1:,}")
+        # One pass over the corpus, and the passes the samples asked for need (Megatron's `_get_num_epochs`).
+        self.samples_per_epoch = (tokens - 1) // seq_len
+        self.epochs = 1 if num_samples is None else max(1, -(-(num_samples * seq_len + 1) // tokens))
+        self.requested = num_samples
+        self.documents, self.starts, self.order = _cached_indices(self, lengths, tokens)
+        self.per_epoch = int(self.starts.shape[0]) - 1
 
-    def _arrange(self, epoch: int) -> None:
-        if self._epoch == epoch:
-            return
-        rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(len(self.data)) if self.shuffle else np.arange(len(self.data))
-        lengths = self.data.lengths[order].astype(np.int64)
-        self._order, self._ends = order, np.cumsum(lengths)
-        self._samples = rng.permutation(self.per_epoch) if self.shuffle else np.arange(self.per_epoch)
-        self._epoch = epoch
+    def __len__(self) -> int:
+        return self.per_epoch
 
-    def sample(self, epoch: int, i: int) -> np.ndarray:
-        """The i-th sample of an epoch: seq_len + 1 token ids (int64)."""
-        self._arrange(epoch)
-        start = int(self._samples[i]) * self.seq_len
-        stop = start + self.seq_len + 1
-        out = np.empty(self.seq_len + 1, dtype=np.int64)
-        doc = int(np.searchsorted(self._ends, start, side="right"))
-        filled = 0
-        while filled < out.size:
-            doc_start = int(self._ends[doc - 1]) if doc else 0
-            tokens = self.data.document(int(self._order[doc]))
-            lo = start + filled - doc_start
-            take = min(out.size - filled, tokens.size - lo, stop - start - filled)
-            out[filled:filled + take] = tokens[lo:lo + take]
-            filled += take
-            doc += 1
+    def description(self) -> str:
+        """What the indices depend on (their cache's key)."""
+        return (f"GPTDataset indices v1: {self.data.idx_path.resolve()} ({self.data.idx_path.stat().st_size} bytes, "
+                f"{len(self.data)} documents), seq_len {self.seq_len}, seed {self.seed}, samples {self.requested}, "
+                f"shuffle {self.shuffle}")
+
+    def build(self, lengths: np.ndarray, tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(the document index, each sample's start as (position in the document index, offset), the sample
+        order), as megatron-core builds them."""
+        epochs, seq_len = self.epochs, self.seq_len
+        separate = False
+        if epochs > 1 and self.requested is not None:
+            before_final = ((epochs - 1) * tokens - 1) // seq_len
+            separate = self.requested - before_final < int(0.80 * self.samples_per_epoch)
+        state = np.random.RandomState(self.seed)
+        docs = np.arange(len(lengths), dtype=np.int32)
+        if separate:
+            # The 405B reference's no-shuffle patch (its mcore.patch on Megatron-Core 0.10) passes its switch to
+            # neither call here, so a separated final epoch shuffles the documents even of an unshuffled set.
+            documents = np.concatenate([_document_index(docs, epochs - 1, state, True),
+                                        _document_index(docs, 1, state, True)])
+        else:
+            documents = _document_index(docs, epochs, state, self.shuffle)
+        starts = _sample_index(lengths, documents, seq_len, (epochs * tokens - 1) // seq_len)
+        total = starts.shape[0] - 1
+        first = ((epochs - 1) * tokens - 1) // seq_len if separate else total
+        return documents, starts, _shuffle_index(first, total, state, self.shuffle)
+
+    def sample(self, i: int) -> np.ndarray:
+        """The i-th sample: seq_len + 1 token ids (int64)."""
+        k = int(self.order[i])
+        (begin, offset), (end, stop) = self.starts[k], self.starts[k + 1]
+        parts = []
+        for j in range(int(begin), int(end) + 1):
+            document = self.data.document(int(self.documents[j]))
+            lo = int(offset) if j == begin else 0
+            hi = int(stop) + 1 if j == end else document.size
+            parts.append(document[lo:hi])
+        out = np.concatenate(parts).astype(np.int64, copy=False)
         if self.vocab_size is not None and (int(out.max()) >= self.vocab_size or int(out.min()) < 0):
             # On the host, in the loader: an embedding indexed past its table is a device-side assert on a GPU.
             bad = int(out[(out >= self.vocab_size) | (out < 0)][0])
@@ -191,16 +223,102 @@ class Samples:
         return out
 
 
+def _document_index(docs: np.ndarray, epochs: int, state: np.random.RandomState, shuffle: bool) -> np.ndarray:
+    index = np.tile(docs, epochs).astype(np.int32)
+    if shuffle:
+        state.shuffle(index)
+    return index
+
+
+def _shuffle_index(first: int, total: int, state: np.random.RandomState, shuffle: bool) -> np.ndarray:
+    dtype = np.uint32 if total < np.iinfo(np.uint32).max - 1 else np.int64
+    head = np.arange(first, dtype=dtype)
+    if not shuffle:
+        return np.arange(total, dtype=dtype)
+    state.shuffle(head)
+    if first == total:
+        return head
+    tail = np.arange(first, total, dtype=dtype)
+    state.shuffle(tail)
+    return np.concatenate([head, tail])
+
+
+def _sample_index(lengths: np.ndarray, documents: np.ndarray, seq_len: int, samples: int) -> np.ndarray:
+    """Where each sample starts (and the last one ends), as (position in `documents`, token offset in that
+    document): sample k starts at token k x seq_len of the documents concatenated in that order. Computed a
+    chunk of the document index at a time (the full index is billions of tokens: never one array of them)."""
+    positions = np.arange(samples + 1, dtype=np.int64) * seq_len
+    out = np.empty((samples + 1, 2), dtype=np.int32 if max(len(documents), int(lengths.max())) < 2**31 else np.int64)
+    chunk, done, before = 1 << 22, 0, 0
+    for start in range(0, len(documents), chunk):
+        ends = np.cumsum(lengths[documents[start:start + chunk]], dtype=np.int64) + before
+        stop = int(np.searchsorted(positions, ends[-1], side="left"))
+        if stop > done:
+            where = np.searchsorted(ends, positions[done:stop], side="right")
+            out[done:stop, 0] = start + where
+            out[done:stop, 1] = positions[done:stop] - np.where(where > 0, ends[np.maximum(where - 1, 0)], before)
+            done = stop
+        before = int(ends[-1])
+    if done < samples + 1:  # the last boundary at the very end of the stream: the last document's last token
+        out[done:, 0] = len(documents) - 1
+        out[done:, 1] = int(lengths[documents[-1]]) - 1
+    return out
+
+
+# Indices of more entries than this are kept in the cache; smaller ones are cheaper to build than to read.
+CACHED_ENTRIES = 1 << 22
+
+
+def _cached_indices(samples: Samples, lengths: np.ndarray, tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The indices from trainperf's cache (memory-mapped), built there first if absent: by one process at a time
+    (a lock), so that the processes of a node build a large index once, as Megatron's rank 0 does."""
+    import fcntl
+    import hashlib
+
+    from trainperf.paths import cache_root
+
+    if samples.epochs * len(lengths) < CACHED_ENTRIES:
+        return samples.build(lengths, tokens)
+    description = samples.description()
+    folder = cache_root() / "megatron-indices" / hashlib.sha256(description.encode()).hexdigest()[:20]
+    names = ("document_index.npy", "sample_index.npy", "shuffle_index.npy")
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not all((folder / n).is_file() for n in names):
+            for name, array in zip(names, samples.build(lengths, tokens), strict=True):
+                with AtomicOutput(folder / name) as tmp:
+                    with open(tmp, "wb") as out:
+                        np.save(out, array)
+            with AtomicOutput(folder / "description.txt") as tmp:
+                Path(tmp).write_text(description + "\n", encoding="utf-8")
+    loaded = tuple(np.load(folder / n, mmap_mode="r") for n in names)
+    return loaded[0], loaded[1], loaded[2]
+
+
 class Blend:
     """Training samples drawn from several corpora in equal shares, as Megatron's BlendedDataset draws them
-    for equal weights: sample k of an epoch is sample k // n of corpus k % n. One corpus: its samples."""
+    for equal weights (`build_blending_indices`: sample k is sample k // n of corpus k % n), `size` of them (the
+    samples the run asks for; by default as many as the shortest corpus allows). One corpus: its samples."""
 
-    def __init__(self, parts: list[Samples]) -> None:
+    def __init__(self, parts: list[Samples], size: int | None = None) -> None:
         if not parts:
             raise ValueError("Blend: at least one corpus")  # a programming error in a declaration
         self.parts = parts
-        self.per_epoch = len(parts) * min(part.per_epoch for part in parts)
+        most = len(parts) * min(part.per_epoch for part in parts)
+        self.per_epoch = most if size is None or len(parts) == 1 else min(size, most)
 
-    def sample(self, epoch: int, i: int) -> np.ndarray:
+    def __len__(self) -> int:
+        return self.per_epoch
+
+    def sample(self, i: int) -> np.ndarray:
         n = len(self.parts)
-        return self.parts[i % n].sample(epoch, i // n)
+        return self.parts[i % n].sample(i // n)
+
+
+def blended_share(size: int, parts: int, surplus: float = 0.005) -> int:
+    """The samples Megatron's BlendedMegatronDatasetBuilder asks of each of `parts` equally weighted corpora for a
+    blend of `size`: ceil(ceil(size x weight) x (1 + surplus)), its mid-level surplus 0.5 % by default."""
+    import math
+
+    return size if parts == 1 else int(math.ceil(math.ceil(size * (1.0 / parts)) * (1 + surplus)))

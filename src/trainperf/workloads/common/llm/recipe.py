@@ -4,6 +4,7 @@ parallelism). Each workload's own recipes (its RCP points, its mini) live in its
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -20,6 +21,12 @@ EVAL_SAMPLES = 1_024
 SEQ_LEN = 8_192
 # A run's budget: 40 evaluations, 1.5x the slowest RCP run's samples to converge (319,488 at GBS 128).
 BUDGET_SAMPLES = 40 * EVAL_EVERY_SAMPLES
+
+
+def nemo_validation_samples(max_steps: int, gbs: int, check_interval: float, evaluated: int) -> int:
+    """The validation samples NeMo 2's pretraining data module asks Megatron-Core for (nemo/collections/llm/gpt/
+    data/pre_training.py): (max_steps // val_check_interval + 1) evaluations of ceil(evaluated / GBS) batches."""
+    return int((max_steps // check_interval + 1) * math.ceil(evaluated / gbs) * gbs)
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,15 @@ class LlamaRecipe(Recipe):
     # ceil(eval_tokens / GBS)` does (1,056 sequences at 8B's GBS 96, 6,912 at 405B's 2,304), eval_samples logged.
     eval_whole_batches: bool = False
     eval_batch_size: Count = 8
+    # The validation set as the reference's Megatron-Core builds it (indexed.Samples): the samples its dataset is
+    # asked for (they decide how many epochs the seeded order spans; 0: the evaluated samples), and whether its
+    # documents and samples are shuffled by the run's seed (False: file order, the 405B reference's patch).
+    # Every evaluation scores the first `evaluated_samples` of it.
+    eval_dataset_samples: int = 0
+    eval_shuffle: bool = True
+    # The training samples the reference asks Megatron-Core for (0: max_steps x GBS, NeMo's; DeepSeek-V3's
+    # Megatron-Bridge asks for its 100-step budget's).
+    train_dataset_samples: int = 0
     num_workers: int = 2  # DataLoader processes cutting samples from the memory-mapped corpus
     # Parallelism (contract/parallel.py FullyShard): tensor-parallel processes per block, activation
     # checkpointing of the blocks.
@@ -79,6 +95,12 @@ class LlamaRecipe(Recipe):
         if not self.eval_whole_batches:
             return self.eval_samples
         return -(-self.eval_samples // self.global_batch_size) * self.global_batch_size
+
+    @property
+    def train_dataset_size(self) -> int:
+        """The training samples the reference asks Megatron-Core for (they decide how many epochs its seeded order
+        spans): `train_dataset_samples`, by default the schedule's steps times the batch (NeMo's max_steps x GBS)."""
+        return self.train_dataset_samples or self.max_steps * self.global_batch_size
 
     @property
     def end_lr(self) -> float:
