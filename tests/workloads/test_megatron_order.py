@@ -53,9 +53,11 @@ def test_the_samples_are_megatron_gpt_dataset_s_for_the_same_seed(tmp_path, docu
 
 def test_a_large_index_is_built_once_and_read_from_the_cache(tmp_path, monkeypatch):
     """Past CACHED_ENTRIES the indices are written to trainperf's cache by the first process and memory-mapped
-    by every later one (Megatron keeps them beside the data): the same samples either way."""
+    by every later one (Megatron keeps them beside the data), their sample starts found a chunk of documents at
+    a time: the same samples either way, and megatron-core's."""
     monkeypatch.setenv("TRAINPERF_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(indexed, "CACHED_ENTRIES", 10)
+    monkeypatch.setattr(indexed, "INDEX_CHUNK", 7)  # the samples' starts found a few documents at a time
     rng = np.random.default_rng(0)
     indexed.write(tmp_path / "c", [rng.integers(1, 999, size=int(rng.integers(1, 40))) for _ in range(30)],
                   np.dtype(np.uint16))

@@ -243,25 +243,30 @@ def _shuffle_index(first: int, total: int, state: np.random.RandomState, shuffle
     return np.concatenate([head, tail])
 
 
+# Document-index entries summed at a time when the samples' starts are found.
+INDEX_CHUNK = 1 << 22
+
+
 def _sample_index(lengths: np.ndarray, documents: np.ndarray, seq_len: int, samples: int) -> np.ndarray:
     """Where each sample starts (and the last one ends), as (position in `documents`, token offset in that
     document): sample k starts at token k x seq_len of the documents concatenated in that order. Computed a
     chunk of the document index at a time (the full index is billions of tokens: never one array of them)."""
-    positions = np.arange(samples + 1, dtype=np.int64) * seq_len
-    out = np.empty((samples + 1, 2), dtype=np.int32 if max(len(documents), int(lengths.max())) < 2**31 else np.int64)
-    chunk, done, before = 1 << 22, 0, 0
+    wide = max(len(documents), int(lengths.max())) >= 2**31
+    out = np.empty((samples + 1, 2), dtype=np.int64 if wide else np.int32)
+    chunk, done, before = INDEX_CHUNK, 0, 0
     for start in range(0, len(documents), chunk):
         ends = np.cumsum(lengths[documents[start:start + chunk]], dtype=np.int64) + before
-        stop = int(np.searchsorted(positions, ends[-1], side="left"))
+        # The samples starting in this chunk's tokens [before, ends[-1]): k x seq_len for k from `done` on.
+        stop = min(samples + 1, int(-(-int(ends[-1]) // seq_len)))
         if stop > done:
-            where = np.searchsorted(ends, positions[done:stop], side="right")
+            positions = np.arange(done, stop, dtype=np.int64) * seq_len
+            where = np.searchsorted(ends, positions, side="right")
             out[done:stop, 0] = start + where
-            out[done:stop, 1] = positions[done:stop] - np.where(where > 0, ends[np.maximum(where - 1, 0)], before)
+            out[done:stop, 1] = positions - np.where(where > 0, ends[np.maximum(where - 1, 0)], before)
             done = stop
         before = int(ends[-1])
-    if done < samples + 1:  # the last boundary at the very end of the stream: the last document's last token
-        out[done:, 0] = len(documents) - 1
-        out[done:, 1] = int(lengths[documents[-1]]) - 1
+        if done == samples + 1:
+            break
     return out
 
 
