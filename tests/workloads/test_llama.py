@@ -428,7 +428,7 @@ def test_the_405b_full_scale_blends_its_two_training_files(tmp_path, capsys):
              "eval_batch_size=4", "eval_every_samples=16", "eval_first_samples=16", "max_samples=32",
              "num_workers=1", "precision=fp32", "fused_optimizer=false", "tp=1", "initial_checkpoint=",
              # the reference's sample counts at a toy size: 64 steps' training samples, the evaluated validation ones
-             "max_steps=64", "warmup_steps=2", "eval_dataset_samples=0"]
+             "max_steps=64", "warmup_steps=2", "eval_dataset=evaluated"]
     out = tmp_path / "run"
     code = main(["run", "llama31_405b", "--scale", "full", "--data", str(tmp_path), "--out", str(out), "--quiet",
                  *[x for s in small for x in ("--set", s)]])

@@ -33,15 +33,18 @@ def _theirs(prefix, seq_len: int, seed: int, num_samples: int | None) -> object:
     return core.GPTDataset(data, str(prefix), np.arange(len(data), dtype=np.int32), num_samples, Split.train, config)
 
 
-# (documents, sequence length, seed, samples asked for): one pass; one pass, fewer asked; 4 passes (the last
-# nearly whole); 3 passes, the last under 80 % (shuffled on its own); many passes of long sequences.
-CASES = [(50, 16, 1234, None), (50, 16, 7, 10), (40, 8, 3, 200), (40, 8, 3, 150), (30, 32, 99, 500)]
+# (documents, sequence length, seed, samples asked for, the shortest document): one pass; one pass, fewer
+# asked; 4 passes (the last nearly whole); 3 passes, the last under 80 % (shuffled on its own); many passes of
+# long sequences; empty documents among them.
+CASES = [(50, 16, 1234, None, 1), (50, 16, 7, 10, 1), (40, 8, 3, 200, 1), (40, 8, 3, 150, 1), (30, 32, 99, 500, 1),
+         (60, 8, 5, 300, 0)]
 
 
-@pytest.mark.parametrize(("documents", "seq_len", "seed", "asked"), CASES)
-def test_the_samples_are_megatron_gpt_dataset_s_for_the_same_seed(tmp_path, documents, seq_len, seed, asked):
+@pytest.mark.parametrize(("documents", "seq_len", "seed", "asked", "shortest"), CASES)
+def test_the_samples_are_megatron_gpt_dataset_s_for_the_same_seed(tmp_path, documents, seq_len, seed, asked,
+                                                                  shortest):
     rng = np.random.default_rng(seed)
-    docs = [rng.integers(1, 999, size=int(rng.integers(1, 3 * seq_len))) for _ in range(documents)]
+    docs = [rng.integers(1, 999, size=int(rng.integers(shortest, 3 * seq_len))) for _ in range(documents)]
     indexed.write(tmp_path / "c", docs, np.dtype(np.uint16))
     theirs = _theirs(tmp_path / "c", seq_len, seed, asked)
     ours = indexed.Samples(indexed.IndexedDataset(tmp_path / "c"), seq_len, seed, asked)
@@ -86,3 +89,19 @@ def test_a_blend_shares_and_alternates_as_megatron_s_builder(parts):
     helpers.build_blending_indices(dataset_index, sample_index, np.array([1.0 / parts] * parts), parts, 60, False)
     k = np.arange(60)
     assert (dataset_index == k % parts).all() and (sample_index == k // parts).all()
+
+
+def test_the_data_sets_sizes_follow_the_recipe_as_each_reference_derives_them():
+    """The samples each reference asks Megatron-Core for, from the recipe's own fields (a --set batch keeps
+    them the reference's): the 8B's NeMo validation size (102,401,024 at GBS 32), the 405B's (30,862,080 at
+    1,152, in file order), DeepSeek-V3's Megatron-Bridge sizes (100 and 101 batches), GPT-OSS's 1,024."""
+    from trainperf import registry
+
+    eight = registry.get("llama31_8b").recipe("full")
+    assert eight.with_overrides(["global_batch_size=32"]).eval_dataset_size == 102_401_024
+    assert registry.get("llama31_8b").full.recipes["gbs32"].train_dataset_size == 38_400_000
+    big = registry.get("llama31_405b").full.recipes["gbs1152"]
+    assert (big.eval_dataset_size, big.eval_shuffle, big.train_dataset_size) == (30_862_080, False, 1_382_400_000)
+    deepseek = registry.get("deepseekv3_671b").full.recipes["gbs16384"]
+    assert (deepseek.train_dataset_size, deepseek.eval_dataset_size) == (100 * 16_384, 101 * 16_384)
+    assert registry.get("gpt_oss_20b").full.recipes["gbs16"].eval_dataset_size == 1_024

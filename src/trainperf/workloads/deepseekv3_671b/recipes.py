@@ -55,7 +55,7 @@ def _deepseek(gbs: int) -> MoERecipe:
         initial_checkpoint=INITIAL_CHECKPOINT,
         # Megatron-Bridge's loaders.py asks Megatron-Core for train_iters x GBS training samples (its 100-step
         # budget) and (train_iters // eval_interval + 1) x eval_iters x GBS validation ones (101 x GBS).
-        train_dataset_samples=100 * gbs, eval_dataset_samples=101 * gbs)
+        train_dataset="budget", eval_dataset="bridge")
 
 
 DEEPSEEK_RECIPES = {r.name: r for r in (_deepseek(15_360), _deepseek(16_384), _deepseek(18_432))}

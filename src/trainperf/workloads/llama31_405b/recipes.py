@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from trainperf.workloads.common.llm.model import LlamaConfig
-from trainperf.workloads.common.llm.recipe import LlamaRecipe, nemo_validation_samples
+from trainperf.workloads.common.llm.recipe import LlamaRecipe
 
 LLAMA31_405B = LlamaConfig(layers=126, dim=16_384, heads=128, kv_heads=8, ffn_dim=53_248)
 # MLPerf's 405B: Meta's shape with the Mixtral 8x22B tokenizer's vocabulary, which NeMo pads to a multiple of
@@ -36,10 +36,8 @@ def _405b(gbs: int) -> LlamaRecipe:
         max_steps=math.ceil(1_200_000 * 1152 / gbs),
         eval_samples=5_760, precision="bf16", fused_optimizer=True, tp=8, checkpointing="full", meta_init=True,
         initial_checkpoint=INITIAL_CHECKPOINT, eval_whole_batches=True,
-        # The reference's validation set (pretrain_llama31.py: `val_check_interval` = its first evaluation's step,
-        # 18,432 x first / GBS) in file order: its mcore.patch turns Megatron-Core's validation shuffles off.
-        eval_dataset_samples=nemo_validation_samples(math.ceil(1_200_000 * 1152 / gbs), gbs, 18_432 * first / gbs,
-                                                     5_760), eval_shuffle=False)
+        # The reference's validation set in file order: its mcore.patch turns Megatron-Core's validation shuffles off.
+        eval_dataset="nemo_405b", eval_shuffle=False)
 
 
 FULL_405B = {r.name: r for r in (_405b(1152), _405b(2304), _405b(4608))}

@@ -6,21 +6,7 @@ from __future__ import annotations
 import math
 
 from trainperf.workloads.common.llm.model import LlamaConfig
-from trainperf.workloads.common.llm.recipe import (
-    BUDGET_SAMPLES,
-    EVAL_EVERY_SAMPLES,
-    EVAL_SAMPLES,
-    MAX_STEPS,
-    LlamaRecipe,
-    nemo_validation_samples,
-)
-
-
-def validation_samples(max_steps: int, gbs: int, eval_every_samples: int, evaluated: int) -> int:
-    """The validation samples the 8B reference asks Megatron-Core for (small_llm_pretraining/nemo
-    pretrain_llama31.py: `val_check_interval` = its evaluation interval in steps, ceil(samples / GBS), divided by
-    GBS once more), shuffled by the seed: each evaluation scores the first of them."""
-    return nemo_validation_samples(max_steps, gbs, math.ceil(eval_every_samples / gbs) / gbs, evaluated)
+from trainperf.workloads.common.llm.recipe import BUDGET_SAMPLES, EVAL_EVERY_SAMPLES, LlamaRecipe
 
 
 def _rcp(gbs: int, lr: float, warmup_samples: int, accum: int) -> LlamaRecipe:
@@ -30,7 +16,7 @@ def _rcp(gbs: int, lr: float, warmup_samples: int, accum: int) -> LlamaRecipe:
                        max_samples=BUDGET_SAMPLES,
                        max_grad_norm=1.0, base_lr=lr, warmup_steps=math.ceil(warmup_samples / gbs),
                        precision="bf16", fused_optimizer=True, eval_whole_batches=True,
-                       eval_dataset_samples=validation_samples(MAX_STEPS, gbs, EVAL_EVERY_SAMPLES, EVAL_SAMPLES))
+                       eval_dataset="nemo_8b")
 
 
 FULL_RECIPES = {r.name: r for r in (
@@ -45,4 +31,4 @@ MINI = LlamaRecipe(
     model=LlamaConfig(layers=2, dim=128, heads=4, kv_heads=2, ffn_dim=384, vocab_size=64,
                       rope_original_context=256),
     seq_len=256, base_lr=3e-3, warmup_steps=16, max_steps=1_600, eval_samples=128, eval_batch_size=32,
-    eval_dataset_samples=validation_samples(1_600, 16, 1_024, 128), num_workers=0)
+    eval_dataset="nemo_8b", num_workers=0)

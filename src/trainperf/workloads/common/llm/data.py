@@ -87,12 +87,28 @@ class _Rows(torch.utils.data.Dataset):
         return torch.from_numpy(self.samples.sample((self.first + i) % len(self.samples)))
 
 
+class _StepRows:
+    """This process's rows of each step's global batch, made as the steps come (the stream the references ask
+    for holds max_steps x GBS samples: 1.2 M steps' worth, never listed whole)."""
+
+    def __init__(self, steps: int, gbs: int, offset: int, rows: int) -> None:
+        self.steps, self.gbs, self.offset, self.rows = steps, gbs, offset, rows
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for step in range(self.steps):
+            start = step * self.gbs + self.offset
+            yield list(range(start, start + self.rows))
+
+
 class C4Pipeline:
     """Training batches (this process's rows of each global batch) and the evaluation (the validation set's
     first `evaluated_samples` sequences, summed token losses), both in the order the reference's Megatron-Core
     `GPTDataset` gives for the run's seed (indexed.Samples): the training set asked for the schedule's samples
     (max_steps x GBS; several files blended in equal shares as its BlendedDataset does), the validation set for
-    the recipe's `eval_dataset_samples`, shuffled or in file order as the reference builds it. The training
+    the recipe's `eval_dataset_size`, shuffled or in file order as the reference builds it. The training
     stream is read in order from its first sample, as Megatron's pretraining sampler reads it."""
 
     def __init__(self, recipe: LlamaRecipe, data_dir: Path, ctx: RuntimeContext, corpus: Corpus) -> None:
@@ -102,7 +118,7 @@ class C4Pipeline:
         for data in (*trains, valid):
             data.check_integers()
         one_pass = (valid.total_tokens - 1) // recipe.seq_len
-        if one_pass < recipe.evaluated_samples:  # never an evaluation of repeated text
+        if one_pass < recipe.evaluated_samples:  # one pass must hold an evaluation's sequences
             raise TrainperfError(f"{valid.bin_path}: {max(0, one_pass):,} sequences of {recipe.seq_len + 1:,} tokens, "
                                  f"the evaluation needs {recipe.evaluated_samples:,}")
         # Megatron-Core's `random_seed` is the run's seed (NeMo's and Megatron-Bridge's `seed`), one for every file.
@@ -111,8 +127,7 @@ class C4Pipeline:
         share = indexed.blended_share(size, len(trains))
         self.train = indexed.Blend([indexed.Samples(data, recipe.seq_len, seed, share, vocab_size=vocab)
                                     for data in trains], size)
-        self.valid = indexed.Samples(valid, recipe.seq_len, seed,
-                                     recipe.eval_dataset_samples or recipe.evaluated_samples,
+        self.valid = indexed.Samples(valid, recipe.seq_len, seed, recipe.eval_dataset_size,
                                      shuffle=recipe.eval_shuffle, vocab_size=vocab)
         self.steps_per_epoch = self.train.per_epoch // recipe.global_batch_size
         if self.steps_per_epoch < 1:
@@ -123,9 +138,7 @@ class C4Pipeline:
         recipe, ctx = self.recipe, self.ctx
         # By data shard: the processes of a tensor-parallel group read the same rows.
         per_rank = ctx.batch_share(recipe.global_batch_size)
-        rows = [step * recipe.global_batch_size + ctx.data_rank * per_rank + j
-                for step in range(self.steps_per_epoch) for j in range(per_rank)]
-        batches = [rows[i:i + per_rank] for i in range(0, len(rows), per_rank)]
+        batches = _StepRows(self.steps_per_epoch, recipe.global_batch_size, ctx.data_rank * per_rank, per_rank)
         cuda = ctx.device.type == "cuda"
         first = view.epoch * self.steps_per_epoch * recipe.global_batch_size
         loader = torch.utils.data.DataLoader(_Rows(self.train, first), batch_sampler=batches,

@@ -161,8 +161,8 @@ class Shards:
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise TrainperfError(f"{index}: not a safetensors index ({type(exc).__name__})") from None
             if bad:
-                raise TrainperfError(f"{index}: {bad[0]} maps to {weight_map[bad[0]]!r}, expected a shard's file "
-                                     "name in this folder")
+                raise TrainperfError(f"{index}: {shown(bad[0], 80)!r} maps to {shown(str(weight_map[bad[0]]), 80)!r}, "
+                                     "expected a shard's file name in this folder")
         elif (folder / SINGLE).is_file():
             self.files = {name: folder / SINGLE for name in self._names(folder / SINGLE)}
         else:
@@ -216,6 +216,9 @@ class Shards:
         kind = piece.get_dtype()
         if kind in FP8:
             scales = name.removesuffix(".weight") + ".weight_scale_inv"
+            if len(shape) != 2:
+                raise TrainperfError(f"{self.files[name]}: {name} is {kind} of {len(shape)} dimensions; block scales "
+                                     "are read for matrices only")
             if self.block is None or scales not in self.files:
                 raise TrainperfError(f"{self.files[name]}: {name} is {kind} without block scales ({scales} and "
                                      "config.json's quantization_config.weight_block_size); expected BF16, F16 or "

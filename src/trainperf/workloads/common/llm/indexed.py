@@ -177,10 +177,16 @@ class Samples:
         return self.per_epoch
 
     def description(self) -> str:
-        """What the indices depend on (their cache's key)."""
-        return (f"GPTDataset indices v1: {self.data.idx_path.resolve()} ({self.data.idx_path.stat().st_size} bytes, "
-                f"{len(self.data)} documents), seq_len {self.seq_len}, seed {self.seed}, samples {self.requested}, "
-                f"shuffle {self.shuffle}")
+        """What the indices depend on (their cache's key): the corpus (its files' sizes and times, a digest of
+        its documents' lengths, so that a corpus prepared again in place is never read with another's order),
+        the sequence length, the seed, the samples asked for, the shuffles."""
+        import hashlib
+
+        files = ", ".join(f"{path.resolve()} {path.stat().st_size} bytes, modified {path.stat().st_mtime_ns} ns"
+                          for path in (self.data.idx_path, self.data.bin_path))
+        lengths = hashlib.sha256(np.ascontiguousarray(self.data.lengths).tobytes()).hexdigest()[:16]
+        return (f"GPTDataset indices v1: {files}; {len(self.data)} documents, lengths {lengths}; seq_len "
+                f"{self.seq_len}, seed {self.seed}, samples {self.requested}, shuffle {self.shuffle}")
 
     def build(self, lengths: np.ndarray, tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(the document index, each sample's start as (position in the document index, offset), the sample
@@ -224,7 +230,7 @@ class Samples:
 
 
 def _document_index(docs: np.ndarray, epochs: int, state: np.random.RandomState, shuffle: bool) -> np.ndarray:
-    index = np.tile(docs, epochs).astype(np.int32)
+    index = np.tile(docs, epochs)  # int32 as `docs` (no second copy: the index can be billions of entries)
     if shuffle:
         state.shuffle(index)
     return index
@@ -267,6 +273,8 @@ def _sample_index(lengths: np.ndarray, documents: np.ndarray, seq_len: int, samp
         before = int(ends[-1])
         if done == samples + 1:
             break
+    if done != samples + 1:  # the caller asks for the samples the tokens hold: never an unset row
+        raise ValueError(f"_sample_index: {samples + 1} starts asked, {done} found")
     return out
 
 
@@ -287,17 +295,23 @@ def _cached_indices(samples: Samples, lengths: np.ndarray, tokens: int) -> tuple
     description = samples.description()
     folder = cache_root() / "megatron-indices" / hashlib.sha256(description.encode()).hexdigest()[:20]
     names = ("document_index.npy", "sample_index.npy", "shuffle_index.npy")
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not all((folder / n).is_file() for n in names):
-            for name, array in zip(names, samples.build(lengths, tokens), strict=True):
-                with AtomicOutput(folder / name) as tmp:
-                    with open(tmp, "wb") as out:
-                        np.save(out, array)
-            with AtomicOutput(folder / "description.txt") as tmp:
-                Path(tmp).write_text(description + "\n", encoding="utf-8")
-    loaded = tuple(np.load(folder / n, mmap_mode="r") for n in names)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not all((folder / n).is_file() for n in names):
+                for name, array in zip(names, samples.build(lengths, tokens), strict=True):
+                    with AtomicOutput(folder / name) as tmp:
+                        with open(tmp, "wb") as out:
+                            np.save(out, array)
+                with AtomicOutput(folder / "description.txt") as tmp:
+                    Path(tmp).write_text(description + "\n", encoding="utf-8")
+        loaded = tuple(np.load(folder / n, mmap_mode="r") for n in names)
+    except OSError as exc:
+        entries = samples.epochs * len(lengths)
+        raise TrainperfError(f"{folder}: cannot keep the sample order of {samples.data.bin_path} there "
+                             f"({exc.strerror or exc}; about {entries * 4 / 2**30:,.1f} GiB of document index; "
+                             "TRAINPERF_CACHE names another folder)") from None
     return loaded[0], loaded[1], loaded[2]
 
 

@@ -21,6 +21,8 @@ EVAL_SAMPLES = 1_024
 SEQ_LEN = 8_192
 # A run's budget: 40 evaluations, 1.5x the slowest RCP run's samples to converge (319,488 at GBS 128).
 BUDGET_SAMPLES = 40 * EVAL_EVERY_SAMPLES
+TRAIN_DATASET_RULES = ("schedule", "budget")
+EVAL_DATASET_RULES = ("evaluated", "nemo_8b", "nemo_405b", "bridge")
 
 
 def nemo_validation_samples(max_steps: int, gbs: int, check_interval: float, evaluated: int) -> int:
@@ -34,7 +36,9 @@ class LlamaRecipe(Recipe):
     LR_FIELDS: ClassVar[tuple[str, ...]] = ("base_lr",)
     STEP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
     WARMUP_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_steps",)
-    CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"checkpointing": CHECKPOINTING}
+    CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"checkpointing": CHECKPOINTING,
+                                                     "train_dataset": TRAIN_DATASET_RULES,
+                                                     "eval_dataset": EVAL_DATASET_RULES}
     model: LlamaConfig = field(default_factory=lambda: LLAMA31_8B)
     seq_len: Count = SEQ_LEN
     base_lr: Positive = 4e-4
@@ -50,15 +54,14 @@ class LlamaRecipe(Recipe):
     # ceil(eval_tokens / GBS)` does (1,056 sequences at 8B's GBS 96, 6,912 at 405B's 2,304), eval_samples logged.
     eval_whole_batches: bool = False
     eval_batch_size: Count = 8
-    # The validation set as the reference's Megatron-Core builds it (indexed.Samples): the samples its dataset is
-    # asked for (they decide how many epochs the seeded order spans; 0: the evaluated samples), and whether its
-    # documents and samples are shuffled by the run's seed (False: file order, the 405B reference's patch).
-    # Every evaluation scores the first `evaluated_samples` of it.
-    eval_dataset_samples: int = 0
+    # The data sets as the reference's Megatron-Core builds them (indexed.Samples): how many samples it is asked
+    # for (that decides how many passes its seeded order spans) and whether the validation set is shuffled by the
+    # run's seed (False: file order, the 405B reference's patch). Every evaluation scores the validation set's
+    # first `evaluated_samples`. The sizes follow the recipe's other fields (a --set batch keeps them the
+    # reference's): DATASET_RULES says how each reference derives them.
+    train_dataset: str = "schedule"
+    eval_dataset: str = "evaluated"
     eval_shuffle: bool = True
-    # The training samples the reference asks Megatron-Core for (0: max_steps x GBS, NeMo's; DeepSeek-V3's
-    # Megatron-Bridge asks for its 100-step budget's).
-    train_dataset_samples: int = 0
     num_workers: int = 2  # DataLoader processes cutting samples from the memory-mapped corpus
     # Parallelism (contract/parallel.py FullyShard): tensor-parallel processes per block, activation
     # checkpointing of the blocks.
@@ -98,9 +101,31 @@ class LlamaRecipe(Recipe):
 
     @property
     def train_dataset_size(self) -> int:
-        """The training samples the reference asks Megatron-Core for (they decide how many epochs its seeded order
-        spans): `train_dataset_samples`, by default the schedule's steps times the batch (NeMo's max_steps x GBS)."""
-        return self.train_dataset_samples or self.max_steps * self.global_batch_size
+        """The training samples the reference asks Megatron-Core for: "schedule", the schedule's steps times the
+        batch (NeMo's max_steps x GBS); "budget", the run's budget (Megatron-Bridge's train_iters x GBS, DeepSeek-V3's
+        100 steps)."""
+        if self.train_dataset == "budget" and self.max_samples:
+            return self.max_samples
+        return self.max_steps * self.global_batch_size
+
+    @property
+    def eval_dataset_size(self) -> int:
+        """The validation samples the reference asks Megatron-Core for:
+        - "evaluated": those an evaluation scores (Primus's patch for GPT-OSS: eval_iters x GBS);
+        - "nemo_8b": NeMo's (max_steps // val_check_interval + 1) x ceil(eval_samples / GBS) x GBS, where the 8B's
+          pretrain_llama31.py sets val_check_interval to its interval in steps divided by GBS once more;
+        - "nemo_405b": the same with the 405B's val_check_interval, its first evaluation's step (pretrain_llama31.py);
+        - "bridge": Megatron-Bridge's (train_iters // eval_interval + 1) x eval_iters x GBS, evaluating every step
+          of a budget of train_iters = max_samples / GBS steps, one batch each (DeepSeek-V3's loaders.py)."""
+        gbs = self.global_batch_size
+        if self.eval_dataset == "nemo_8b":
+            return nemo_validation_samples(self.max_steps, gbs, math.ceil(self.eval_every_samples / gbs) / gbs,
+                                           self.eval_samples)
+        if self.eval_dataset == "nemo_405b":
+            return nemo_validation_samples(self.max_steps, gbs, self.eval_first_samples / gbs, self.eval_samples)
+        if self.eval_dataset == "bridge":
+            return (self.max_samples // gbs + 1) * gbs
+        return self.evaluated_samples
 
     @property
     def end_lr(self) -> float:
@@ -109,7 +134,7 @@ class LlamaRecipe(Recipe):
 
 @dataclass(frozen=True)
 class MoERecipe(LlamaRecipe):
-    CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = {"checkpointing": CHECKPOINTING}
+    CHOICES: ClassVar[dict[str, tuple[Any, ...]]] = LlamaRecipe.CHOICES
     model: MoEModelConfig = field(default_factory=lambda: GPT_OSS_20B)  # type: ignore[assignment]
     # Expert parallelism: the processes each layer's experts are split over (adjacent ranks, a divisor of
     # the data-parallel processes; the rest of the model fully sharded over all of them).
