@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.workloads.test_moe_peers import randomised_deepseek
 from trainperf.errors import TrainperfError
 from trainperf.workloads.common.llm import hf
 from trainperf.workloads.common.llm.hf_deepseek import DeepSeekCheckpoint, read_deepseek_config
@@ -38,19 +39,6 @@ def _config(layers: int) -> object:
                          "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "rope_theta": 10_000.0})
 
 
-def _randomised(model: torch.nn.Module) -> torch.nn.Module:
-    with torch.no_grad():  # transformers starts norms and biases at constants: other values, so that they count
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(std=0.1)
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.normal_(std=0.05)
-    return model.eval()
-
-
 def _write(folder: Path, shard: str = "60KB") -> tuple[torch.nn.Module, torch.nn.Module, dict[str, torch.Tensor]]:
     """A DeepSeek-V3 of LAYERS blocks as transformers saves it (sharded, indexed), plus the multi-token prediction
     layer (index LAYERS) in DeepSeek's names, taken from a model of LAYERS + 1 blocks: (the model, the model of
@@ -58,7 +46,7 @@ def _write(folder: Path, shard: str = "60KB") -> tuple[torch.nn.Module, torch.nn
     from safetensors.torch import load_file, save_file
 
     torch.manual_seed(0)
-    bigger = _randomised(transformers.DeepseekV3ForCausalLM(_config(LAYERS + 1)))
+    bigger = randomised_deepseek(transformers.DeepseekV3ForCausalLM(_config(LAYERS + 1)))
     theirs = transformers.DeepseekV3ForCausalLM(_config(LAYERS)).eval()
     missing, _ = theirs.load_state_dict(bigger.state_dict(), strict=False)
     assert not missing

@@ -85,6 +85,21 @@ def test_gpt_oss_as_the_card_builds_it_gives_transformers_logits(truncate):
     assert torch.allclose(found, expected, atol=3e-5, rtol=1e-4), (found - expected).abs().max()
 
 
+def randomised_deepseek(model: torch.nn.Module) -> torch.nn.Module:
+    """A transformers DeepSeek-V3 with every weight drawn (transformers starts norms and biases at constants:
+    other values, so that they count), its balancing biases too (they pick experts, never weigh them)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(std=0.1)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(std=0.05)
+    return model.eval()
+
+
 def _deepseek_pair() -> tuple[torch.nn.Module, MoETransformer]:
     from trainperf.workloads.deepseekv3_671b.recipes import DEEPSEEK_V3
 
@@ -97,16 +112,7 @@ def _deepseek_pair() -> tuple[torch.nn.Module, MoETransformer]:
         rope_parameters={"rope_type": "yarn", "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
                          "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "rope_theta": 10_000.0})
     torch.manual_seed(0)
-    theirs = transformers.DeepseekV3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in theirs.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(std=0.1)
-        for name, b in theirs.named_buffers():
-            if name.endswith("e_score_correction_bias"):  # the balancing bias picks experts, never weighs them
-                b.normal_(std=0.05)
+    theirs = randomised_deepseek(transformers.DeepseekV3ForCausalLM(config))
     ours_config = dataclasses.replace(DEEPSEEK_V3, layers=3, dim=64, vocab_size=96, heads=4, kv_heads=4, q_rank=24,
                                       kv_rank=16, nope_dim=16, rope_dim=8, v_dim=16, head_dim=24, dense_layers=1,
                                       ffn_dim=80, experts=8, top_k=3, expert_dim=24, shared_experts=1, groups=4,

@@ -390,9 +390,14 @@ def _local_region(param: Any) -> tuple[slice, ...]:
     return tuple(slice(o, o + n) for o, n in zip(offset, local, strict=True))
 
 
+def plain_name(name: str) -> str:
+    """A parameter's or module's name without the wrappers' infixes (activation checkpointing, compile)."""
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+
+
 def _plain_named(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     for name, p in model.named_parameters():
-        yield name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", ""), p
+        yield plain_name(name), p
 
 
 def write(model: nn.Module, config: LlamaConfig, folder: Path, dtype: torch.dtype = torch.bfloat16) -> None:

@@ -18,7 +18,6 @@ naming the file."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ import torch
 from torch import nn
 
 from trainperf.errors import TrainperfError, shown
-from trainperf.workloads.common.llm.hf import Shards, _plain_named, copy_region, read_json
+from trainperf.workloads.common.llm.hf import Shards, _plain_named, copy_region, plain_name, read_json
 from trainperf.workloads.common.llm.moe import MoE
 from trainperf.workloads.common.llm.moe_model import MoEModelConfig, MoETransformer
 
@@ -219,15 +218,10 @@ def _named(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     yield from _plain_named(model)
     for name, buffer in model.named_buffers():
         if name.endswith(".correction"):
-            yield _plain(name), buffer
+            yield plain_name(name), buffer
 
 
 def _moe_layers(model: nn.Module) -> Iterator[tuple[str, Any]]:
     for name, module in model.named_modules():
         if isinstance(module, MoE):
-            yield _plain(name), module
-
-
-def _plain(name: str) -> str:
-    return re.sub(r"(_checkpoint_wrapped_module|_orig_mod)\.", "", name)
-
+            yield plain_name(name), module
