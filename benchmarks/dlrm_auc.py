@@ -17,7 +17,7 @@ import time
 import torch
 from sklearn.metrics import roc_auc_score
 
-from trainperf.workloads.common.criteo.evaluation import auc
+from trainperf.workloads.common.ranking import auc
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from trainperf.contract import Assets, RuntimeContext
 from trainperf.errors import TrainperfError
 from trainperf.results.compliance import check
 from trainperf.runtime import speedups
-from trainperf.workloads.common.criteo.evaluation import auc
+from trainperf.workloads.common.ranking import auc
 from trainperf.workloads.dlrm import DLRM, MINI, DLRMWorkload, lr_factor
 from trainperf.workloads.dlrm import data as D
 from trainperf.workloads.dlrm import mini as G

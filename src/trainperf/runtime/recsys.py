@@ -1,7 +1,8 @@
 """Model-parallel embedding tables on TorchRec: the runtime's other way of distributing a model.
 
 A workload whose ModelParts' `parallel` is `ShardedTables()` builds its tables as TorchRec
-EmbeddingBagCollections on the meta device, with their optimizer applied in the backward pass
+EmbeddingBagCollections (pooled: DLRM's bags) or EmbeddingCollections (a row a position: HSTU's sequences) on
+the meta device, with their optimizer applied in the backward pass
 (FBGEMM fuses it into the table-batched kernels). Here they are sharded across the process group by
 TorchRec's DistributedModelParallel, with the plan TorchRec's planner chooses for the devices and
 memory at hand (table-wise, row-wise, column-wise; tables in device memory, or in host memory behind a
@@ -74,10 +75,30 @@ def topology(world_size: int, local_world_size: int, compute_device: str, device
                     hbm_cap=device_bytes, ddr_cap=host_bytes)
 
 
+def sharders() -> list[Any]:
+    """TorchRec's sharders of both kinds of collection (each module is sharded by the one of its kind)."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+
+
+def table_configs(module: torch.nn.Module) -> dict[str, Any]:
+    """Every table's config in `module`'s collections, pooled or not, by name."""
+    from torchrec import EmbeddingBagCollection, EmbeddingCollection
+
+    configs: dict[str, Any] = {}
+    for submodule in module.modules():
+        if isinstance(submodule, EmbeddingBagCollection):
+            configs.update({c.name: c for c in submodule.embedding_bag_configs()})
+        elif isinstance(submodule, EmbeddingCollection):
+            configs.update({c.name: c for c in submodule.embedding_configs()})
+    return configs
+
+
 def plan(module: torch.nn.Module, topo: Any, batch_size: int, group: Any = None) -> Any:
     """TorchRec's plan for the embedding collections in `module` on `topo` (`group`: agreed by every
     process of it; None: planned here alone, as `trainperf plan` does without any device)."""
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 
@@ -89,8 +110,8 @@ def plan(module: torch.nn.Module, topo: Any, batch_size: int, group: Any = None)
                                                constraints=_fused_only(module),
                                                storage_reservation=FixedPercentageStorageReservation(RESERVED))
             if group is not None:
-                return planner.collective_plan(module, [EmbeddingBagCollectionSharder()], group)
-            return planner.plan(module, [EmbeddingBagCollectionSharder()])
+                return planner.collective_plan(module, sharders(), group)
+            return planner.plan(module, sharders())
     except Exception as exc:  # noqa: BLE001 - the planner's "no plan fits" is an error of its own kind
         first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise TrainperfError(f"TorchRec's planner found no sharding plan for {topo.world_size} device(s) of "
@@ -102,7 +123,6 @@ def _fused_only(module: torch.nn.Module) -> dict[str, Any]:
     optimizer fused into the backward, in device memory or in host memory behind a device cache: never
     replicated on every rank (data_parallel), whose dense lookup FBGEMM's CPU build cannot backpropagate
     through (torch warns of silently wrong gradients), and which would not fuse the update."""
-    from torchrec import EmbeddingBagCollection
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.distributed.types import ShardingType
@@ -110,20 +130,14 @@ def _fused_only(module: torch.nn.Module) -> dict[str, Any]:
     shardings = [t.value for t in (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE,
                                    ShardingType.TABLE_ROW_WISE, ShardingType.TABLE_COLUMN_WISE)]
     kernels = [k.value for k in (EmbeddingComputeKernel.FUSED, EmbeddingComputeKernel.FUSED_UVM_CACHING)]
-    names = [c.name for m in module.modules() if isinstance(m, EmbeddingBagCollection)
-             for c in m.embedding_bag_configs()]
-    return {name: ParameterConstraints(sharding_types=shardings, compute_kernels=kernels) for name in names}
+    return {name: ParameterConstraints(sharding_types=shardings, compute_kernels=kernels)
+            for name in table_configs(module)}
 
 
 def describe(sharding_plan: Any, module: torch.nn.Module) -> list[dict[str, Any]]:
     """One row per table: its size, how it is sharded, and the fp32 bytes of it each rank holds
     ({table, rows, dim, bytes, sharding, kernel, ranks, rank_bytes})."""
-    from torchrec import EmbeddingBagCollection
-
-    configs = {}
-    for submodule in module.modules():
-        if isinstance(submodule, EmbeddingBagCollection):
-            configs.update({c.name: c for c in submodule.embedding_bag_configs()})
+    configs = table_configs(module)
     rows = []
     for params in sharding_plan.plan.values():
         for name, options in params.items():
@@ -178,7 +192,6 @@ def shard(parts: ModelParts, ctx: RuntimeContext, batch_size: int) -> ModelParts
     """DistributedModelParallel over the process group, the plan chosen for this machine's devices; the
     optimizer the embeddings' fused one (in the backward) with the workload's dense one."""
     import torch.distributed as dist
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
     from torchrec.optim.keyed import KeyedOptimizerWrapper
@@ -199,7 +212,7 @@ def shard(parts: ModelParts, ctx: RuntimeContext, batch_size: int) -> ModelParts
         # The dense part's DDP without static_graph (TorchRec's default): with it, DDP read a flag of every
         # dense parameter back to the host in each backward (25 synchronisations a step in DLRM-DCNv2's).
         model = DistributedModelParallel(parts.model, env=ShardingEnv.from_process_group(dist.group.WORLD),
-                                         device=ctx.device, plan=chosen, sharders=[EmbeddingBagCollectionSharder()],
+                                         device=ctx.device, plan=chosen, sharders=sharders(),
                                          data_parallel_wrapper=DefaultDataParallelWrapper(static_graph=False))
     wrapped = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
                                     lambda _params: dense)

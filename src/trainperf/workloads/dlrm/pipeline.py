@@ -13,8 +13,7 @@ import torch
 
 from trainperf.contract import DataParts, EpochView, EvalPartial, RuntimeContext
 from trainperf.errors import TrainperfError
-from trainperf.workloads.common.criteo.evaluation import scored
-from trainperf.workloads.common.criteo.pipeline import prefetched
+from trainperf.workloads.common.ranking import prefetched, scored
 from trainperf.workloads.dlrm import data as dlrm_data
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]

@@ -14,8 +14,7 @@ import torch
 
 from trainperf.contract import DataParts, EpochView, EvalPartial, RuntimeContext
 from trainperf.errors import TrainperfError
-from trainperf.workloads.common.criteo.evaluation import scored
-from trainperf.workloads.common.criteo.pipeline import prefetched
+from trainperf.workloads.common.ranking import prefetched, scored
 from trainperf.workloads.dlrm_dcnv2 import data
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
