@@ -189,10 +189,12 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 def write_minimal_closed_log(path: Path, benchmark: str, global_batch_size: int, hyperparameters: dict,
                              accuracy: float, epoch_num: float, train_samples: int = 1000,
                              eval_samples: int = 100, initialized: list[str] | tuple[str, ...] = (),
-                             division: str = "closed", status: str = "success") -> None:
+                             division: str = "closed", status: str = "success",
+                             samples_count: int | None = None) -> None:
     """A closed-division log with one block, one evaluation and the given hyperparameter keys: what
     the official checker needs to judge a full recipe's hyperparameters without training it (`division`,
-    `status`: another division, a run stopped after that evaluation)."""
+    `status`: another division, a run stopped after that evaluation; `samples_count`: the evaluation's, where
+    it is not the epoch's `train_samples`)."""
     from trainperf.contract import Logged
     from trainperf.harness.mlperf_log import MLPerfLog
 
@@ -221,7 +223,8 @@ def write_minimal_closed_log(path: Path, benchmark: str, global_batch_size: int,
     log.end("epoch_stop", metadata={"epoch_num": 1}, time_ms=t + 4)
     log.start("eval_start", metadata={"epoch_num": epoch_num}, time_ms=t + 4)
     log.end("eval_stop", metadata={"epoch_num": epoch_num}, time_ms=t + 5)
-    log.event("eval_accuracy", accuracy, metadata={"epoch_num": epoch_num, "samples_count": train_samples},
+    count = train_samples if samples_count is None else samples_count
+    log.event("eval_accuracy", accuracy, metadata={"epoch_num": epoch_num, "samples_count": count},
               time_ms=t + 5)
     log.end("block_stop", metadata={"first_epoch_num": 1}, time_ms=t + 5)
     log.end("run_stop", metadata={"status": status}, time_ms=t + 6)

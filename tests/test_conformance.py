@@ -97,9 +97,10 @@ def test_every_full_recipe_passes_the_closed_rules(tmp_path, name, recipe_name):
     log = tmp_path / "closed.txt"
     first = _first_eval_epoch_num(w, recipe)
     # The first evaluation's samples_count: its samples on a sample cadence (6.1.0 checks DeepSeek-V3's).
+    # train_samples: the epoch's where the workload knows it (dlrmv4's rules check it), as a full run logs it.
     samples = first if recipe.log_epoch_num == "samples" else w.mlperf.full_epoch_samples or 1000
     write_minimal_closed_log(log, w.benchmark, recipe.global_batch_size, hyper, _quality(w, recipe.target),
-                             first, train_samples=samples,
+                             first, train_samples=w.mlperf.full_epoch_samples or samples, samples_count=samples,
                              eval_samples=w.mlperf.full_eval_samples or 100,
                              initialized=w.initialized_tensors(recipe, bare_model(parts.model)))
     verdict = check(log, recipe.ruleset or w.mlperf.ruleset)

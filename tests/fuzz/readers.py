@@ -752,6 +752,35 @@ def _stored_member_compressed() -> bytes:
 
 
 @cache
+def _yambda_store() -> dict[str, bytes]:
+    """dlrmv4's trainer store of 5 users (histories of 6), in the reference's layout: its files' bytes by path."""
+    from tests.workloads.test_dlrmv4 import small_events
+    from trainperf.workloads.dlrmv4 import synthetic
+
+    folder = Path(tempfile.mkdtemp())
+    mapped = np.arange(40)
+    synthetic.write_store(folder, small_events(1, users=5), 6, mapped // 4 + 1, mapped // 2 + 7)
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def _yambda_file(name: str) -> str:
+    return next(path for path in _yambda_store() if path.endswith("/" + name))
+
+
+def _read_yambda(path: Path) -> object:
+    """The store with this one file mutated, opened and every anchor made a sample (tables of 64 rows)."""
+    from trainperf.workloads.dlrmv4 import data
+
+    for relative, content in _yambda_store().items():
+        target = path.parent / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes() if relative.endswith("/" + path.name) else content)
+    store = data.Store(path.parent, 6, 12, max_seq_len=24, cross_specs=data.CROSS_SPECS[:2],
+                       id_rows=(64, 64, 64, 64))
+    return store.batch(np.arange(len(store.anchors)))
+
+
+@cache
 def _flux_arrow() -> bytes:
     """A save_to_disk shard of 3 rows in the FLUX.1 reference's preprocessed schema."""
     import torch
@@ -942,6 +971,10 @@ READERS: list[Reader] = [
            _read_multi_hot, workloads=("dlrm_dcnv2",)),
     Reader("multi-hot criteo labels .npy", "day_0_labels.npy", lambda: _multi_hot_day()["day_0_labels.npy"],
            _read_multi_hot, workloads=("dlrm_dcnv2",)),
+    *(Reader(f"dlrmv4 store {name}", name, (lambda name=name: _yambda_store()[_yambda_file(name)]), _read_yambda,
+             workloads=("dlrmv4",))
+      for name in ("flat_item_ids.npy", "positions_L6.npy", "anchor_ts_L6.npy", "user_start.npy", "store_meta.json",
+                   "artist_item_mapping.parquet")),
     Reader("mlperf log header", "result_0.txt", _mlperf_log, _log_header),
     Reader("mlperf log (check)", "result_0.txt", _mlperf_log, _check_log, budget=0.1),  # the official checker
     Reader("mlperf log (score)", "result_0.txt", _mlperf_log, _score_log),

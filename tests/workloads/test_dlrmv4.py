@@ -40,9 +40,8 @@ def test_the_vectorised_cross_hash_equals_xxhash():
         assert got.tolist() == want
 
 
-def _write_store(folder: Path, seed: int = 0, users: int = 6, history: int = 9) -> dict[str, np.ndarray]:
-    """A small store in the trainer's layout: users of 20-60 events (listens, likes, dislikes, items past the
-    mappings' end), anchors as the reference's builder selects them."""
+def small_events(seed: int = 0, users: int = 6) -> dict[str, np.ndarray]:
+    """Users of 20-60 events (listens, likes, dislikes; items past the mappings' 40) in the store's columns."""
     rng = np.random.default_rng(seed)
     uid, items, ts, kinds, ratio = [], [], [], [], []
     for user in range(users):
@@ -60,27 +59,14 @@ def _write_store(folder: Path, seed: int = 0, users: int = 6, history: int = 9) 
                "flat_played_ratio": ratio, "flat_is_organic": rng.integers(0, 2, len(uid)).astype(np.int8),
                "flat_is_listen_plus": listen & (ratio >= 50), "flat_is_like": kinds == 1,
                "flat_is_skip": listen & (ratio < 50)}
-    cache = data.cache_dir(folder, history)
-    cache.mkdir(parents=True)
-    starts = np.flatnonzero(np.r_[True, np.diff(uid) != 0])
-    user_start = np.full(int(uid.max()) + 1, -1, dtype=np.int64)
-    user_end = user_start.copy()
-    user_start[uid[starts]], user_end[uid[starts]] = starts, np.r_[starts[1:], len(uid)]
-    anchors = np.flatnonzero((np.arange(len(uid)) - user_start[uid] >= history) & listen)
-    for name, values in {**columns, "user_start": user_start, "user_end": user_end, "unique_uids": uid[starts],
-                         f"positions_L{history}": anchors, f"anchor_ts_L{history}": ts[anchors]}.items():
-        np.save(cache / f"{name}.npy", values)
-    (cache / "store_meta.json").write_text(json.dumps({"num_users": len(starts), "total_events": len(uid)}))
-    (cache / "_READY").touch()
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    return columns
 
-    (folder / data.METADATA).mkdir()
+
+def _write_store(folder: Path, seed: int = 0, users: int = 6, history: int = 9) -> dict[str, np.ndarray]:
+    """A small store in the trainer's layout, anchors as the reference's builder selects them."""
+    columns = small_events(seed, users)
     mapped = np.arange(40)
-    artist_path, album_path = data.mapping_files(folder)
-    pq.write_table(pa.table({"item_id": mapped, "artist_id": mapped // 4 + 1}), artist_path)
-    pq.write_table(pa.table({"item_id": mapped, "album_id": mapped // 2 + 7}), album_path)
-    np.save(data.popularity_file(folder), np.bincount(items[items < 40], minlength=40))
+    synthetic.write_store(folder, columns, history, mapped // 4 + 1, mapped // 2 + 7)
     return columns
 
 
@@ -101,7 +87,8 @@ def _reference_sample(columns: dict, store: data.Store, index: int, budget: int)
               "album_id": item_to_album.get(target, 0), "hour_of_day": (ts // 3600) % 24,
               "is_organic": int(columns["flat_is_organic"][pos])}
     times = [int(columns["flat_timestamps"][i]) for i in keep]
-    return {"context": [uid] + [_reference_hash([anchor[k] for k in keys], rows, salt) for _, keys, rows, salt in SMALL],
+    crossed = [_reference_hash([anchor[k] for k in keys], rows, salt) for _, keys, rows, salt in SMALL]
+    return {"context": [uid, *crossed],
             "items": [int(columns["flat_item_ids"][i]) for i in keep],
             # the reference clips history ids into the mapping (the last item's artist for ids past it)
             "artists": [item_to_artist[min(int(columns["flat_item_ids"][i]), 39)] for i in keep],
@@ -219,7 +206,8 @@ def test_a_samples_logit_does_not_depend_on_the_others_in_its_batch(tmp_path):
     with torch.no_grad():
         whole = model(store.batch(rows))
         for pick in (rows[::-1], np.array([longest, 0, 3]), np.array([longest, n - 1])):
-            torch.testing.assert_close(model(store.batch(pick)), whole[torch.from_numpy(pick.copy())], rtol=1e-5, atol=1e-5)
+            expected = whole[torch.from_numpy(pick.copy())]
+            torch.testing.assert_close(model(store.batch(pick)), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_the_mini_is_generated_in_the_trainers_layout(tmp_path):
@@ -239,3 +227,17 @@ def test_the_mini_is_generated_in_the_trainers_layout(tmp_path):
     with pytest.raises(TrainperfError, match="partial event store"):
         (tmp_path / data.PROCESSED / "stray").mkdir()
         synthetic.GeneratedYambda().prepare(tmp_path, lambda line: None)
+
+
+def test_a_batch_splits_into_micro_batches_with_their_histories(tmp_path):
+    _write_store(tmp_path)
+    store = data.Store(tmp_path, 9, cross_specs=SMALL)
+    rows = np.arange(len(store.anchors))
+    whole = store.batch(rows)
+    parts = whole.split(3)
+    assert len(parts) == 3
+    for got, pick in zip(parts, np.array_split(rows, 3), strict=True):
+        want = store.batch(pick)
+        for name, value in vars(want).items():
+            assert torch.equal(getattr(got, name), value), name
+    assert whole.split(1) == [whole]

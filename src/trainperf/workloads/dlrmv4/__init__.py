@@ -23,6 +23,7 @@ from trainperf.contract import (
     RuntimeContext,
     Scale,
     ShardedTables,
+    StepBudget,
     Workload,
 )
 from trainperf.workloads.dlrmv4 import data, synthetic
@@ -48,6 +49,15 @@ class DLRMv4Workload(Workload[DLRMv4Recipe]):
     summary = ("DLRMv4-HSTU on Yambda-5B, listen_plus ROC AUC on the day after training (mini: a listening log "
                "from a hidden listener model in the trainer's own format)")
     sample_name = "samples"
+    speedups = frozenset({"precision", "compile"})
+    # A full step at a CPU's size: two samples, tables capped, the sequence cut (the operators are the same).
+    step_probe = ("global_batch_size=2", "max_rows=1000", "history_length=30", "max_seq_len=40",
+                  "position_buckets=40")
+    # 1,083 ops. One blocking copy a step, TorchRec's own (as DLRM-DCNv2's): its KeyedJaggedTensor all-to-all builds
+    # the recat indices with torch.tensor(..., device=) in every step's input distribution
+    # (torchrec/distributed/dist_data.py, _get_recat). The lengths' maximum (the attention's divisor) and the
+    # histories' positions stay on the device; the values' count is the batch's, known on the host.
+    step_budget = StepBudget(ops=1190, syncs={"blocking copy": 1}, host_data=1)
     real_layout = ("processed_5b/hstu_cache_L4086/flat_uid.npy", "processed_5b/hstu_cache_L4086/_READY",
                    "shared_metadata/artist_item_mapping.parquet")
     model_parallel_sets = ("embeddings=torchrec",)
@@ -65,6 +75,12 @@ class DLRMv4Workload(Workload[DLRMv4Recipe]):
                 "max_sequence_length": recipe.max_seq_len, "eval_every_data_pct": recipe.eval_every_pct,
                 "gradient_accumulation_steps": recipe.grad_accum_steps}
 
+    def notes(self, recipe: DLRMv4Recipe, scale: str) -> list[str]:
+        if recipe.max_rows:
+            return [f"max_rows={recipe.max_rows}: tables capped at that many rows, ids taken modulo it: not the "
+                    "reference model"]
+        return []
+
     def build(self, recipe: DLRMv4Recipe, ctx: RuntimeContext, assets: Assets) -> ModelParts:
         with torch.device("cpu"):
             optional.require("torchrec", "dlrmv4", optional.TORCHREC)
@@ -75,13 +91,14 @@ class DLRMv4Workload(Workload[DLRMv4Recipe]):
                      recipe.embedding_dim, recipe.model_dim, recipe.layers, recipe.heads, recipe.qk_dim,
                      recipe.linear_dim, recipe.hidden_dim, recipe.item_hidden, recipe.input_dropout,
                      recipe.linear_dropout, recipe.action_dim, recipe.max_seq_len, recipe.position_buckets,
-                     recipe.time_buckets, ctx.device)
-        # The tables' RowWiseAdagrad fused into the backward (FBGEMM's EXACT_ROWWISE_ADAGRAD), the dense part Adam.
+                     recipe.time_buckets, ctx.device, recipe.max_rows)
+        # The tables' RowWiseAdagrad fused into the backward (FBGEMM's EXACT_ROWWISE_ADAGRAD), the dense part Adam,
+        # fused (torch's per-tensor Adam reads each parameter's step count on the host).
         apply_optimizer_in_backward(RowWiseAdagrad, model.tables.parameters(),
                                     {"lr": recipe.sparse_lr, "eps": recipe.adagrad_eps})
         dense = [p for name, p in model.named_parameters() if not name.startswith("tables.")]
         optimizer = torch.optim.Adam(dense, lr=recipe.base_lr, betas=(recipe.adam_beta1, recipe.adam_beta2),
-                                     eps=recipe.adam_eps, weight_decay=0.0)
+                                     eps=recipe.adam_eps, weight_decay=0.0, fused=True)
         weight = recipe.multitask_weight
 
         def loss_fn(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -119,6 +136,9 @@ class DLRMv4Workload(Workload[DLRMv4Recipe]):
 
     def batch_samples(self, batch: Batch) -> int:
         return len(batch)
+
+    def split_batch(self, batch: Batch, parts: int) -> list[Batch]:
+        return batch.split(parts)
 
     def load_data(self, recipe: DLRMv4Recipe, data_dir: Path, ctx: RuntimeContext) -> DataParts:
         return StreamingYambda(recipe, data_dir, ctx).parts()

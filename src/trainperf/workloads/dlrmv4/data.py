@@ -40,6 +40,7 @@ PROCESSED, METADATA = "processed_5b", "shared_metadata"
 HISTORY_LENGTH = 4086  # the reference's HISTORY_LENGTH = MIN_HISTORY (config_common.sh, yambda_5b.gin)
 SCAN_WINDOW = 20_000  # how far back the history is looked for (DLRMv4YambdaDataset's scan_window)
 WINDOW_SECONDS = 86_400
+MAX_WINDOWS = 100_000  # of a day: anything wider is not a time in seconds
 TRAIN_WINDOWS, EVAL_WINDOW = 299, 299  # NUM_TRAIN_TS = 299 days from START_TS = 0, EVAL_HOLDOUT_TS = 299
 TRAIN_SAMPLES = 2_290_835_423  # the anchors of days 0-298 (closed_dlrmv4.yaml checks it)
 EVAL_SAMPLES = 2_058_204  # the anchors of day 299
@@ -161,8 +162,10 @@ class Store:
 
     def __init__(self, data_dir: Path, history: int = HISTORY_LENGTH, scan_window: int = SCAN_WINDOW,
                  window_seconds: int = WINDOW_SECONDS, max_seq_len: int = 4096,
-                 cross_specs: Sequence[tuple[str, tuple[str, ...], int, int]] = CROSS_SPECS) -> None:
+                 cross_specs: Sequence[tuple[str, tuple[str, ...], int, int]] = CROSS_SPECS,
+                 id_rows: Sequence[int] | None = None) -> None:
         self.dir = cache_dir(data_dir, history)
+        self.id_rows = tuple(id_rows) if id_rows is not None else None  # items, artists, albums, users
         ready = self.dir / "_READY"
         if not ready.is_file():
             raise TrainperfError(f"{ready}: missing (the event store is incomplete: the reference writes _READY last)")
@@ -201,11 +204,18 @@ class Store:
         self.per_pool = max(1, history // 3)
         self.cross_specs = tuple(cross_specs)
         self.budget = max_seq_len - 1 - (1 + len(self.cross_specs))  # one candidate, the contextual slots
-        self.t_min = int(self.anchor_ts.min())
+        self.t_min, t_max = int(self.anchor_ts.min()), int(self.anchor_ts.max())
+        if (t_max - self.t_min) // window_seconds > MAX_WINDOWS:
+            raise TrainperfError(f"{self.dir / anchor_ts_name(history)}: the anchors span "
+                                 f"{(t_max - self.t_min) // window_seconds:,} windows of {window_seconds} s (times in "
+                                 "seconds expected; Yambda-5B spans 300 days)")
         artist_path, album_path = mapping_files(data_dir)
         artist_items, artists = _mapping(artist_path, "artist_id")
         album_items, albums = _mapping(album_path, "album_id")
         self.num_items = int(max(artist_items.max(initial=-1), album_items.max(initial=-1)) + 1)
+        if self.num_items > 16 * (len(artist_items) + len(album_items)) + 1_000_000:
+            raise TrainperfError(f"{artist_path.parent}: item ids up to {self.num_items - 1:,} for "
+                                 f"{len(artist_items):,} mapped items (the preprocessing's ids are dense)")
         popularity = popularity_file(data_dir)
         if popularity.is_file() and len(_npy(popularity, np.int64)) != self.num_items:
             raise TrainperfError(f"{popularity}: {len(_npy(popularity, np.int64)):,} items, the mappings in "
@@ -215,6 +225,11 @@ class Store:
         self.item_artist[artist_items] = artists
         self.item_album = np.zeros(max(self.num_items, 1), dtype=np.int64)
         self.item_album[album_items] = albums
+        if self.id_rows is not None:
+            for path, ids, rows in ((artist_path, self.item_artist, self.id_rows[1]),
+                                    (album_path, self.item_album, self.id_rows[2])):
+                if ids.max(initial=0) >= rows:
+                    raise TrainperfError(f"{path}: id {int(ids.max()):,} outside the {rows:,} rows of its table")
 
     def window_counts(self) -> np.ndarray:
         """Anchors per day-window from the first anchor's time: window w holds times in
@@ -254,6 +269,9 @@ class Store:
         c = self.plain
         pos = self.anchors_plain[np.asarray(indices, dtype=np.int64)]
         uid = c["flat_uid"][pos]
+        if len(uid) and (uid.min() < 0 or uid.max() >= len(self.user_start_plain)
+                         or self.user_start_plain[uid].min() < 0):
+            raise TrainperfError(f"{self.dir / 'flat_uid.npy'}: an anchor's user is not in user_start.npy")
         first = np.maximum(self.user_start_plain[uid], pos - self.scan_window)
         histories = [self.history(int(p), int(f)) for p, f in zip(pos, first, strict=True)]
         lengths = np.array([len(h) for h in histories], dtype=np.int64)
@@ -274,6 +292,14 @@ class Store:
         context = np.stack([uid] + [cross_hashes([keys[k] for k in names], rows, salt)
                                     for _, names, rows, salt in self.cross_specs], 1)
         actions = lp[flat] * LP_BIT + like[flat] * LIKE_BIT + skip[flat] * SKIP_BIT
+
+        if self.id_rows is not None:  # an id past its table would index outside it on the device
+            for what, ids, rows, source in (("item", np.r_[items, item], self.id_rows[0], "flat_item_ids.npy"),
+                                            ("user", uid, self.id_rows[3], "flat_uid.npy")):
+                if len(ids) and (ids.min() < 0 or ids.max() >= rows):
+                    bad = int(ids.min() if ids.min() < 0 else ids.max())
+                    raise TrainperfError(f"{self.dir / source}: {what} id {bad:,} outside the {rows:,} rows of its "
+                                         "table")
 
         def t(a: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
@@ -307,6 +333,23 @@ class Batch:
 
     def __len__(self) -> int:
         return int(self.lengths.shape[0])
+
+    def split(self, parts: int) -> list[Batch]:
+        """`parts` batches of consecutive rows (equal where they divide; fewer if it is smaller), each with its
+        histories' values."""
+        if parts <= 1:
+            return [self]
+        rows = [part for part in torch.tensor_split(torch.arange(len(self)), parts) if len(part)]
+        ends = torch.cumsum(self.lengths, 0).tolist()  # the host's: a split happens outside the timed step
+        out = []
+        for part in rows:
+            first, last = int(part[0]), int(part[-1]) + 1
+            lo, hi = (ends[first - 1] if first else 0), ends[last - 1]
+            out.append(Batch(**{k: (v[lo:hi] if k in JAGGED else v[first:last]) for k, v in vars(self).items()}))
+        return out
+
+
+JAGGED = ("items", "artists", "albums", "actions", "times")
 
 
 class YambdaCache(DataSource):

@@ -92,10 +92,16 @@ class HSTU(nn.Module):
     def __init__(self, id_tables: Sequence[int], cross_tables: Sequence[tuple[str, int]], embedding_dim: int,
                  model_dim: int, layers: int, heads: int, qk_dim: int, linear_dim: int, hidden_dim: int,
                  item_hidden: int, input_dropout: float, linear_dropout: float, action_dim: int, max_seq_len: int,
-                 position_buckets: int, time_buckets: int, device: torch.device) -> None:
+                 position_buckets: int, time_buckets: int, device: torch.device, max_rows: int = 0) -> None:
         super().__init__()
         from torchrec import EmbeddingCollection, EmbeddingConfig
 
+        # max_rows > 0: every table capped at that many rows and ids taken modulo it (a full-shape model on a
+        # machine that cannot hold the tables: not the reference model).
+        self.max_rows = max_rows
+        if max_rows:
+            id_tables = [min(n, max_rows) for n in id_tables]
+            cross_tables = [(name, min(n, max_rows)) for name, n in cross_tables]
         items, artists, albums, users = id_tables
         self.context_names = [*CONTEXT_NAMES, *(name for name, _ in cross_tables)]
         self.contexts, self.max_seq_len, self.input_dropout = len(self.context_names), max_seq_len, input_dropout
@@ -149,6 +155,8 @@ class HSTU(nn.Module):
         context = batch.context.t().reshape(-1)  # feature-major: each slot's n ids
         candidates = batch.candidates.t().reshape(-1)
         values = torch.cat([context, batch.items, batch.artists, batch.albums, candidates])
+        if self.max_rows:
+            values = torch.remainder(values, self.max_rows)
         ones = torch.ones(n * self.contexts, dtype=torch.int64, device=values.device)
         lengths = torch.cat([ones, batch.lengths.repeat(3), ones[: 3 * n]])
         total = batch.items.shape[0]  # known on the host: no read back of the lengths

@@ -25,7 +25,7 @@ class StreamingYambda:
     def __init__(self, recipe: Any, data_dir: Path, ctx: RuntimeContext) -> None:
         self.recipe, self.ctx, self.device = recipe, ctx, ctx.device
         self.store = data.Store(data_dir, recipe.history_length, recipe.scan_window, recipe.window_seconds,
-                                recipe.max_seq_len, recipe.cross_specs)
+                                recipe.max_seq_len, recipe.cross_specs, recipe.id_tables)
         counts = self.store.window_counts()
         if len(counts) <= recipe.eval_window or counts[recipe.eval_window] == 0:
             raise TrainperfError(f"{self.store.dir}: no anchors in the evaluation day {recipe.eval_window} (the store "

@@ -68,6 +68,9 @@ class DLRMv4Recipe(Recipe):
     window_seconds: Count = data.WINDOW_SECONDS
     eval_batch_size: Count = 1024  # per process
     eval_every_pct: Positive = 0.001  # of the training samples (logged: eval_every_data_pct)
+    # At most this many rows per table, ids taken modulo it; 0: none. A full-shape step on a machine that cannot
+    # hold the 150 billion table parameters (the CPU's step probe, bench): not the reference model.
+    max_rows: int = 0
     # The tables' engine: TorchRec's EmbeddingCollection, sharded by its planner, RowWiseAdagrad fused into the
     # backward by FBGEMM, as the reference's DistributedModelParallel.
     embeddings: str = "torchrec"
@@ -112,9 +115,9 @@ FULL_RECIPES = {r.name: r for r in (_rcp(8192, 1e-6), _rcp(16_384, 2e-6), _rcp(3
 
 _MINI_GBS = 128
 MINI = DLRMv4Recipe(
-    name="mini", global_batch_size=_MINI_GBS, base_lr=2e-3, sparse_lr=0.05, warmup_steps=20, max_epochs=1,
-    target=0.74, eval_every=1, eval_first=1, eval_every_samples=16 * _MINI_GBS, eval_first_samples=32 * _MINI_GBS,
-    max_samples=200 * _MINI_GBS, log_epoch_num="samples", max_grad_norm=1.0, embedding_dim=32, model_dim=32,
+    name="mini", global_batch_size=_MINI_GBS, base_lr=5e-3, sparse_lr=0.1, warmup_steps=20, max_epochs=1,
+    target=0.72, eval_every=1, eval_first=1, eval_every_samples=32 * _MINI_GBS, eval_first_samples=128 * _MINI_GBS,
+    max_samples=800 * _MINI_GBS, log_epoch_num="samples", max_grad_norm=1.0, embedding_dim=32, model_dim=32,
     layers=3, heads=2, qk_dim=16, linear_dim=16, hidden_dim=32, item_hidden=32, max_seq_len=40,
     history_length=synthetic.HISTORY, scan_window=300, position_buckets=40, time_buckets=128,
     id_tables=synthetic.ID_ROWS, cross_tables=synthetic.CROSS_ROWS, train_windows=synthetic.DAYS - 1,

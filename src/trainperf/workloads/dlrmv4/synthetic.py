@@ -5,12 +5,12 @@ the probabilities the labels were drawn from) and a popularity baseline (each it
 training days).
 
 The hidden model: items belong to albums and albums to artists, each with a latent vector (an item near its
-album, an album near its artist). A user has a taste vector that drifts slowly day by day, listens in sessions, picks mostly from the artists
-near the current taste and otherwise from the popular catalogue, and plays an item through (listen_plus)
-with probability sigmoid(gain * taste . item + user bias + item bias). So a user's history of full plays and
-skips says what their next listen will be, recent days more than old ones: what HSTU's attention over the
-history (the candidate's artist among the history's full plays and skips) is for. Likes follow full plays of well-liked items; a few
-dislikes are scattered."""
+album, an album near its artist). A user has a taste vector that drifts slowly day by day, listens in
+sessions, picks mostly from the artists near the current taste and otherwise from the popular catalogue, and
+plays an item through (listen_plus) with probability sigmoid(gain * taste . item + user bias + item bias). So
+a user's history of full plays and skips says what their next listen will be (the candidate's artist among
+the history's full plays and skips): what HSTU's attention over the history is for. Likes follow full plays
+of well-liked items; a few dislikes are scattered."""
 
 from __future__ import annotations
 
@@ -139,37 +139,45 @@ class GeneratedYambda(DataSource):
             raise TrainperfError(f"{data_dir / data.PROCESSED}: a partial event store is there; remove it first")
         say(f"generating the dlrmv4 mini's listening log ({USERS:,} users, {DAYS} days) in {data_dir}")
         columns, model, truth = generate(0)
-        folder = data.cache_dir(data_dir, HISTORY)
-        folder.mkdir(parents=True, exist_ok=True)
-        (data_dir / data.METADATA).mkdir(parents=True, exist_ok=True)
-        uid = columns["flat_uid"]
-        starts = np.flatnonzero(np.r_[True, np.diff(uid) != 0])
-        ends = np.r_[starts[1:], len(uid)]
-        uids = uid[starts]
-        user_start = np.full(int(uids.max()) + 1, -1, dtype=np.int64)
-        user_end = user_start.copy()
-        user_start[uids], user_end[uids] = starts, ends
-        index = np.arange(len(uid))
-        anchors = np.flatnonzero((index - user_start[uid] >= HISTORY) & (columns["flat_event_types"] == data.LISTEN))
-        for name, values in {**columns, "user_start": user_start, "user_end": user_end, "unique_uids": uids,
-                             data.anchors_name(HISTORY)[:-4]: anchors.astype(np.int64),
-                             data.anchor_ts_name(HISTORY)[:-4]: columns["flat_timestamps"][anchors]}.items():
-            np.save(folder / f"{name}.npy", values)
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        items = np.arange(model.num_items, dtype=np.uint32)
-        artist_path, album_path = data.mapping_files(data_dir)
-        artist_of = model.album_artist[model.item_album].astype(np.uint32)
-        pq.write_table(pa.table({"item_id": items, "artist_id": artist_of}), artist_path)
-        pq.write_table(pa.table({"item_id": items, "album_id": model.item_album.astype(np.uint32)}), album_path)
-        np.save(data.popularity_file(data_dir), np.bincount(columns["flat_item_ids"], minlength=model.num_items)
-                .astype(np.int64))
-        (folder / "store_meta.json").write_text(json.dumps({"num_users": int(len(uids)),
-                                                            "total_events": int(len(uid))}), encoding="utf-8")
-        (folder / "_READY").touch()  # last, as the reference's builder writes it
+        anchors = write_store(data_dir, columns, HISTORY, model.album_artist[model.item_album], model.item_album)
         write_json_atomic(data_dir / TRUTH, bounds(data_dir, columns, anchors, truth))
-        say(f"{len(uid):,} events, {len(anchors):,} anchors")
+        say(f"{len(columns['flat_uid']):,} events, {len(anchors):,} anchors")
+
+
+def write_store(data_dir: Path, columns: dict[str, np.ndarray], history: int, item_artist: np.ndarray,
+                item_album: np.ndarray) -> np.ndarray:
+    """The trainer's store of these events (users contiguous, each in time order) as the reference's builder
+    writes it: the columns, the users' index, the anchors (listens after `history` events of their user) and
+    their times, store_meta.json, then _READY; the mappings of items 0.. to artists and albums and the items'
+    popularity beside it. The anchors."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = data.cache_dir(data_dir, history)
+    folder.mkdir(parents=True, exist_ok=True)
+    (data_dir / data.METADATA).mkdir(parents=True, exist_ok=True)
+    uid = columns["flat_uid"]
+    starts = np.flatnonzero(np.r_[True, np.diff(uid) != 0])
+    uids = uid[starts]
+    user_start = np.full(int(uids.max()) + 1, -1, dtype=np.int64)
+    user_end = user_start.copy()
+    user_start[uids], user_end[uids] = starts, np.r_[starts[1:], len(uid)]
+    anchors = np.flatnonzero((np.arange(len(uid)) - user_start[uid] >= history)
+                             & (columns["flat_event_types"] == data.LISTEN))
+    for name, values in {**columns, "user_start": user_start, "user_end": user_end, "unique_uids": uids,
+                         data.anchors_name(history)[:-4]: anchors.astype(np.int64),
+                         data.anchor_ts_name(history)[:-4]: columns["flat_timestamps"][anchors]}.items():
+        np.save(folder / f"{name}.npy", values)
+    items = np.arange(len(item_artist), dtype=np.uint32)
+    artist_path, album_path = data.mapping_files(data_dir)
+    pq.write_table(pa.table({"item_id": items, "artist_id": np.asarray(item_artist, dtype=np.uint32)}), artist_path)
+    pq.write_table(pa.table({"item_id": items, "album_id": np.asarray(item_album, dtype=np.uint32)}), album_path)
+    known = columns["flat_item_ids"][(columns["flat_item_ids"] >= 0) & (columns["flat_item_ids"] < len(items))]
+    np.save(data.popularity_file(data_dir), np.bincount(known, minlength=len(items)).astype(np.int64))
+    (folder / "store_meta.json").write_text(json.dumps({"num_users": int(len(uids)), "total_events": int(len(uid))}),
+                                            encoding="utf-8")
+    (folder / "_READY").touch()  # last, as the reference's builder writes it
+    return anchors
 
 
 def bounds(data_dir: Path, columns: dict[str, np.ndarray], anchors: np.ndarray, truth: np.ndarray) -> dict:
