@@ -241,3 +241,60 @@ def test_a_batch_splits_into_micro_batches_with_their_histories(tmp_path):
         for name, value in vars(want).items():
             assert torch.equal(getattr(got, name), value), name
     assert whole.split(1) == [whole]
+
+
+def test_the_full_scale_trains_on_a_store_in_the_references_layout(tmp_path):
+    """Three users of 4,150 events in the full recipe's own folder (hstu_cache_L4086: anchors after 4,086
+    events), the tables capped at 1,000 rows and the sequence cut to 64 (the reference's truncation of the
+    history to the budget): prepare, a full-scale run, evaluations on the evaluation day."""
+    from tests.conftest import read_log
+    from trainperf.cli import main
+
+    rng = np.random.default_rng(0)
+    n = 4150
+    uid = np.repeat(np.arange(3), n)
+    ts = np.concatenate([1_700_000_000 + np.cumsum(rng.integers(100, 2_000, n)) for _ in range(3)])
+    kinds = rng.choice([0, 0, 0, 1], 3 * n)
+    ratio = np.where(kinds == 0, rng.uniform(0, 100, 3 * n), 0).astype(np.float32)
+    columns = {"flat_uid": uid, "flat_item_ids": rng.integers(0, 40, 3 * n), "flat_timestamps": ts.astype(np.int64),
+               "flat_event_types": kinds.astype(np.int64), "flat_played_ratio": ratio,
+               "flat_is_organic": rng.integers(0, 2, 3 * n).astype(np.int8),
+               "flat_is_listen_plus": (kinds == 0) & (ratio >= 50), "flat_is_like": kinds == 1,
+               "flat_is_skip": (kinds == 0) & (ratio < 50)}
+    anchors = synthetic.write_store(tmp_path, columns, data.HISTORY_LENGTH, np.arange(40) // 4, np.arange(40) // 2)
+    days = (ts[anchors] - ts[anchors].min()) // 86_400
+    assert main(["prepare", "dlrmv4", "--scale", "full", "--data", str(tmp_path)]) == 0
+    out = tmp_path / "run"
+    last = int(days.max())
+    sets = ["global_batch_size=8", "eval_batch_size=16", "max_rows=1000", "embedding_dim=16", "model_dim=16",
+            "heads=2", "qk_dim=8", "linear_dim=8", "hidden_dim=16", "item_hidden=16", "max_seq_len=64",
+            "position_buckets=64", "precision=fp32", f"train_windows={last}", f"eval_window={last}",
+            "eval_every_samples=16", "eval_first_samples=16", "target=0.999"]
+    args = ["run", "dlrmv4", "--scale", "full", "--data", str(tmp_path), "--out", str(out), "--quiet", "--seed", "0"]
+    assert main([*args, *[x for s in sets for x in ("--set", s)]]) == 1  # 0.999 is out of reach: aborted
+    records = read_log(out / "mlperf_log.txt")
+    assert next(r["value"] for r in records if r["key"] == "eval_samples") == int((days == last).sum())
+    assert next(r["value"] for r in records if r["key"] == "train_samples") == int((days < last).sum())
+    assert len([r for r in records if r["key"] == "eval_accuracy"]) >= 2
+    assert json.loads((out / "result.json").read_text())["layout"]["engine"] == "torchrec"
+
+
+@pytest.mark.second_tier
+def test_two_processes_with_sharded_sequence_tables_reach_the_mini_target(tmp_path):
+    """TorchRec's EmbeddingCollection sharded over two gloo processes (row-wise: each holds half of every
+    table), each process every other anchor of a global batch, to the mini's target."""
+    from trainperf.cli import main
+
+    out = tmp_path / "two"
+    assert main(["run", "dlrmv4", "--nproc", "2", "--seed", "0", "--out", str(out), "--quiet"]) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "success" and result["layout"]["world_size"] == 2
+    assert {len(t["ranks"]) for t in result["layout"]["tables"]} == {2}
+
+
+def test_the_mfu_yardstick_is_the_references():
+    from trainperf import registry
+
+    flops, tokens, _ = registry.get("dlrmv4").formula_flops(recipes.FULL_RECIPES["gbs8192"])
+    # README §4: 315.7 GFLOP a sample (attention 180.4, projections in 77.3, out 58.0 over the 3 layers).
+    assert tokens == 4096 and round(flops / 1e9, 1) == 315.7

@@ -296,9 +296,10 @@ def _ranks_text(ranks: list[int]) -> str:
 
 def plan_table(result: dict[str, Any]) -> str:
     """The plan as text: one line per table, then the summary."""
-    lines = [f"{'table':<6} {'rows':>12} {'dim':>4} {'size':>11} {'sharding':<16} {'kernel':<18} ranks"]
+    width = max([5, *(len(row["table"]) for row in result["tables"])])  # DLRM's t_cat_0 to HSTU's crossed names
+    lines = [f"{'table':<{width}} {'rows':>12} {'dim':>4} {'size':>11} {'sharding':<16} {'kernel':<18} ranks"]
     for row in sorted(result["tables"], key=lambda r: (len(r["table"]), r["table"])):
         size = size_text(row["bytes"] or 0)
-        lines.append(f"{row['table']:<6} {row['rows'] or 0:>12,} {row['dim'] or 0:>4} {size:>11} "
+        lines.append(f"{row['table']:<{width}} {row['rows'] or 0:>12,} {row['dim'] or 0:>4} {size:>11} "
                      f"{row['sharding']:<16} {row['kernel']:<18} {_ranks_text(row['ranks'])}")
     return "\n".join(lines + result["summary"])

@@ -40,6 +40,16 @@ def listen_plus_probability(model: nn.Module, batch: Batch) -> torch.Tensor:
     return torch.sigmoid(model(batch).float())
 
 
+def hstu_flops(recipe: DLRMv4Recipe) -> float:
+    """Training FLOPs of one sample as the reference counts them (`_hstu_layer_flops` at max_seq_len): 315.7 G at
+    the full recipe (its README: 77.3 G projections in, 180.4 G attention, 58.0 G projection out)."""
+    s, d, h = float(recipe.max_seq_len), recipe.model_dim, recipe.heads
+    projections_in = 6 * s * d * (2 * recipe.linear_dim + 2 * recipe.qk_dim) * h
+    attention = 7 * (s * s / 2) * h * (recipe.qk_dim + recipe.linear_dim)
+    projection_out = 6 * s * (3 * h * recipe.linear_dim) * d
+    return recipe.layers * (projections_in + attention + projection_out) + 6 * d
+
+
 class DLRMv4Workload(Workload[DLRMv4Recipe]):
     name = "dlrmv4"
     benchmark = "dlrmv4"
@@ -114,6 +124,12 @@ class DLRMv4Workload(Workload[DLRMv4Recipe]):
 
         return ModelParts(model=model, optimizer=optimizer, loss_fn=loss_fn, parallel=ShardedTables(),
                           lr_schedule=schedule, eval_forward=listen_plus_probability, eval_compiles=False)
+
+    def formula_flops(self, recipe: DLRMv4Recipe) -> tuple[float, int, str] | None:
+        return (hstu_flops(recipe), recipe.max_seq_len,
+                "the reference's MFU yardstick (DlrmHSTU.get_num_flops_per_sample): each STU layer's projections at "
+                "6 FLOPs a multiply-add and attention's half of the S x S scores at 7, every sequence at max_seq_len, "
+                "plus the task head's 6 x width; the towers and tables not counted")
 
     def synthetic_batch(self, recipe: DLRMv4Recipe, ctx: RuntimeContext, model: nn.Module) -> Any:
         n = ctx.batch_share(recipe.global_batch_size)

@@ -85,10 +85,9 @@ class DLRMv4Recipe(Recipe):
         if len(self.cross_tables) != len(data.CROSS_SPECS):
             raise TrainperfError(f"recipe field cross_tables: {len(data.CROSS_SPECS)} values expected, got "
                                  f"{len(self.cross_tables)}")
-        if 3 * (self.history_length // 3) + 1 + 1 + len(self.cross_tables) > self.max_seq_len:
-            raise TrainperfError(f"recipe field history_length {self.history_length}: the history, the candidate "
-                                 f"and {1 + len(self.cross_tables)} contextual slots exceed max_seq_len "
-                                 f"{self.max_seq_len}")
+        if self.max_seq_len < 2 + 1 + len(self.cross_tables):
+            raise TrainperfError(f"recipe field max_seq_len {self.max_seq_len}: the candidate and "
+                                 f"{1 + len(self.cross_tables)} contextual slots leave no room for a history")
         if self.position_buckets < self.max_seq_len:
             raise TrainperfError(f"recipe field position_buckets {self.position_buckets}: fewer than max_seq_len "
                                  f"{self.max_seq_len}")
