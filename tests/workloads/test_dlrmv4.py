@@ -298,3 +298,19 @@ def test_the_mfu_yardstick_is_the_references():
     flops, tokens, _ = registry.get("dlrmv4").formula_flops(recipes.FULL_RECIPES["gbs8192"])
     # README §4: 315.7 GFLOP a sample (attention 180.4, projections in 77.3, out 58.0 over the 3 layers).
     assert tokens == 4096 and round(flops / 1e9, 1) == 315.7
+
+
+def test_the_recipes_are_the_rcps():
+    """Each reference convergence point of rcps_dlrmv4.json (6.1.0) is a recipe with its batch, rate and warmup."""
+    import mlperf_logging
+
+    rcps = json.loads((Path(mlperf_logging.__file__).parent / "rcp_checker" / "training_6.1.0"
+                       / "rcps_dlrmv4.json").read_text())
+    found = {(p["BS"], p["Hyperparams"]["opt_base_learning_rate"], p["Hyperparams"]["opt_learning_rate_warmup_steps"])
+             for p in rcps.values()}
+    assert found == {(r.global_batch_size, r.base_lr, r.warmup_steps) for r in recipes.FULL_RECIPES.values()}
+    for r in recipes.FULL_RECIPES.values():
+        assert (r.sparse_lr, r.precision, r.max_grad_norm, r.target, r.max_samples) == (r.base_lr, "bf16", 1.0, 0.75,
+                                                                                        data.TRAIN_SAMPLES)
+    with pytest.raises(TrainperfError, match="grad_accum_steps"):
+        recipes.MINI.with_overrides(["grad_accum_steps=2"])
