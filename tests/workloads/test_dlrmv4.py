@@ -269,7 +269,7 @@ def test_the_full_scale_trains_on_a_store_in_the_references_layout(tmp_path):
     sets = ["global_batch_size=8", "eval_batch_size=16", "max_rows=1000", "embedding_dim=16", "model_dim=16",
             "heads=2", "qk_dim=8", "linear_dim=8", "hidden_dim=16", "item_hidden=16", "max_seq_len=64",
             "position_buckets=64", "precision=fp32", f"train_windows={last}", f"eval_window={last}",
-            "eval_every_samples=16", "eval_first_samples=16", "target=0.999"]
+            "rules_grid=false", "eval_every_samples=16", "eval_first_samples=16", "target=0.999"]
     args = ["run", "dlrmv4", "--scale", "full", "--data", str(tmp_path), "--out", str(out), "--quiet", "--seed", "0"]
     assert main([*args, *[x for s in sets for x in ("--set", s)]]) == 1  # 0.999 is out of reach: aborted
     records = read_log(out / "mlperf_log.txt")
@@ -314,3 +314,14 @@ def test_the_recipes_are_the_rcps():
                                                                                         data.TRAIN_SAMPLES)
     with pytest.raises(TrainperfError, match="grad_accum_steps"):
         recipes.MINI.with_overrides(["grad_accum_steps=2"])
+
+
+def test_a_full_recipe_at_another_batch_keeps_the_rules_grid():
+    recipe = recipes.FULL_RECIPES["gbs8192"].with_overrides(["global_batch_size=12288"])
+    assert (recipe.eval_every_samples, recipe.eval_first_samples) == (187 * 12_288, 64_339_968)
+    tuned, _ = recipes.FULL_RECIPES["gbs8192"].for_batch(4096)
+    assert (tuned.eval_every_samples, tuned.eval_first_samples) == (560 * 4096, 52_756_480)
+    assert tuned.base_lr == tuned.sparse_lr == 5e-7 and tuned.warmup_steps == 24_000
+    assert recipes.MINI.eval_every_samples == 32 * 128  # the mini's own grid
+    with pytest.raises(TrainperfError, match="warmup_start_lr"):
+        recipes.MINI.with_overrides(["warmup_start_lr=1e-4", "sparse_lr=0.05"])

@@ -82,8 +82,7 @@ class DLRMv4Workload(Workload[DLRMv4Recipe]):
                 "opt_sparse_base_learning_rate": recipe.sparse_lr,
                 "opt_learning_rate_warmup_steps": recipe.warmup_steps,
                 "opt_learning_rate_warmup_start_lr": recipe.warmup_start_lr,
-                "max_sequence_length": recipe.max_seq_len, "eval_every_data_pct": recipe.eval_every_pct,
-                "gradient_accumulation_steps": recipe.grad_accum_steps}
+                "max_sequence_length": recipe.max_seq_len, "eval_every_data_pct": recipe.eval_every_pct}
 
     def notes(self, recipe: DLRMv4Recipe, scale: str) -> list[str]:
         if recipe.max_rows:

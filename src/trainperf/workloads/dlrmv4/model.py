@@ -223,8 +223,14 @@ class HSTU(nn.Module):
                             torch.div(t, 86_400, rounding_mode="floor") % 7 / 7.0], 1).float() * TWO_PI
         features = torch.stack([torch.cos(angles), torch.sin(angles)], -1).reshape(n, 4)
         user = self.output_norm(self.time_combiner(torch.cat([user, features.to(user.dtype)], 1)))
-        item_out = self.item_mlp(torch.cat([emb[name] for name in CANDIDATE_FEATURES], 1))
-        return self.head(user.float() * item_out.float()).squeeze(-1).float()
+        # The transducer's output rounded to its activations' dtype, then the item tower, the head and the loss
+        # in fp32 whatever the precision: the reference runs them outside its autocast.
+        if torch.is_autocast_enabled(user.device.type):
+            user = user.to(torch.get_autocast_dtype(user.device.type))
+        user = user.float()
+        with torch.autocast(user.device.type, enabled=False):
+            item_out = self.item_mlp(torch.cat([emb[name].float() for name in CANDIDATE_FEATURES], 1))
+            return self.head(user * item_out).squeeze(-1)
 
 
 def parameter_count(recipe_tables: Sequence[int], embedding_dim: int, dense: nn.Module) -> dict[str, int]:

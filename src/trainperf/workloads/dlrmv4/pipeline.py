@@ -2,9 +2,9 @@
 `streaming_train_eval_loop`, `datasets/yambda.py` `window_indices`): the training days one after another in time
 order, each day's anchors in the store's (user-major) order, never shuffled; a global batch is GBS consecutive
 anchors of a day, process r taking every world-th of them (the reference's round-robin `indices[r::world]` per
-day), the day's last partial batch dropped. The evaluation is every anchor of the evaluation day, each process
-its contiguous share, padded so that every process takes as many steps (the sharded tables look rows up with
-collectives), the AUC over all of them."""
+day), the day's last partial batch dropped. The evaluation is every anchor of the evaluation day, dealt out the
+same way, padded so that every process takes as many steps (the sharded tables look rows up with collectives),
+the AUC over all of them."""
 
 from __future__ import annotations
 
@@ -38,10 +38,12 @@ class StreamingYambda:
             raise TrainperfError(f"{self.store.dir}: no training day holds one global batch of {self.batch:,} anchors")
         self.train_anchors = int(sum(counts[w] for w in self.windows))
         self.mine = ctx.batch_share(self.batch)
+        # Each process every world-th anchor of the day, in batches of eval_batch_size (the reference's
+        # `indices[r::world]`: the same batches, hence the same longest sequence dividing each one's attention),
+        # padded so that every process takes as many steps; the reference drops the last partial batch instead.
         self.evaluated = self.store.window(recipe.eval_window)
-        per = -(-len(self.evaluated) // ctx.world_size)
-        first = min(ctx.rank * per, len(self.evaluated))
-        self.shard, self.padded = self.evaluated[first:first + per], per
+        self.shard = self.evaluated[ctx.rank::ctx.world_size]
+        self.padded = -(-len(self.evaluated) // ctx.world_size)
 
     def _batch(self, indices: np.ndarray) -> data.Batch:
         return self.store.batch(indices).to(self.device)

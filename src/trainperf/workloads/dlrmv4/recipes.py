@@ -68,6 +68,10 @@ class DLRMv4Recipe(Recipe):
     window_seconds: Count = data.WINDOW_SECONDS
     eval_batch_size: Count = 1024  # per process
     eval_every_pct: Positive = 0.001  # of the training samples (logged: eval_every_data_pct)
+    # The evaluation grid the closed rules compute from the batch (every eval_every_pct of train_samples, rounded
+    # up to whole steps; the first at the rules' fit): recomputed whenever the batch changes. False: the
+    # recipe's own eval_every_samples and eval_first_samples (the mini's).
+    rules_grid: bool = False
     # At most this many rows per table, ids taken modulo it; 0: none. A full-shape step on a machine that cannot
     # hold the 150 billion table parameters (the CPU's step probe, bench): not the reference model.
     max_rows: int = 0
@@ -76,6 +80,12 @@ class DLRMv4Recipe(Recipe):
     embeddings: str = "torchrec"
 
     CHOICES = {"embeddings": ("torchrec",)}
+
+    def __post_init__(self) -> None:
+        if self.rules_grid:
+            interval = eval_interval(data.TRAIN_SAMPLES, self.global_batch_size, self.eval_every_pct)
+            object.__setattr__(self, "eval_every_samples", interval)
+            object.__setattr__(self, "eval_first_samples", first_eval(self.global_batch_size, interval))
 
     def validate(self) -> None:
         super().validate()
@@ -91,6 +101,10 @@ class DLRMv4Recipe(Recipe):
         if self.position_buckets < self.max_seq_len:
             raise TrainperfError(f"recipe field position_buckets {self.position_buckets}: fewer than max_seq_len "
                                  f"{self.max_seq_len}")
+        if self.warmup_start_lr and self.sparse_lr != self.base_lr:
+            # One factor drives both optimizers' rates (the runtime's schedule); the reference starts each at
+            # min(start, its own rate): the same only when the rates are equal (the closed rules') or the start 0.
+            raise TrainperfError("recipe field warmup_start_lr: a non-zero start needs sparse_lr equal to base_lr")
         if self.grad_accum_steps > 1:
             raise TrainperfError("recipe field grad_accum_steps > 1: the tables' update is fused into each backward "
                                  "pass, so it cannot wait for several micro-batches")
@@ -102,10 +116,8 @@ class DLRMv4Recipe(Recipe):
 
 
 def _rcp(gbs: int, lr: float) -> DLRMv4Recipe:
-    interval = eval_interval(data.TRAIN_SAMPLES, gbs)
     return DLRMv4Recipe(name=f"gbs{gbs}", global_batch_size=gbs, base_lr=lr, sparse_lr=lr, max_epochs=1,
-                        target=0.75, eval_every=1, eval_first=1, eval_every_samples=interval,
-                        eval_first_samples=first_eval(gbs, interval), max_samples=data.TRAIN_SAMPLES,
+                        target=0.75, eval_every=1, eval_first=1, rules_grid=True, max_samples=data.TRAIN_SAMPLES,
                         log_epoch_num="samples", max_grad_norm=1.0, precision="bf16")
 
 
