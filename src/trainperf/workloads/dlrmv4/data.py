@@ -24,7 +24,6 @@ one line naming the file."""
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,14 +88,6 @@ def popularity_file(data_dir: Path) -> Path:
     return data_dir / PROCESSED / "item_popularity.npy"
 
 
-def cross_hash(values: Sequence[int], rows: int, salt: int = 0) -> int:
-    """xxhash64 (seed = salt) of the values as little-endian int64s side by side, modulo `rows`: the reference's
-    `xxhash_cross` (bit-identical to Primus-DLRM's cross_hash_nway), through the xxhash package."""
-    import xxhash
-
-    return xxhash.xxh64(struct.pack(f"<{len(values)}q", *values), seed=salt).intdigest() % rows
-
-
 _P1, _P2, _P3, _P4, _P5 = (np.uint64(v) for v in (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
                                                   0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5))
 
@@ -106,8 +97,10 @@ def _rotl(x: np.ndarray, r: int) -> np.ndarray:
 
 
 def cross_hashes(columns: Sequence[np.ndarray], rows: int, salt: int = 0) -> np.ndarray:
-    """`cross_hash` of many rows at once (each column one key, int64): XXH64 written out for inputs of whole
-    8-byte lanes shorter than 32 bytes (the specification's short-input path), in numpy's wrapping uint64."""
+    """xxhash64 (seed = salt) of each row's keys side by side as little-endian int64s, modulo `rows`: the
+    reference's `xxhash_cross` (bit-identical to Primus-DLRM's cross_hash_nway), many rows at once. XXH64 written
+    out for inputs of whole 8-byte lanes shorter than 32 bytes (the specification's short-input path), in
+    numpy's wrapping uint64; tests/workloads/test_dlrmv4.py holds it equal to the xxhash package."""
     if not 1 <= len(columns) <= 3:
         raise ValueError("cross_hashes: 1 to 3 keys (inputs under 32 bytes)")
     with np.errstate(over="ignore"):
