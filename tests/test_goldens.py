@@ -6,6 +6,8 @@ moved cannot keep a calibration measured on other code."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.conftest import mini_data
@@ -27,10 +29,29 @@ def test_the_first_steps_equal_the_golden_record(tmp_path, name):
     assert not problems, "\n".join(problems) + HINT.format(name=name)
     # Its log, cut short after the first steps, is whole: every rule of the official checker passes but
     # those that bound an evaluation's value (and, stopped before its first evaluation, the one asking for one).
-    verdict = check(tmp_path / "log.txt", workload.mlperf.ruleset)
+    log = tmp_path / "log.txt"
+    if workload.mlperf.mini_waivers:  # the open rules a mini cannot meet, declared: every other one must hold
+        log = waived(log, workload.mlperf.mini_waivers)
+    verdict = check(log, workload.mlperf.ruleset)
     complaints = [line for line in verdict.output.splitlines() if line.startswith("WARNING")
                   and not (not workload.golden.evaluate and "occurrence of 'eval_accuracy' but found 0" in line)]
     assert all("Failed checks for" in line for line in complaints), complaints
+
+
+def waived(log, waivers):
+    """A copy of `log` with each waived key's value replaced by the one a compliant run logs."""
+    values = {key: value for key, value, _ in waivers}
+    lines = []
+    for line in log.read_text().splitlines():
+        if line.startswith(":::MLLOG "):
+            record = json.loads(line[len(":::MLLOG "):])
+            if record.get("key") in values:
+                record["value"] = values[record["key"]]
+                line = ":::MLLOG " + json.dumps(record)
+        lines.append(line)
+    out = log.with_name("waived.txt")
+    out.write_text("\n".join(lines) + "\n")
+    return out
 
 
 # Calibrated on code whose first steps differ from today's (benchmarks/goldens.py adopt found them moved): their

@@ -30,6 +30,11 @@ class MLPerf:
     # Full recipes not meant to pass the closed rules of the ruleset (an older round's settings: MiniGo's
     # v0.6 9x9 plays 4,096 games a generation, 1.0.0 requires 8,192).
     open_recipes: frozenset[str] = frozenset()
+    # The open-division rules a mini's log cannot honestly meet, each (key, the value a compliant run logs,
+    # why): dlrmv4's open rules fix Yambda-5B's sample counts and bound the learning rate to the reference's
+    # scaling law. The golden-record test checks a mini's log with these values put in place, so that every
+    # other rule still holds; `trainperf check` on a mini's log names them as failures, as they are.
+    mini_waivers: tuple[tuple[str, object, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.runs <= 2 * self.olympic_drop:

@@ -54,7 +54,14 @@ class DLRMv4Workload(Workload[DLRMv4Recipe]):
     name = "dlrmv4"
     benchmark = "dlrmv4"
     mlperf = MLPerf(ruleset="6.1.0", runs=10, rcp_in_samples=True, full_epoch_samples=data.TRAIN_SAMPLES,
-                    full_eval_forwards=data.EVAL_SAMPLES, full_eval_samples=data.EVAL_SAMPLES)
+                    full_eval_forwards=data.EVAL_SAMPLES, full_eval_samples=data.EVAL_SAMPLES, mini_waivers=(
+                        ("opt_base_learning_rate", 1e-6 * MINI.global_batch_size / 8192,
+                         "open_dlrmv4.yaml bounds it to 0.5-1.5e-6 x GBS / 8192, 7.8e-9 to 2.3e-8 at the mini's "
+                         "128: a mini trains at 5e-3"),
+                        ("opt_sparse_base_learning_rate", 1e-6 * MINI.global_batch_size / 8192,
+                         "the same band; the mini's tables train at 0.1"),
+                        ("train_samples", data.TRAIN_SAMPLES, "Yambda-5B's count; the mini's days hold 202,175"),
+                        ("eval_samples", data.EVAL_SAMPLES, "Yambda-5B's evaluation window; the mini's holds 9,286")))
     metric = Metric("auc", higher_is_better=True)
     summary = ("DLRMv4-HSTU on Yambda-5B, listen_plus ROC AUC on the day after training (mini: a listening log "
                "from a hidden listener model in the trainer's own format)")
