@@ -14,7 +14,10 @@ import pytest
 import torch
 
 from trainperf.errors import TrainperfError
+from trainperf.workloads.common.llm.model import Llama, LlamaConfig
+from trainperf.workloads.common.rl import engine as engine_mod
 from trainperf.workloads.common.rl import grpo, jail, sandbox
+from trainperf.workloads.common.rl.engine import RolloutEngine, Sampling, TorchEngine
 
 landlock = pytest.mark.skipif(jail.landlock_abi() < 1 or os.uname().machine not in ("x86_64", "aarch64"),
                               reason="the sandbox needs Linux Landlock and an x86_64/aarch64 seccomp filter")
@@ -287,3 +290,54 @@ def test_the_sandbox_is_safe_to_call_from_a_threaded_process() -> None:
     for t in threads:
         t.join()
     assert results == [True, True, True]
+
+
+def _tiny_llama(seed: int = 0) -> Llama:
+    torch.manual_seed(seed)
+    config = LlamaConfig(layers=2, dim=32, heads=4, kv_heads=2, ffn_dim=64, vocab_size=50, rope_theta=10_000.0,
+                         rope_factor=0.0, init_std=0.2)
+    model = Llama(config, max_seq_len=64)
+    model.reset_parameters()
+    return model
+
+
+def test_kv_cached_generation_gives_the_full_forwards_log_probs_under_left_padding() -> None:
+    model = _tiny_llama()
+    prompts = [[3, 7, 9, 11, 2], [5], [8, 8, 1]]
+    engine = TorchEngine(model)
+    out = engine.generate(prompts, Sampling(max_new_tokens=12, stop=4), torch.Generator().manual_seed(0))
+    assert out.tokens.shape[0] == 3 and out.generated_tokens == int(out.lengths.sum())
+    for row, prompt in enumerate(prompts):
+        n = int(out.lengths[row])
+        completion = out.tokens[row, :n]
+        full = torch.tensor(prompt + completion.tolist())[None]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(full)[0].float(), -1)
+        expected = logp[len(prompt) - 1:-1].gather(-1, completion[:, None])[:, 0]
+        torch.testing.assert_close(out.logprobs[row, :n], expected, rtol=1e-4, atol=1e-4)
+        assert out.truncated[row] == (4 not in completion.tolist())
+        assert (out.tokens[row, n:] == 0).all() and (out.logprobs[row, n:] == 0).all()
+
+
+def test_sampling_follows_temperature_and_top_p() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    kept = engine_mod.top_p_filter(logits, 0.7)
+    assert torch.isfinite(kept).tolist() == [[True, True, False, False]]
+    gen = torch.Generator().manual_seed(1)
+    draws = torch.stack([engine_mod.sample(logits.repeat(4000, 1), Sampling(top_p=0.7), gen)[0]]).flatten()
+    p = torch.softmax(logits[0, :2], -1)
+    assert set(draws.tolist()) == {0, 1} and abs((draws == 0).float().mean() - p[0]) < 0.03
+    greedy, logprob = engine_mod.sample(logits, Sampling(temperature=0), gen)
+    assert greedy.item() == 0 and logprob.item() == pytest.approx(torch.log_softmax(logits, -1)[0, 0].item())
+
+
+def test_a_separate_engine_copy_is_synced_with_the_trainers_weights() -> None:
+    trainer, copy = _tiny_llama(0), _tiny_llama(1)
+    engine = TorchEngine(copy, shared=False)
+    assert isinstance(engine, RolloutEngine)
+    moved = engine.load_weights(trainer.state_dict())
+    assert moved == sum(t.numel() * t.element_size() for t in trainer.state_dict().values())
+    prompts, sampling = [[1, 2, 3]], Sampling(temperature=0, max_new_tokens=6)
+    a = engine.generate(prompts, sampling, torch.Generator())
+    b = TorchEngine(trainer).generate(prompts, sampling, torch.Generator())
+    assert torch.equal(a.tokens, b.tokens)
