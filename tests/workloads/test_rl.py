@@ -341,3 +341,24 @@ def test_a_separate_engine_copy_is_synced_with_the_trainers_weights() -> None:
     a = engine.generate(prompts, sampling, torch.Generator())
     b = TorchEngine(trainer).generate(prompts, sampling, torch.Generator())
     assert torch.equal(a.tokens, b.tokens)
+
+
+@landlock
+def test_a_pool_runs_many_jobs_each_confined_to_its_own_folder() -> None:
+    solution = "def f(x):\n    return 2 * x\n"
+    with sandbox.Pool(workers=2) as pool:
+        # a fresh pool names its first batch's folders j1, j2, ...: the second job tries its sibling's
+        victim = sandbox.Job({"main.py": "import time\ntime.sleep(0.5)\nprint(open('t.txt').read())",
+                              "t.txt": "untouched"}, "main.py")
+        thief = sandbox.Job({"main.py": "open('../../j1/work/t.txt', 'w').write('passed')"}, "main.py")
+        escapes = pool.run([victim, thief, *(sandbox.Job({"main.py": code}, "main.py", limits=sandbox.Limits(
+            wall_s=1)) for code in ("import os\nos.fork()", "import time\ntime.sleep(60)",
+                                     "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
+                                     "import socket\nsocket.socket()", "x = bytearray(1 << 31)"))])
+        assert escapes[0].passed and escapes[0].stdout == "untouched\n"
+        assert [o.status for o in escapes[1:]] == ["failed", "failed", "timeout", "failed", "failed", "failed"]
+        jobs = [sandbox.Job({"main.py": f"from solution import f\nassert f({i}) == {2 * i + (i == 3)}\n",
+                             "solution.py": solution}, "main.py") for i in range(8)]
+        assert [o.passed for o in pool.run(jobs)] == [i != 3 for i in range(8)]
+        server = pool.proc
+    assert server.poll() is not None and not pool.root.exists()

@@ -27,8 +27,13 @@ import json
 import os
 import platform
 import resource
+import runpy
+import select
+import signal
 import struct
 import sys
+import time
+import traceback
 
 JAIL_FAILED = 97
 
@@ -44,7 +49,7 @@ _SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1 << 1
 _FILE_RIGHTS = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV
 _READ_ONLY = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
 
-_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, _PR_SET_PDEATHSIG = 38, 22, 2, 1
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _CLONE_THREAD = 0x00010000
 _RET_ALLOW, _RET_KILL_PROCESS, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
@@ -125,18 +130,23 @@ def _landlock(abi: int, read_only: list[str], writable: list[str], files: list[s
     os.close(ruleset)
 
 
-def seccomp_program(machine: str, pid: int) -> list[tuple[int, int, int, int]]:
+def seccomp_program(machine: str, pid: int | None) -> list[tuple[int, int, int, int]]:
     """The classic-BPF filter (code, jt, jf, k) for `machine`: the denials of the module's docstring,
-    signals allowed only to `pid`, any other architecture or x32 call killed."""
+    signals allowed only to `pid`, any other architecture or x32 call killed. `pid` None is the pool's
+    server (`serve`): it may fork its jobs and signal them, nothing else changes."""
     numbers = _SYSCALLS[machine]
     eperm, enosys = _RET_ERRNO | errno.EPERM, _RET_ERRNO | errno.ENOSYS
     prog = [(_LD_W_ABS, 0, 0, 4), (_JEQ_K, 1, 0, _AUDIT_ARCH[machine]), (_RET_K, 0, 0, _RET_KILL_PROCESS),
             (_LD_W_ABS, 0, 0, 0)]
     if machine == "x86_64":
         prog += [(_JGE_K, 0, 1, 0x40000000), (_RET_K, 0, 0, _RET_KILL_PROCESS)]
+    server = pid is None
     for name in _DENIED:
-        if name in numbers:
+        if name in numbers and not (server and name in ("fork", "vfork")):
             prog += [(_JEQ_K, 0, 1, numbers[name]), (_RET_K, 0, 0, eperm)]
+    if server:
+        prog += [(_JEQ_K, 0, 1, numbers["clone3"]), (_RET_K, 0, 0, enosys), (_RET_K, 0, 0, _RET_ALLOW)]
+        return prog
     # glibc falls back from clone3 to clone on ENOSYS, where the flags can be read (clone3 passes a pointer)
     prog += [(_JEQ_K, 0, 1, numbers["clone3"]), (_RET_K, 0, 0, enosys)]
     prog += [(_JEQ_K, 0, 4, numbers["clone"]), (_LD_W_ABS, 0, 0, 16), (_JSET_K, 0, 1, _CLONE_THREAD),
@@ -148,8 +158,8 @@ def seccomp_program(machine: str, pid: int) -> list[tuple[int, int, int, int]]:
     return prog
 
 
-def _seccomp(machine: str) -> None:
-    prog = seccomp_program(machine, os.getpid())
+def _seccomp(machine: str, pid: int | None) -> None:
+    prog = seccomp_program(machine, pid)
     raw = b"".join(struct.pack("=HBBI", *ins) for ins in prog)
     filters = ctypes.create_string_buffer(raw, len(raw))
 
@@ -161,29 +171,147 @@ def _seccomp(machine: str) -> None:
         _fail(f"seccomp filter refused: {os.strerror(ctypes.get_errno())}")
 
 
-def confine(spec: dict) -> None:
-    """Apply `spec`'s limits, Landlock domain and seccomp filter to this process."""
-    limits = spec["limits"]
+def _limit(limits: dict) -> None:
     for name, value in (("RLIMIT_CPU", limits["cpu_s"]), ("RLIMIT_AS", limits["memory_bytes"]),
                         ("RLIMIT_FSIZE", limits["file_bytes"]), ("RLIMIT_NOFILE", limits["open_files"]),
                         ("RLIMIT_CORE", 0)):
         resource.setrlimit(getattr(resource, name), (value, value))
+
+
+def confine(spec: dict, writable: str, pid: int | None) -> None:
+    """This process under a Landlock domain (`spec`'s read-only paths, `writable` read-write) and the
+    seccomp filter for `pid` (None: the pool's server)."""
     if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         _fail(f"no_new_privs refused: {os.strerror(ctypes.get_errno())}")
     abi = landlock_abi()
     if abi < 1:
         _fail("the kernel has no Landlock (Linux >= 5.13 with the landlock LSM enabled is needed)")
-    _landlock(abi, spec["read_only"], [spec["scratch"]], spec["files"])
+    _landlock(abi, spec["read_only"], [writable], spec["files"])
     machine = platform.machine()
     if machine not in _SYSCALLS:
         _fail(f"no seccomp filter for {machine} (x86_64 and aarch64 are supported)")
-    _seccomp(machine)
+    _seccomp(machine, pid)
+
+
+def _job(spec: dict, job: dict) -> None:
+    """In the forked child: one job confined to its own folder (a nested Landlock domain: it cannot touch
+    a sibling's files), its output to its log files, its script run as `__main__`; never returns."""
+    code = 1
+    try:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        home = os.path.join(spec["root"], job["dir"])
+        work = os.path.join(home, "work")
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            target = os.open(os.path.join(home, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(target, fd)
+            os.close(target)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.closerange(3, 65536)
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+        os.chdir(work)
+        _limit(job["limits"])
+        confine(spec, work, os.getpid())
+        sys.argv = list(job["argv"])
+        sys.path.insert(0, work)
+        try:
+            runpy.run_path(job["argv"][0], run_name="__main__")
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:  # the job's own error: its traceback is its stderr
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code & 0xFF)
+
+
+def _folder_too_big(folder: str, max_bytes: int, max_entries: int) -> bool:
+    total = entries = 0
+    stack = [folder]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    entries += 1
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_blocks * 512
+                    if entries > max_entries or total > max_bytes:
+                        return True
+        except OSError:
+            continue
+    return False
+
+
+def serve(spec: dict) -> None:
+    """The pool's server: confined to the pool's root (Landlock) and the server filter, it reads one JSON
+    job a line from stdin, runs up to `workers` at once, each in a forked child (no new interpreter: a job
+    starts in about a millisecond), kills a job at its wall limit or when its folder grows past its
+    limits, and writes one JSON result a line. End of input: it waits for the running jobs and exits."""
+    confine(spec, spec["root"], None)
+    out = sys.stdout
+    out.write('{"ready": true}\n')
+    out.flush()
+    pending: list[dict] = []
+    running: dict[int, tuple[dict, float]] = {}
+    buffer, open_input = b"", True
+    last_check = 0.0
+    while open_input or pending or running:
+        if open_input:
+            ready, _, _ = select.select([0], [], [], 0.005 if running or pending else 0.5)
+            if ready:
+                chunk = os.read(0, 1 << 16)
+                if not chunk:
+                    open_input = False
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                pending += [json.loads(line) for line in lines if line.strip()]
+        else:
+            time.sleep(0.005)
+        while pending and len(running) < spec["workers"]:
+            job = pending.pop(0)
+            pid = os.fork()
+            if pid == 0:
+                _job(spec, job)
+            running[pid] = (job, time.monotonic())
+        now = time.monotonic()
+        check = now - last_check > 0.05
+        last_check = now if check else last_check
+        for pid, (job, start) in list(running.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            verdict = None
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                verdict = {"status": "passed" if code == 0 else "killed" if code < 0 else "failed", "returncode": code}
+            elif now - start > job["wall_s"]:
+                verdict = {"status": "timeout"}
+            elif check and _folder_too_big(os.path.join(spec["root"], job["dir"], "work"), job["scratch_bytes"],
+                                           job["scratch_entries"]):
+                verdict = {"status": "scratch"}
+            if verdict is None:
+                continue
+            if not done:
+                os.kill(pid, signal.SIGKILL)
+                verdict["returncode"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            del running[pid]
+            out.write(json.dumps({"id": job["id"], "seconds": time.monotonic() - start, **verdict}) + "\n")
+            out.flush()
 
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
+    if spec.get("serve"):
+        serve(spec)
+        return
     os.chdir(spec["scratch"])
-    confine(spec)
+    _limit(spec["limits"])
+    confine(spec, spec["scratch"], os.getpid())
     argv = spec["argv"]
     try:
         os.execve(argv[0], argv, spec["env"])

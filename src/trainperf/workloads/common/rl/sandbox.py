@@ -78,27 +78,6 @@ def _tail(path: Path, limit: int) -> str:
     return text + ("\n[... output cut]" if len(data) > limit else "")
 
 
-def _too_big(folder: Path, limits: Limits) -> bool:
-    total = entries = 0
-    stack = [folder]
-    while stack:
-        try:
-            with os.scandir(stack.pop()) as it:
-                for entry in it:
-                    entries += 1
-                    if entries > limits.scratch_entries:
-                        return True
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(Path(entry.path))
-                    elif entry.is_file(follow_symlinks=False):
-                        total += entry.stat(follow_symlinks=False).st_blocks * 512
-                        if total > limits.scratch_bytes:
-                            return True
-        except OSError:
-            continue
-    return False
-
-
 def run(files: Mapping[str, str | bytes], argv: list[str], limits: Limits = Limits(),
         workdir: Path | None = None) -> Outcome:
     """Write `files` (relative paths) into a fresh scratch folder and run `argv` there, confined.
@@ -110,12 +89,7 @@ def run(files: Mapping[str, str | bytes], argv: list[str], limits: Limits = Limi
     try:
         scratch.mkdir()
         logs.mkdir()
-        for name, content in files.items():
-            path = (scratch / name).resolve()
-            if scratch.resolve() not in path.parents:
-                raise TrainperfError(f"sandbox: file name {name!r} leaves the scratch folder")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content.encode() if isinstance(content, str) else content)
+        _write_files(scratch, files)
         program = [sys.executable, "-E", "-s", "-S", *argv[1:]] if argv[0] == "python" else list(argv)
         spec = {"scratch": str(scratch), "argv": program, "read_only": _read_only_paths(), "files": ["/dev/null"],
                 "env": {"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch), "LANG": "C.UTF-8",
@@ -134,7 +108,7 @@ def run(files: Mapping[str, str | bytes], argv: list[str], limits: Limits = Limi
                     if time.perf_counter() > deadline:
                         status = "timeout"
                         break
-                    if _too_big(scratch, limits):
+                    if jail._folder_too_big(str(scratch), limits.scratch_bytes, limits.scratch_entries):
                         status = "scratch"
                         break
                     time.sleep(0.02)
@@ -151,6 +125,110 @@ def run(files: Mapping[str, str | bytes], argv: list[str], limits: Limits = Limi
         return Outcome(status, proc.returncode, seconds, _tail(logs / "stdout", limits.output_bytes), stderr)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A Python script to run in a `Pool`: its files (relative paths), the script's name and arguments."""
+
+    files: Mapping[str, str | bytes]
+    script: str
+    args: tuple[str, ...] = ()
+    limits: Limits = Limits()
+
+
+def _write_files(folder: Path, files: Mapping[str, str | bytes]) -> None:
+    root = folder.resolve()
+    for name, content in files.items():
+        path = (folder / name).resolve()
+        if root not in path.parents:
+            raise TrainperfError(f"sandbox: file name {name!r} leaves the scratch folder")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+
+
+class Pool:
+    """Many jobs under the same confinement as `run`, without a Python start-up each: one confined server
+    (jail.py's `serve`) forks a child per job, `workers` at a time, each child in a nested Landlock domain
+    over its own folder only (a completion cannot read or rewrite another's tests) and the no-fork
+    filter. What the RL loop uses: a step's rewards are hundreds of test runs.
+
+    Use as a context manager; `run` takes a batch of jobs and returns their outcomes in order."""
+
+    def __init__(self, workers: int = 2, workdir: Path | None = None) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="trainperf-pool-", dir=workdir))
+        self._next = 0
+        self._log = open(self.root.parent / f"{self.root.name}.log", "w+b")  # noqa: SIM115 (kept open)
+        jobs = self.root / "jobs"
+        jobs.mkdir()
+        spec = {"serve": True, "root": str(jobs), "workers": workers, "read_only": _read_only_paths(),
+                "files": ["/dev/null"]}
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(_JAIL), json.dumps(spec)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=jobs,
+                                     env={}, start_new_session=True, close_fds=True)
+        self.jobs = jobs
+        line = self.proc.stdout.readline() if self.proc.stdout else b""
+        if b"ready" not in line:
+            self.proc.wait()
+            self._log.seek(0)
+            message = self._log.read().decode("utf-8", "replace").strip().splitlines()
+            self.close()
+            raise TrainperfError(message[-1] if message else "sandbox: the pool's server did not start")
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, jobs: list[Job]) -> list[Outcome]:
+        ids = []
+        for job in jobs:
+            self._next += 1
+            name = f"j{self._next}"
+            (self.jobs / name).mkdir()
+            _write_files(self.jobs / name / "work", job.files)
+            (self.jobs / name / "work").mkdir(exist_ok=True)
+            ids.append(name)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        for name, job in zip(ids, jobs, strict=True):
+            limits = job.limits
+            line = {"id": name, "dir": name, "argv": [job.script, *job.args], "wall_s": limits.wall_s,
+                    "scratch_bytes": limits.scratch_bytes, "scratch_entries": limits.scratch_entries,
+                    "limits": {"cpu_s": limits.cpu_s, "memory_bytes": limits.memory_bytes,
+                               "file_bytes": limits.file_bytes, "open_files": limits.open_files}}
+            self.proc.stdin.write(json.dumps(line).encode() + b"\n")
+        self.proc.stdin.flush()
+        results: dict[str, dict] = {}
+        while len(results) < len(ids):
+            raw = self.proc.stdout.readline()
+            if not raw:
+                raise TrainperfError("sandbox: the pool's server stopped before its jobs ended")
+            result = json.loads(raw)
+            results[result["id"]] = result
+        outcomes = []
+        for name, job in zip(ids, jobs, strict=True):
+            r, home = results[name], self.jobs / name
+            outcomes.append(Outcome(r["status"], r.get("returncode"), r["seconds"],
+                                    _tail(home / "stdout", job.limits.output_bytes),
+                                    _tail(home / "stderr", job.limits.output_bytes)))
+            shutil.rmtree(home, ignore_errors=True)
+        return outcomes
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        self._log.close()
+        Path(self._log.name).unlink(missing_ok=True)
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def container_runtime() -> str:
