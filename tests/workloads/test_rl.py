@@ -16,7 +16,7 @@ import torch
 from trainperf.errors import TrainperfError
 from trainperf.workloads.common.llm.model import Llama, LlamaConfig
 from trainperf.workloads.common.rl import engine as engine_mod
-from trainperf.workloads.common.rl import grpo, jail, sandbox
+from trainperf.workloads.common.rl import grpo, jail, loop, sandbox
 from trainperf.workloads.common.rl.engine import RolloutEngine, Sampling, TorchEngine
 
 landlock = pytest.mark.skipif(jail.landlock_abi() < 1 or os.uname().machine not in ("x86_64", "aarch64"),
@@ -362,3 +362,45 @@ def test_a_pool_runs_many_jobs_each_confined_to_its_own_folder() -> None:
         assert [o.passed for o in pool.run(jobs)] == [i != 3 for i in range(8)]
         server = pool.proc
     assert server.poll() is not None and not pool.root.exists()
+
+
+def test_completion_logprobs_equal_the_engines_for_the_same_weights() -> None:
+    model = _tiny_llama(2)
+    prompts = [[3, 7, 9], [5], [8, 8, 1, 2]]
+    out = TorchEngine(model).generate(prompts, Sampling(max_new_tokens=7, stop=4), torch.Generator().manual_seed(3))
+    logprobs, mask = loop.completion_logprobs(model, prompts, out)
+    torch.testing.assert_close(logprobs * mask, out.logprobs, rtol=1e-4, atol=1e-4)
+    assert mask.sum() == out.lengths.sum()
+
+
+def test_grpo_steps_raise_a_verifiable_reward_and_time_each_phase() -> None:
+    # reward: the completion's first token is even: GRPO must move the policy's mass there
+    model = _tiny_llama(3)
+    engine = TorchEngine(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    phases = loop.Phases()
+    gen = torch.Generator().manual_seed(0)
+
+    def rewarder(owner, rollouts):
+        return (rollouts.tokens[:, 0] % 2 == 0).float()
+
+    prompts = [[1, 2], [3], [4, 5, 6], [9]]
+    sampling = Sampling(max_new_tokens=3)
+    before = loop.evaluate_pass_at_k(engine, prompts, 4, Sampling(temperature=1.0, max_new_tokens=1), rewarder, gen)
+    for _ in range(25):
+        result = loop.grpo_step(model, optimizer, engine, prompts, 8, sampling, rewarder, gen, phases, micro_batch=12,
+                                overlong_filtering=False)
+    after = loop.evaluate_pass_at_k(engine, prompts, 4, Sampling(temperature=1.0, max_new_tokens=1), rewarder, gen)
+    assert before["pass@1[avg-of-4]"] < 0.7 and after["pass@1[avg-of-4]"] > 0.95 and result.reward > 0.9
+    rates = phases.rates()
+    assert phases.rollout_tokens == 25 * 32 * 3 and rates["rollout_tokens_per_s"] > 0
+    assert abs(sum(v for k, v in rates.items() if k.endswith("_share")) - 1) < 1e-9
+
+
+def test_completions_cut_at_the_length_limit_do_not_train() -> None:
+    model = _tiny_llama(4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    result = loop.grpo_step(model, optimizer, TorchEngine(model), [[1, 2], [3]], 4, Sampling(max_new_tokens=3),
+                            lambda owner, r: torch.arange(len(owner)).float(), torch.Generator(), loop.Phases())
+    assert result.kept == 0.0 and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
