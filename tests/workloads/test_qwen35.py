@@ -3,9 +3,13 @@ logits), its chunked delta rule to the token-by-token definition, and its size t
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
+from trainperf.errors import TrainperfError
+from trainperf.workloads.common.llm.hf_qwen35 import Qwen35Checkpoint
 from trainperf.workloads.common.llm.moe import MoEConfig
 from trainperf.workloads.common.llm.qwen35 import (
     QWEN35_397B,
@@ -108,3 +112,54 @@ def test_the_same_weights_give_transformers_logits() -> None:
         expected = hf(tokens).logits
         got = ours(tokens)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def _saved(tmp_path, vlm: bool = False):
+    from safetensors.torch import load_file, save_file
+
+    hf = _hf_model()
+    folder = tmp_path / "ckpt"
+    hf.save_pretrained(folder)
+    if vlm:  # the release's layout: the text model under model.language_model., the config nested
+        tensors = load_file(folder / "model.safetensors")
+        save_file({k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v
+                   for k, v in tensors.items()}, folder / "model.safetensors")
+        text = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe", "text_config": text}))
+    return hf, folder
+
+
+@pytest.mark.parametrize("vlm", [False, True])
+def test_a_transformers_checkpoint_is_read_into_the_model(tmp_path, vlm: bool) -> None:
+    hf, folder = _saved(tmp_path, vlm)
+    checkpoint = Qwen35Checkpoint(folder)
+    checkpoint.require(TINY)
+    checkpoint.check_headers()
+    ours = Qwen35(TINY, 64).eval()
+    checkpoint.load_into(ours)
+    tokens = torch.randint(0, TINY.vocab_size, (1, 17), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens), hf(tokens).logits, rtol=1e-4, atol=1e-4)
+    # expert parallelism: a process holding experts 4-7 reads only theirs
+    w1 = checkpoint.region("blocks.0.moe.experts.w1", (8, 64, 16), (slice(0, 4), slice(0, 64), slice(0, 16)), 4)
+    torch.testing.assert_close(w1, ours.blocks[0].moe.experts.w1[4:].detach())
+
+
+def test_a_damaged_checkpoint_is_one_line(tmp_path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    _, folder = _saved(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, num_experts=16)))
+    with pytest.raises(TrainperfError, match="moe.experts 16 in the checkpoint, 8 in the recipe"):
+        Qwen35Checkpoint(folder).require(TINY)
+    (folder / "config.json").write_text(json.dumps(dict(config, rope_parameters={"rope_type": "yarn"})))
+    with pytest.raises(TrainperfError, match="rotary scaling"):
+        Qwen35Checkpoint(folder)
+    (folder / "config.json").write_text(json.dumps(config))
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["model.layers.1.mlp.experts.5.up_proj.weight"]
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(TrainperfError, match=r"no tensor model.layers.1.mlp.experts.5.up_proj.weight") as err:
+        Qwen35Checkpoint(folder).check_headers()
+    assert "\n" not in str(err.value)
