@@ -136,3 +136,17 @@ def test_the_unittest_runner_prints_the_summary_the_grader_reads() -> None:
     assert verdicts[0] == (True, EXPECTED)
     assert verdicts[1] == (False, dict(EXPECTED, **{"TestF.test_2": "FAILED"}))
     assert verdicts[2][0] is False and set(verdicts[2][1].values()) == {"ERROR"}
+
+
+@pytest.mark.skipif(jail.landlock_abi() < 1, reason="the sandbox needs Linux Landlock")
+def test_completions_are_graded_in_the_pool_and_a_repeated_text_runs_once() -> None:
+    from trainperf.workloads.common.rl.rewards import SandboxRewarder
+
+    tasks = [r2e.parse_row(_row(), "x")]
+    with sandbox.Pool(workers=2) as pool:
+        rewarder = SandboxRewarder(pool, tasks, decode=lambda t: "".join(map(chr, t)),
+                                   files_of=lambda task, text: {"solution.py": f"def f(x):\n    return {text}\n"},
+                                   limits=sandbox.Limits(wall_s=2.0, cpu_s=2), memo=2)
+        texts = ["3 * x", "x + x + x", "2 * x", "3 * x", "__import__('time').sleep(9)", "x * 3"]
+        assert rewarder.grade([(0, t) for t in texts]) == [1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+        assert rewarder.runs == 5
