@@ -893,7 +893,24 @@ def _megatron_float_tokens() -> bytes:
     return bytes(raw)
 
 
+def _r2e_rows() -> bytes:
+    from trainperf.workloads.common.rl import r2e
+
+    code = "import unittest\nclass T(unittest.TestCase):\n    def test_a(self):\n        pass\n"
+    tests = {"r2e_tests/test_1.py": code}
+    rows = [r2e.build_row(f"acme__calc-{i:040d}", "acme/calc", f"issue {i}", tests, {"T.test_a": "PASSED"},
+                          "swe_agents_val", container_id=i) for i in range(2)]
+    return b"".join(json.dumps(row, separators=(",", ":")).encode() + b"\n" for row in rows)
+
+
+def _read_r2e(path: Path) -> object:
+    from trainperf.workloads.common.rl import r2e
+
+    return list(r2e.read_tasks(path))
+
+
 READERS: list[Reader] = [
+    Reader("R2E-Gym task rows (jsonl)", "benchmark_r2e_gym_easy_val.jsonl", _r2e_rows, _read_r2e),
     Reader("imagenet jpeg", "n0_0.JPEG", _jpeg, _decode, workloads=("resnet",)),
     Reader("imagenet png named JPEG", "n0_1.JPEG", _png, _decode, workloads=("resnet",)),
     Reader("movielens ratings.csv", "ratings.csv", _ratings, _convert_ratings,

@@ -96,6 +96,54 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return rotated.flatten(-2).type_as(x)
 
 
+class LayerCache:
+    """One layer's keys and values for incremental decoding, preallocated for `length` positions; the
+    valid keys (False on left padding) are shared by all layers through `KVCache`."""
+
+    def __init__(self, owner: KVCache, batch: int, kv_heads: int, length: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        self.owner = owner
+        self.k = torch.zeros(batch, length, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Store the new tokens' keys and values; return every key and value so far and the attention
+        mask [B, 1, new, all] (causal, padding out; a padding query sees itself so no row is empty)."""
+        start, seq = self.owner.filled, k.shape[1]
+        end = start + seq
+        self.k[:, start:end], self.v[:, start:end] = k, v
+        return self.k[:, :end], self.v[:, :end], self.owner.mask(start, seq)
+
+
+class KVCache:
+    """Keys and values of every layer for a batch of sequences being generated (trainperf's own rollout
+    engine, workloads/common/rl/engine.py); `valid` [B, length] marks real tokens (prompts left-padded)."""
+
+    def __init__(self, config: LlamaConfig, batch: int, length: int, dtype: torch.dtype,
+                 device: torch.device | str, kv_heads: int | None = None) -> None:
+        heads = kv_heads if kv_heads is not None else config.kv_heads
+        self.layers = [LayerCache(self, batch, heads, length, config.head_dim, dtype, device)
+                       for _ in range(config.layers)]
+        self.valid = torch.zeros(batch, length, dtype=torch.bool, device=device)
+        self.filled = 0
+        self._mask: tuple[int, int, torch.Tensor] | None = None
+
+    def mask(self, start: int, seq: int) -> torch.Tensor:
+        if self._mask is None or self._mask[:2] != (start, seq):
+            end = start + seq
+            keys = torch.arange(end, device=self.valid.device)
+            queries = torch.arange(start, end, device=self.valid.device)
+            causal = keys[None, :] <= queries[:, None]
+            own = keys[None, :] == queries[:, None]
+            allowed = causal[None] & self.valid[:, None, :end] | own[None]
+            self._mask = (start, seq, allowed[:, None])
+        return self._mask[2]
+
+    def advance(self, seq: int) -> None:
+        self.filled += seq
+        self._mask = None
+
+
 class Attention(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -109,7 +157,8 @@ class Attention(nn.Module):
         self.qkv_adapter: nn.Module | None = None
         self.o_adapter: nn.Module | None = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
+                ) -> torch.Tensor:
         batch, seq, _ = x.shape
         q, k, v = self.wq(x), self.wk(x), self.wv(x)
         if self.qkv_adapter is not None:
@@ -120,6 +169,9 @@ class Attention(nn.Module):
         k = k.view(batch, seq, -1, self.head_dim)
         v = v.view(batch, seq, -1, self.head_dim)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        mask = None
+        if cache is not None:
+            k, v, mask = cache.extend(k, v)
         # Each key/value head serves heads // kv_heads query heads. Repeated here rather than through SDPA's
         # enable_gqa, which sends torch 2.11's CUDA dispatch to the math kernel (a 16 GiB score matrix at
         # 8,192 tokens on the H100 round) instead of flash or cuDNN.
@@ -127,7 +179,11 @@ class Attention(nn.Module):
         if repeat > 1:
             k, v = k.repeat_interleave(repeat, dim=2), v.repeat_interleave(repeat, dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(batch, seq, -1)
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = out.transpose(1, 2).reshape(batch, seq, -1)
         if self.o_adapter is not None:
             return self.wo(out) + self.o_adapter(out)
         return self.wo(out)
@@ -152,8 +208,9 @@ class Block(nn.Module):
         self.ffn_norm = nn.RMSNorm(config.dim, eps=config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
+                ) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -207,6 +264,18 @@ class Llama(ShardedModel):
         x = self.tok_embeddings(tokens)
         for block in self.blocks:
             x = block(x, cos, sin)
+        return self.output(self.norm(x))
+
+    def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits of `tokens` [B, S] that continue the sequences `cache` holds (the prompt's prefill, then
+        one token a step), the cache extended with them. Positions are the cache's slots: a row left-padded
+        by n is shifted by n, which rotary embeddings, depending only on distances, do not see."""
+        start, seq = cache.filled, tokens.shape[1]
+        cos, sin = self.rope_cos[start:start + seq], self.rope_sin[start:start + seq]
+        x = self.tok_embeddings(tokens)
+        for block, layer in zip(self.blocks, cache.layers, strict=True):
+            x = block(x, cos, sin, layer)
+        cache.advance(seq)
         return self.output(self.norm(x))
 
     def activation_bytes(self, seq_len: int, tp: int, checkpointing: str) -> int:

@@ -67,6 +67,8 @@ class MoEConfig:
     balance: str = "global"
     # Rows each expert takes per process, as a multiple of its even share (0: dropless, as the references).
     capacity_factor: float = 0.0
+    # Qwen3-Next/Qwen3.5's gate on the shared experts: their output times sigmoid(x . w), w [dim].
+    shared_gate: bool = False
 
     def check(self, where: str) -> None:
         if not 1 <= self.top_k <= self.experts:
@@ -95,10 +97,11 @@ class MoEConfig:
         per_expert = self.routed_parameters(dim) // self.experts
         router = dim * self.experts + (self.experts if self.router_bias else 0)
         return router + (self.top_k + self.shared) * per_expert - (
-            self.shared * ((2 * self.hidden + dim) if self.expert_bias else 0))
+            self.shared * ((2 * self.hidden + dim) if self.expert_bias else 0)) + (
+            dim if self.shared and self.shared_gate else 0)
 
     def parameters(self, dim: int) -> int:
-        shared = self.shared * 3 * dim * self.hidden
+        shared = self.shared * 3 * dim * self.hidden + (dim if self.shared_gate else 0)
         router = dim * self.experts + (self.experts if self.router_bias else 0)
         return self.routed_parameters(dim) + shared + router
 
@@ -269,6 +272,7 @@ class MoE(ExpertLayer):
         self.router = Router(dim, config)
         self.experts = GroupedExperts(dim, config)
         self.shared = SharedExperts(dim, config.shared * config.hidden) if config.shared else None
+        self.shared_gate = nn.Linear(dim, 1, bias=False) if config.shared and config.shared_gate else None
         # Rows per expert group the grouped kernels want: None, 16 on CUDA and 1 elsewhere.
         self.align: int | None = None
         self.register_buffer("load", torch.zeros(config.experts), persistent=False)
@@ -313,7 +317,10 @@ class MoE(ExpertLayer):
         out = (unsorted.float().view(-1, c.top_k, dim) * weights.unsqueeze(-1)).sum(dim=1).to(x.dtype)
         out = out.view(batch, seq, dim)
         if self.shared is not None:
-            out = out + self.shared(x)
+            shared = self.shared(x)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(x)) * shared
+            out = out + shared
         return out, aux
 
     def _local(self, rows: torch.Tensor, counts: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
@@ -410,6 +417,8 @@ def init_moe(module: MoE, std: float, residual_std: float) -> None:
         nn.init.normal_(module.shared.w1.weight, std=std)
         nn.init.normal_(module.shared.w3.weight, std=std)
         nn.init.normal_(module.shared.w2.weight, std=residual_std)
+    if module.shared_gate is not None:
+        nn.init.normal_(module.shared_gate.weight, std=std)
     module.load.zero_()
     module.tokens_seen.zero_()
 

@@ -1,0 +1,133 @@
+"""One GRPO step and a pass@k evaluation, in the order the v6.1 reference runs them (NeMo-RL's
+`grpo_train`, synchronous form: generate, reward, advantages, the trainer's log-probs, the loss, one
+optimizer step per rollout batch, the weight sync), each phase timed on its own: in RL the time goes to
+generation, and a user tuning a cluster needs rollout and training throughput apart.
+
+The reference's asynchronous variant (`async_grpo.enabled`, trajectories at most one step old) overlaps
+the next batch's generation with this step's training; its importance-sampling correction is what
+`grpo.clipped_pg_loss` applies. This loop is the synchronous order (age 0): the same arithmetic, no overlap.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from trainperf.workloads.common.rl import grpo
+from trainperf.workloads.common.rl.engine import RolloutEngine, Rollouts, Sampling
+
+# rewards of a batch: (the prompt index of each completion, the rollouts) -> [N] float rewards
+Rewarder = Callable[[Sequence[int], Rollouts], torch.Tensor]
+
+
+@dataclass
+class Phases:
+    """Seconds and tokens per phase of the steps so far."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("rollout", "reward", "train", "sync"),
+                                                                             0.0))
+    rollout_tokens: int = 0
+    train_tokens: int = 0
+
+    def add(self, phase: str, start: float) -> float:
+        now = time.perf_counter()
+        self.seconds[phase] += now - start
+        return now
+
+    def rates(self) -> dict[str, float]:
+        """Generated tokens a second of rollout, trained tokens a second of training, each phase's share."""
+        total = sum(self.seconds.values()) or 1.0
+        out = {f"{k}_share": v / total for k, v in self.seconds.items()}
+        out["rollout_tokens_per_s"] = self.rollout_tokens / max(self.seconds["rollout"], 1e-9)
+        out["train_tokens_per_s"] = self.train_tokens / max(self.seconds["train"], 1e-9)
+        return out
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float
+    reward: float
+    kept: float
+    grad_norm: float
+
+
+def completion_logprobs(model: nn.Module, prompts: Sequence[Sequence[int]], rollouts: Rollouts,
+                        pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The trainer's log-probabilities of each completion's tokens [N, T] (with gradient) and their mask:
+    prompt and completion laid out right-padded, one forward, the next-token log-softmax gathered."""
+    tokens, lengths = rollouts.tokens, rollouts.lengths
+    n, width = tokens.shape
+    device = tokens.device
+    prompt_lens = torch.tensor([len(p) for p in prompts], device=device)
+    total = int(prompt_lens.max()) + width
+    seqs = torch.full((n, total), pad, dtype=torch.long, device=device)
+    for row, prompt in enumerate(prompts):
+        seqs[row, :len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long, device=device)
+    positions = prompt_lens[:, None] + torch.arange(width, device=device)[None]
+    mask = torch.arange(width, device=device)[None] < lengths[:, None]
+    seqs.scatter_(1, positions, torch.where(mask, tokens, pad))
+    logits = model(seqs[:, :-1]).float()
+    picked = logits.gather(1, (positions - 1)[..., None].expand(-1, -1, logits.shape[-1]))
+    logprobs = torch.log_softmax(picked, -1).gather(-1, tokens[..., None])[..., 0]
+    return logprobs, mask.to(logprobs.dtype)
+
+
+def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer, engine: RolloutEngine,
+              prompts: Sequence[Sequence[int]], group: int, sampling: Sampling, rewarder: Rewarder,
+              generator: torch.Generator, phases: Phases, max_grad_norm: float = 1.0,
+              loss_config: grpo.PGLossConfig = grpo.PGLossConfig(), micro_batch: int = 0,
+              overlong_filtering: bool = True) -> StepResult:
+    """Generate `group` completions of each prompt, reward them, and take one optimizer step on the
+    clipped policy-gradient loss (token-level over the whole batch, micro-batches of `micro_batch`
+    completions accumulated; 0: one). With `overlong_filtering` (the reference's), a completion cut at
+    `max_new_tokens` without its stop token does not train."""
+    start = time.perf_counter()
+    repeated = [p for p in prompts for _ in range(group)]
+    owner = [i for i in range(len(prompts)) for _ in range(group)]
+    rollouts = engine.generate(repeated, sampling, generator)
+    phases.rollout_tokens += rollouts.generated_tokens
+    start = phases.add("rollout", start)
+    rewards = rewarder(owner, rollouts).float()
+    start = phases.add("reward", start)
+    advantages = grpo.group_advantages(rewards, group)
+    n = len(repeated)
+    size = micro_batch or n
+    chunks = [slice(i, min(i + size, n)) for i in range(0, n, size)]
+    with torch.no_grad():
+        masks = []
+        for part in chunks:
+            sub = Rollouts(rollouts.tokens[part], rollouts.lengths[part], rollouts.logprobs[part],
+                           rollouts.truncated[part])
+            logprobs, token_mask = completion_logprobs(model, repeated[part], sub)
+            masks.append(grpo.sample_mask(sub.truncated, sub.logprobs, logprobs, token_mask,
+                                          overlong_filtering=overlong_filtering))
+        keep = torch.cat(masks)
+    valid = float((rollouts.lengths.float() * keep).sum())
+    total = 0.0
+    for part, part_keep in zip(chunks, keep.split([c.stop - c.start for c in chunks]), strict=True):
+        sub = Rollouts(rollouts.tokens[part], rollouts.lengths[part], rollouts.logprobs[part], rollouts.truncated[part])
+        logprobs, token_mask = completion_logprobs(model, repeated[part], sub)
+        loss = grpo.clipped_pg_loss(logprobs, sub.logprobs, advantages[part], token_mask, part_keep, valid, loss_config)
+        loss.backward()
+        total += float(loss.detach())
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    phases.train_tokens += int(rollouts.lengths.sum()) + sum(len(p) for p in repeated)
+    start = phases.add("train", start)
+    engine.load_weights(model.state_dict())
+    phases.add("sync", start)
+    return StepResult(total, float(rewards.mean()), float(keep.mean()), float(norm))
+
+
+def evaluate_pass_at_k(engine: RolloutEngine, prompts: Sequence[Sequence[int]], k: int, sampling: Sampling,
+                       rewarder: Rewarder, generator: torch.Generator) -> dict[str, float]:
+    """The reference's validation: k samples of each prompt at the validation sampling, pass@k observed."""
+    repeated = [p for p in prompts for _ in range(k)]
+    owner = [i for i in range(len(prompts)) for _ in range(k)]
+    rollouts = engine.generate(repeated, sampling, generator)
+    return grpo.observed_pass_at_k(rewarder(owner, rollouts), k)
