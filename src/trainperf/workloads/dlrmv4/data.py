@@ -351,6 +351,14 @@ class YambdaCache(DataSource):
     def __init__(self, history: int = HISTORY_LENGTH) -> None:
         self.history = history
 
+    def eval_set(self, data_dir: Path) -> tuple[Path, int] | None:
+        """The anchors of the evaluation day, counted from their times in one chunked pass: the store's last
+        day, as the reference's is (EVAL_HOLDOUT_TS 299, Yambda-5B's last; the mini's last of its 24). A store
+        of fewer days than Yambda-5B's needs a recipe whose `eval_window` is its last day."""
+        store = Store(data_dir, self.history)
+        counts = store.window_counts()
+        return store.dir / anchor_ts_name(self.history), int(counts[-1]) if len(counts) else 0
+
     def problems(self, data_dir: Path) -> list[str]:
         found = []
         folder = cache_dir(data_dir, self.history)

@@ -82,7 +82,9 @@ class DLRMv4Recipe(Recipe):
     CHOICES = {"embeddings": ("torchrec",)}
 
     def __post_init__(self) -> None:
-        if self.rules_grid:
+        # Values out of their ranges are left for validate() to name (the grid is computed from valid ones only).
+        if self.rules_grid and self.global_batch_size > 0 and math.isfinite(self.eval_every_pct) and (
+                self.eval_every_pct > 0 and self.eval_every_samples >= 0 and self.eval_first_samples >= 0):
             interval = eval_interval(data.TRAIN_SAMPLES, self.global_batch_size, self.eval_every_pct)
             object.__setattr__(self, "eval_every_samples", interval)
             object.__setattr__(self, "eval_first_samples", first_eval(self.global_batch_size, interval))

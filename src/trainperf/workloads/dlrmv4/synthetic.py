@@ -134,6 +134,9 @@ class GeneratedYambda(DataSource):
             found.append(f"{data_dir / TRUTH}: missing")
         return found
 
+    def eval_set(self, data_dir: Path) -> tuple[Path, int] | None:
+        return data.YambdaCache(HISTORY).eval_set(data_dir)
+
     def prepare(self, data_dir: Path, say: Callable[[str], None]) -> None:
         if (data_dir / data.PROCESSED).exists() and data.YambdaCache(HISTORY).problems(data_dir):
             raise TrainperfError(f"{data_dir / data.PROCESSED}: a partial event store is there; remove it first")

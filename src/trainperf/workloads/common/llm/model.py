@@ -210,7 +210,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
                 ) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, cache)
+        # the cache as a keyword: tensor parallelism's PrepareModuleInput lays out the positional inputs only
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache=cache)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
