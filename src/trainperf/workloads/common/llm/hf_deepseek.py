@@ -175,11 +175,7 @@ class DeepSeekCheckpoint(Shards):
         Hugging Face matrix ([out, in]) read transposed."""
         theirs = dict(self.names())[name]
         if ".experts." in name:
-            experts, rows, cols = where
-            hf_shape = _hf_expert_shape(name, shape)
-            parts = [self._tensor(_expert(theirs, first_expert + e), hf_shape)[cols, rows].t()
-                     for e in range(experts.start, experts.stop)]
-            return torch.stack(parts) if parts else torch.empty(0, rows.stop - rows.start, cols.stop - cols.start)
+            return expert_region(self, theirs, name, shape, where, first_expert)
         if name == "mtp.proj.weight":  # Hugging Face's columns: [embedding | hidden]; this model's: the reverse
             dim = self.config.dim
             rows, cols = where
@@ -193,15 +189,33 @@ class DeepSeekCheckpoint(Shards):
     def load_into(self, model: nn.Module) -> None:
         """Copy every parameter and the routers' correction biases of `model` (plain, or DTensor shards; its
         experts all, or this process's under expert parallelism) from the checkpoint."""
-        tensors = dict(_named(model))
-        first = {f"{path}.experts.": layer.ep.rank * (layer.config.experts // layer.ep.size)
-                 for path, layer in _moe_layers(model) if layer.ep is not None}
-        for name, _ in self.names():
-            if name not in tensors:
-                raise TrainperfError(f"{self.folder}: the model has no tensor {name} (another shape?)")
-            offset = next((o for prefix, o in first.items() if name.startswith(prefix)), 0)
-            copy_region(tensors[name], lambda shape, where, name=name, offset=offset:
-                        self.region(name, shape, where, offset))
+        load_moe(self, model)
+
+
+def load_moe(checkpoint: Any, model: nn.Module) -> None:
+    """Copy every tensor `checkpoint.names()` lists into `model` through `checkpoint.region`, each process
+    only its part; under expert parallelism the experts counted from the first this process holds (the
+    MoE checkpoint readers' shared loop: DeepSeek-V3's, Qwen3.5's)."""
+    tensors = dict(_named(model))
+    first = {f"{path}.experts.": layer.ep.rank * (layer.config.experts // layer.ep.size)
+             for path, layer in _moe_layers(model) if layer.ep is not None}
+    for name, _ in checkpoint.names():
+        if name not in tensors:
+            raise TrainperfError(f"{checkpoint.folder}: the model has no tensor {name} (another shape?)")
+        offset = next((o for prefix, o in first.items() if name.startswith(prefix)), 0)
+        copy_region(tensors[name], lambda shape, where, name=name, offset=offset:
+                    checkpoint.region(name, shape, where, offset))
+
+
+def expert_region(checkpoint: Any, theirs: str, name: str, shape: tuple[int, ...], where: tuple[slice, ...],
+                  first_expert: int) -> torch.Tensor:
+    """The routed experts' stacked [experts, in, out] part `where` from each expert's Hugging Face [out, in]
+    matrix (`theirs` names expert 0's), experts counted from `first_expert`."""
+    experts, rows, cols = where
+    hf_shape = _hf_expert_shape(name, shape)
+    parts = [checkpoint._tensor(_expert(theirs, first_expert + e), hf_shape)[cols, rows].t()
+             for e in range(experts.start, experts.stop)]
+    return torch.stack(parts) if parts else torch.empty(0, rows.stop - rows.start, cols.stop - cols.start)
 
 
 def _expert(theirs: str, expert: int) -> str:

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from trainperf.errors import TrainperfError, shown
-from trainperf.workloads.common.llm.hf import Shards, copy_region, read_json
-from trainperf.workloads.common.llm.hf_deepseek import _hf_expert_shape, _moe_layers, _named
+from trainperf.workloads.common.llm.hf import Shards, read_json
+from trainperf.workloads.common.llm.hf_deepseek import _hf_expert_shape, _named, expert_region, load_moe
 from trainperf.workloads.common.llm.moe import MoEConfig
 from trainperf.workloads.common.llm.qwen35 import Qwen35, Qwen35Config
 
@@ -156,23 +156,10 @@ class Qwen35Checkpoint(Shards):
         `first_expert` (the first this process holds under expert parallelism)."""
         theirs = dict(self.names())[name]
         if ".experts." in name:
-            experts, rows, cols = where
-            hf_shape = _hf_expert_shape(name, shape)
-            parts = [self._tensor(theirs.replace(".experts.0.", f".experts.{first_expert + e}."), hf_shape)[cols, rows]
-                     .t() for e in range(experts.start, experts.stop)]
-            return torch.stack(parts) if parts else torch.empty(0, rows.stop - rows.start, cols.stop - cols.start)
+            return expert_region(self, theirs, name, shape, where, first_expert)
         return self._tensor(theirs, shape)[tuple(where)]
 
     def load_into(self, model: nn.Module) -> None:
         """Copy every parameter of `model` (plain or DTensor shards; its experts all, or this process's under
         expert parallelism) from the checkpoint."""
-        tensors = dict(_named(model))
-        first = {f"{path}.experts.": layer.ep.rank * (layer.config.experts // layer.ep.size)
-                 for path, layer in _moe_layers(model) if layer.ep is not None}
-        for name, _ in self.names():
-            if name not in tensors:
-                raise TrainperfError(f"{self.folder}: the model has no tensor {name} (another shape?)")
-            offset = next((o for prefix, o in first.items() if name.startswith(prefix)), 0)
-            copy_region(tensors[name], lambda shape, where, name=name, offset=offset:
-                        self.region(name, shape, where, offset))
-
+        load_moe(self, model)
