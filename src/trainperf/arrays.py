@@ -59,3 +59,15 @@ def load_npy(source: bytes | Path, where: str | None = None) -> np.ndarray:
     except OSError as exc:
         raise TrainperfError(f"{where}: cannot read ({exc.strerror or exc})") from None
     return array.reshape(shape, order="F" if fortran else "C")
+
+
+def map_npy(path: Path) -> np.ndarray:
+    """A .npy file memory-mapped read-only, or one line naming it: missing, or damaged (numpy parses a header
+    as a Python literal, so any error there is damage)."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise TrainperfError(f"{path}: missing") from None
+    except Exception as exc:  # noqa: BLE001
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
+        raise TrainperfError(f"{path}: not a readable .npy file ({first})") from None

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from trainperf.arrays import map_npy
 from trainperf.contract import DataSource
 from trainperf.errors import TrainperfError
 from trainperf.files import AtomicOutput
@@ -61,13 +62,7 @@ def eval_rows(day_rows: int) -> int:
 
 def _npy(path: Path, dtype: np.dtype, columns: int) -> np.ndarray:
     """A memory-mapped .npy of `dtype` and shape [N, columns]."""
-    try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError:
-        raise TrainperfError(f"{path}: missing") from None
-    except Exception as exc:  # noqa: BLE001 - numpy parses a header as a Python literal: any error is damage
-        first = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
-        raise TrainperfError(f"{path}: not a readable .npy file ({first})") from None
+    array = map_npy(path)
     if array.dtype != dtype or array.ndim != 2 or array.shape[1] != columns:
         raise TrainperfError(f"{path}: {array.dtype} {list(array.shape)}, expected {np.dtype(dtype)} [N, {columns}]")
     return array

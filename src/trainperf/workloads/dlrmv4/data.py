@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainperf.arrays import map_npy
 from trainperf.contract import DataSource
 from trainperf.errors import TrainperfError
 
@@ -118,13 +119,7 @@ def cross_hashes(columns: Sequence[np.ndarray], rows: int, salt: int = 0) -> np.
 
 
 def _npy(path: Path, dtype: Any, ndim: int = 1) -> np.ndarray:
-    try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError:
-        raise TrainperfError(f"{path}: missing") from None
-    except Exception as exc:  # noqa: BLE001 - numpy parses a header as a Python literal: any error is damage
-        first = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
-        raise TrainperfError(f"{path}: not a readable .npy file ({first})") from None
+    array = map_npy(path)
     if array.dtype != np.dtype(dtype) or array.ndim != ndim:
         raise TrainperfError(f"{path}: {array.dtype} {list(array.shape)}, expected {np.dtype(dtype)} with {ndim} "
                              "dimension(s)")
