@@ -15,6 +15,8 @@ import torch
 
 from trainperf.errors import TrainperfError
 from trainperf.workloads.common.llm.model import Llama, LlamaConfig
+from trainperf.workloads.common.llm.moe import MoEConfig
+from trainperf.workloads.common.llm.qwen35 import Qwen35, Qwen35Config
 from trainperf.workloads.common.rl import engine as engine_mod
 from trainperf.workloads.common.rl import grpo, jail, loop, sandbox
 from trainperf.workloads.common.rl.engine import RolloutEngine, Sampling, TorchEngine
@@ -301,9 +303,24 @@ def _tiny_llama(seed: int = 0) -> Llama:
     return model
 
 
-def test_kv_cached_generation_gives_the_full_forwards_log_probs_under_left_padding() -> None:
-    model = _tiny_llama()
-    prompts = [[3, 7, 9, 11, 2], [5], [8, 8, 1]]
+def _tiny_qwen35(seed: int = 0) -> Qwen35:
+    torch.manual_seed(seed)
+    config = Qwen35Config(layers=4, dim=32, vocab_size=50, heads=4, kv_heads=2, head_dim=16, rope_theta=10_000.0,
+                          linear_k_heads=2, linear_v_heads=4, linear_k_dim=8, linear_v_dim=8, chunk=4,
+                          moe=MoEConfig(experts=4, top_k=2, hidden=16, shared=1, shared_gate=True,
+                                        scoring="softmax_topk", balance="none"), init_std=0.2)
+    model = Qwen35(config, max_seq_len=64)
+    model.reset_parameters()
+    return model
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen35"])
+def test_kv_cached_generation_gives_the_full_forwards_log_probs_under_left_padding(family: str) -> None:
+    """The cache continues each row as its own unpadded sequence: attention keys masked, and Qwen3.5's
+    DeltaNet layers (convolution window, recurrent state; chunked prefill, token-by-token steps) skipping
+    the padding."""
+    model = _tiny_llama() if family == "llama" else _tiny_qwen35()
+    prompts = [[3, 7, 9, 11, 2, 6, 1, 5, 9, 10], [5], [8, 8, 1]]
     engine = TorchEngine(model)
     out = engine.generate(prompts, Sampling(max_new_tokens=12, stop=4), torch.Generator().manual_seed(0))
     assert out.tokens.shape[0] == 3 and out.generated_tokens == int(out.lengths.sum())

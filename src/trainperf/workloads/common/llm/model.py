@@ -119,14 +119,18 @@ class KVCache:
     """Keys and values of every layer for a batch of sequences being generated (trainperf's own rollout
     engine, workloads/common/rl/engine.py); `valid` [B, length] marks real tokens (prompts left-padded)."""
 
-    def __init__(self, config: LlamaConfig, batch: int, length: int, dtype: torch.dtype,
+    def __init__(self, config: LlamaConfig | None, batch: int, length: int, dtype: torch.dtype,
                  device: torch.device | str, kv_heads: int | None = None) -> None:
-        heads = kv_heads if kv_heads is not None else config.kv_heads
-        self.layers = [LayerCache(self, batch, heads, length, config.head_dim, dtype, device)
-                       for _ in range(config.layers)]
         self.valid = torch.zeros(batch, length, dtype=torch.bool, device=device)
         self.filled = 0
         self._mask: tuple[int, int, torch.Tensor] | None = None
+        # Any per-layer state (a linear-attention layer's, say: common/llm/qwen35.py); config None: the
+        # model appends its own.
+        self.layers: list[Any] = []
+        if config is not None:
+            heads = kv_heads if kv_heads is not None else config.kv_heads
+            self.layers = [LayerCache(self, batch, heads, length, config.head_dim, dtype, device)
+                           for _ in range(config.layers)]
 
     def mask(self, start: int, seq: int) -> torch.Tensor:
         if self._mask is None or self._mask[:2] != (start, seq):
@@ -266,6 +270,13 @@ class Llama(ShardedModel):
         for block in self.blocks:
             x = block(x, cos, sin)
         return self.output(self.norm(x))
+
+    def new_cache(self, batch: int, length: int) -> KVCache:
+        """An empty cache for `batch` sequences of up to `length` tokens (the rollout engine's)."""
+        weight = self.tok_embeddings.weight
+        # the local key/value heads under tensor parallelism (the projection holds a share of them)
+        heads = self.blocks[0].attention.wk.weight.shape[0] // self.config.head_dim
+        return KVCache(self.config, batch, length, weight.dtype, weight.device, kv_heads=heads)
 
     def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Logits of `tokens` [B, S] that continue the sequences `cache` holds (the prompt's prefill, then

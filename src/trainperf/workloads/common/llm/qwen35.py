@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainperf.workloads.common.llm.model import KVCache, LayerCache
 from trainperf.workloads.common.llm.moe import MoE, MoEConfig, init_moe
 
 
@@ -76,6 +77,16 @@ class Qwen35Config:
         return mixers + self.layers * (self.moe.parameters(d) + 2 * d) + 2 * self.vocab_size * d + d
 
 
+@dataclass
+class DeltaCache:
+    """A DeltaNet layer's decoding state: the convolution's last kernel - 1 inputs [B, C, kernel - 1] and
+    the recurrent state [B, H, dk, dv] (fp32); `owner` holds the valid tokens and the filled length."""
+
+    owner: KVCache
+    conv: torch.Tensor
+    state: torch.Tensor
+
+
 class ZeroCentredRMSNorm(nn.Module):
     """RMSNorm whose scale is stored as its offset from 1 (initialised to 0), computed in fp32."""
 
@@ -108,15 +119,24 @@ def recurrent_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
                          ) -> torch.Tensor:
     """The gated delta rule token by token. q, k [B, H, T, dk] (normalised, q scaled), v [B, H, T, dv],
     g (log decay) and beta [B, H, T]; fp32 -> output [B, H, T, dv]."""
+    return recurrent_delta_rule_state(q, k, v, g, beta)[0]
+
+
+def recurrent_delta_rule_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                               beta: torch.Tensor, state: torch.Tensor | None = None
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`recurrent_delta_rule` from an entering state [B, H, dk, dv] (zeros if None), with the leaving one:
+    a decoding step continues the prompt's state one token at a time."""
     batch, heads, seq, dk = k.shape
-    state = q.new_zeros(batch, heads, dk, v.shape[-1])
+    if state is None:
+        state = q.new_zeros(batch, heads, dk, v.shape[-1])
     out = torch.empty_like(v)
     for t in range(seq):
         state = state * g[:, :, t].exp()[..., None, None]
         delta = (v[:, :, t] - torch.einsum("bhkv,bhk->bhv", state, k[:, :, t])) * beta[:, :, t, None]
         state = state + k[:, :, t, :, None] * delta[:, :, None, :]
         out[:, :, t] = torch.einsum("bhkv,bhk->bhv", state, q[:, :, t])
-    return out
+    return out, state
 
 
 def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -125,6 +145,14 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     decay and S the entering state, the writes d = (I + A)^-1 (beta v - beta e^G k S), A_ij =
     beta_i (k_i . k_j) e^(G_i - G_j) for j < i; the outputs e^G q S + tril(q k^T e^(G_i - G_j)) d; the
     leaving state e^(G_C) S + (k e^(G_C - G))^T d."""
+    return chunked_delta_rule_state(q, k, v, g, beta, chunk)[0]
+
+
+def chunked_delta_rule_state(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                             beta: torch.Tensor, chunk: int = 64, state: torch.Tensor | None = None
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`chunked_delta_rule` from an entering state (zeros if None), with the leaving one. Padding the last
+    chunk is exact: a padded token has beta 0 (no write) and g 0 (no decay)."""
     batch, heads, seq, dk = k.shape
     dv = v.shape[-1]
     pad = (-seq) % chunk
@@ -144,7 +172,8 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
         (beta[..., None] * v, beta[..., None] * cum.exp()[..., None] * k), dim=-1), upper=False, unitriangular=True)
     u, w = solve[..., :dv], solve[..., dv:]
     scores = (q @ k.transpose(-1, -2)) * decay
-    state = q.new_zeros(batch, heads, dk, dv)
+    if state is None:
+        state = q.new_zeros(batch, heads, dk, dv)
     outs = []
     for c in range(n):
         writes = u[:, :, c] - w[:, :, c] @ state
@@ -153,7 +182,7 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
         state = state * last.exp()[..., None, None] + (
             k[:, :, c] * (last[..., None] - cum[:, :, c]).exp()[..., None]).transpose(-1, -2) @ writes
     out = torch.stack(outs, dim=2).reshape(batch, heads, n * chunk, dv)
-    return out[:, :, :seq]
+    return out[:, :, :seq], state
 
 
 class GatedDeltaNet(nn.Module):
@@ -173,23 +202,41 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(config.linear_v_dim, config.norm_eps)
         self.out_proj = nn.Linear(value, config.dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: DeltaCache | None = None) -> torch.Tensor:
         c = self.config
         batch, seq, _ = x.shape
-        mixed = F.silu(self.conv1d(self.in_proj_qkv(x).transpose(1, 2))[..., :seq]).transpose(1, 2)
+        projected = self.in_proj_qkv(x).transpose(1, 2)
+        beta = torch.sigmoid(self.in_proj_b(x)).float()
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        if cache is None:
+            mixed = F.silu(self.conv1d(projected)[..., :seq]).transpose(1, 2)
+        else:
+            # A left-padding token is no token: nothing into the convolution's window, no write, no decay,
+            # so a padded row's state is its unpadded prompt's exactly.
+            real = cache.owner.valid[:, cache.owner.filled:cache.owner.filled + seq]
+            projected = torch.where(real[:, None, :], projected, 0.0)
+            beta, g = torch.where(real[..., None], beta, 0.0), torch.where(real[..., None], g, 0.0)
+            window = torch.cat((cache.conv, projected), dim=-1)
+            cache.conv = window[..., window.shape[-1] - (c.conv_kernel - 1):]
+            mixed = F.silu(F.conv1d(window, self.conv1d.weight, groups=window.shape[1])).transpose(1, 2)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(batch, seq, c.linear_k_heads, c.linear_k_dim)
         k = k.reshape(batch, seq, c.linear_k_heads, c.linear_k_dim)
         v = v.reshape(batch, seq, c.linear_v_heads, c.linear_v_dim)
-        beta = torch.sigmoid(self.in_proj_b(x)).float()
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
         repeat = c.linear_v_heads // c.linear_k_heads
         if repeat > 1:
             q, k = q.repeat_interleave(repeat, dim=2), k.repeat_interleave(repeat, dim=2)
         q, k = (t.float() * torch.rsqrt(t.float().pow(2).sum(-1, keepdim=True) + 1e-6) for t in (q, k))
         q = q / math.sqrt(c.linear_k_dim)
-        out = chunked_delta_rule(q.transpose(1, 2), k.transpose(1, 2), v.float().transpose(1, 2), g.transpose(1, 2),
-                                 beta.transpose(1, 2), c.chunk).transpose(1, 2).to(x.dtype)
+        args = (q.transpose(1, 2), k.transpose(1, 2), v.float().transpose(1, 2), g.transpose(1, 2),
+                beta.transpose(1, 2))
+        if cache is None:
+            out = chunked_delta_rule(*args, c.chunk)
+        elif seq == 1:
+            out, cache.state = recurrent_delta_rule_state(*args, state=cache.state)
+        else:
+            out, cache.state = chunked_delta_rule_state(*args, c.chunk, state=cache.state)
+        out = out.transpose(1, 2).to(x.dtype)
         z = self.in_proj_z(x).reshape(batch, seq, c.linear_v_heads, c.linear_v_dim)
         return self.out_proj(self.norm(out, z).reshape(batch, seq, -1))
 
@@ -211,7 +258,8 @@ class GatedAttention(nn.Module):
         self.q_norm = ZeroCentredRMSNorm(hd, config.norm_eps)
         self.k_norm = ZeroCentredRMSNorm(hd, config.norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None
+                ) -> torch.Tensor:
         c = self.config
         batch, seq, _ = x.shape
         q, gate = self.q_proj(x).view(batch, seq, -1, 2 * c.head_dim).chunk(2, dim=-1)
@@ -221,10 +269,18 @@ class GatedAttention(nn.Module):
         rot = cos.shape[-1]
         q = torch.cat((q[..., :rot] * cos + _rotate_half(q[..., :rot]) * sin, q[..., rot:]), dim=-1)
         k = torch.cat((k[..., :rot] * cos + _rotate_half(k[..., :rot]) * sin, k[..., rot:]), dim=-1)
+        mask = None
+        if cache is not None:
+            k, v, mask = cache.extend(k.transpose(1, 2), v.transpose(1, 2))
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
         repeat = q.shape[1] // k.shape[1]
         if repeat > 1:
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(batch, seq, -1)
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = out.transpose(1, 2).reshape(batch, seq, -1)
         return self.o_proj(out * torch.sigmoid(gate.reshape(batch, seq, -1)))
 
 
@@ -237,9 +293,10 @@ class Qwen35Block(nn.Module):
         self.post_norm = ZeroCentredRMSNorm(config.dim, config.norm_eps)
         self.moe = MoE(config.dim, config.moe)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: LayerCache | DeltaCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         h = self.input_norm(x)
-        x = x + (self.mixer(h, cos, sin) if self.full else self.mixer(h))
+        x = x + (self.mixer(h, cos, sin, cache=cache) if self.full else self.mixer(h, cache=cache))
         out, aux = self.moe(self.post_norm(x))
         return x + out, aux
 
@@ -289,6 +346,36 @@ class Qwen35(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.forward_with_aux(tokens)[0]
+
+    def new_cache(self, batch: int, length: int) -> KVCache:
+        """An empty cache for `batch` sequences of up to `length` tokens: keys and values for the attention
+        layers, the convolution window and the recurrent state for the DeltaNet ones."""
+        c, weight = self.config, self.tok_embeddings.weight
+        cache = KVCache(None, batch, length, weight.dtype, weight.device)
+        for block in self.blocks:
+            mixer = block.mixer
+            if block.full:
+                kv_heads = mixer.k_proj.weight.shape[0] // c.head_dim
+                cache.layers.append(LayerCache(cache, batch, kv_heads, length, c.head_dim, weight.dtype, weight.device))
+            else:
+                channels = mixer.conv1d.weight.shape[0]
+                cache.layers.append(DeltaCache(
+                    cache, weight.new_zeros(batch, channels, c.conv_kernel - 1),
+                    torch.zeros(batch, c.linear_v_heads, c.linear_k_dim, c.linear_v_dim, device=weight.device)))
+        return cache
+
+    def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits of `tokens` [B, S] continuing the sequences `cache` holds (a prompt's prefill, then one
+        token a step), the cache extended with them. Rotary positions are the cache's slots (a row
+        left-padded by n is shifted by n, which rotary embeddings, depending only on distances, do not see);
+        the DeltaNet layers skip padding (see GatedDeltaNet)."""
+        start, seq = cache.filled, tokens.shape[1]
+        cos, sin = self.rope_cos[start:start + seq], self.rope_sin[start:start + seq]
+        x = self.tok_embeddings(tokens)
+        for block, layer in zip(self.blocks, cache.layers, strict=True):
+            x, _ = block(x, cos, sin, cache=layer)
+        cache.advance(seq)
+        return self.output(self.norm(x))
 
     def forward_with_aux(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         seq = tokens.shape[1]

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 
-from trainperf.workloads.common.llm.model import KVCache, Llama
+from trainperf.workloads.common.llm.model import KVCache
 
 
 @dataclass(frozen=True)
@@ -84,13 +84,32 @@ def sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator
     return token, F.log_softmax(scaled, -1).gather(-1, token[:, None])[:, 0]
 
 
+class Decoder(Protocol):
+    """What `TorchEngine` asks of a model: the family's Llama (its adapters included) and Qwen3.5 have it."""
+
+    tok_embeddings: torch.nn.Embedding
+    max_seq_len: int
+    training: bool
+
+    def new_cache(self, batch: int, length: int) -> KVCache: ...
+
+    def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor: ...
+
+    def train(self, mode: bool = True) -> Decoder: ...
+
+    def eval(self) -> Decoder: ...
+
+    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> Any: ...
+
+
 class TorchEngine:
-    """Generation with a trainperf `Llama` (its adapters included), batched over prompts with one KV cache.
+    """Generation with a trainperf decoder (the Llama family's, adapters included, or Qwen3.5's), batched
+    over prompts with one cache.
     `shared=True` generates with the trainer's own module (nothing to sync: one process, one copy of the
     weights, as a colocated engine without resharding); otherwise the engine keeps a copy that
     `load_weights` refreshes."""
 
-    def __init__(self, model: Llama, pad: int = 0, shared: bool = True) -> None:
+    def __init__(self, model: Decoder, pad: int = 0, shared: bool = True) -> None:
         self.model, self.pad, self.shared = model, pad, shared
 
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> int:
@@ -119,8 +138,7 @@ class TorchEngine:
         if length > model.max_seq_len:
             raise ValueError(f"prompt ({width}) + max_new_tokens ({sampling.max_new_tokens}) exceed the model's "
                              f"{model.max_seq_len} positions")
-        heads = model.blocks[0].attention.wk.weight.shape[0] // model.config.head_dim
-        cache = KVCache(model.config, batch, length, model.tok_embeddings.weight.dtype, device, kv_heads=heads)
+        cache = model.new_cache(batch, length)
         tokens = torch.full((batch, width), self.pad, dtype=torch.long, device=device)
         for row, prompt in enumerate(prompts):
             if len(prompt):
