@@ -65,10 +65,14 @@ def test_what_the_workload_declares(name):
 
 
 def _quality(w: Workload, target: float | tuple[float, ...]) -> float | dict[str, float]:
-    """A quality exactly at the target (the rules' comparisons include it)."""
+    """A quality exactly at the target (the rules' comparisons include it), or just past it where they compare
+    strictly."""
+    def at(value: float) -> float:
+        return math.nextafter(value, math.inf if w.metric.higher_is_better else -math.inf) if w.metric.strict else value
+
     if w.metric.parts:
-        return dict(zip(w.metric.parts, target, strict=True))
-    return float(target)
+        return {part: at(v) for part, v in zip(w.metric.parts, target, strict=True)}
+    return at(float(target))
 
 
 def _first_eval_epoch_num(w: Workload, recipe) -> float:

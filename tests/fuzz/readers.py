@@ -910,7 +910,8 @@ def _read_r2e(path: Path) -> object:
 
 
 READERS: list[Reader] = [
-    Reader("R2E-Gym task rows (jsonl)", "benchmark_r2e_gym_easy_val.jsonl", _r2e_rows, _read_r2e),
+    Reader("R2E-Gym task rows (jsonl)", "benchmark_r2e_gym_easy_val.jsonl", _r2e_rows, _read_r2e,
+           workloads=("qwen35_397b_grpo",)),
     Reader("imagenet jpeg", "n0_0.JPEG", _jpeg, _decode, workloads=("resnet",)),
     Reader("imagenet png named JPEG", "n0_1.JPEG", _png, _decode, workloads=("resnet",)),
     Reader("movielens ratings.csv", "ratings.csv", _ratings, _convert_ratings,

@@ -163,3 +163,29 @@ def test_a_damaged_checkpoint_is_one_line(tmp_path) -> None:
     with pytest.raises(TrainperfError, match=r"no tensor model.layers.1.mlp.experts.5.up_proj.weight") as err:
         Qwen35Checkpoint(folder).check_headers()
     assert "\n" not in str(err.value)
+
+
+def test_what_trainperf_writes_is_read_back_and_by_transformers(tmp_path) -> None:
+    """The mini's shipped policy is written in the release's text-only layout: the family's reader gives the
+    same model back, and `transformers` reads the folder to the same logits."""
+    from trainperf.workloads.common.llm import hf_qwen35
+
+    torch.manual_seed(3)
+    model = Qwen35(TINY, 64).eval()
+    model.reset_parameters()
+    hf_qwen35.write(model, tmp_path / "policy", dtype=torch.float32)
+    checkpoint = Qwen35Checkpoint(tmp_path / "policy")
+    checkpoint.require(TINY)
+    checkpoint.check_headers()
+    back = Qwen35(TINY, 64).eval()
+    checkpoint.load_into(back)
+    tokens = torch.randint(0, TINY.vocab_size, (2, 19), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = model(tokens)
+        torch.testing.assert_close(back(tokens), expected)
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Qwen3_5MoeForCausalLM"):
+        pytest.skip("this transformers has no Qwen3.5")
+    hf = transformers.Qwen3_5MoeForCausalLM.from_pretrained(tmp_path / "policy").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens).logits, expected, rtol=1e-4, atol=1e-4)

@@ -33,6 +33,9 @@ class Metric:
     # Keys the log repeats each evaluation's value under, beside eval_accuracy, where a division's rules read
     # another name (the open rules of flux1, 5.1.0-6.1.0: averaged_validation_loss).
     also_logged_as: tuple[str, ...] = ()
+    # Whether the rules compare strictly: a quality equal to the target does not reach it (the GRPO benchmark's
+    # "pass@4 > 0.69"). False: at or beyond it, as most rules say.
+    strict: bool = False
 
     @property
     def composite(self) -> bool:
@@ -66,8 +69,8 @@ class Metric:
         goals = self.targets(target)
         got = self.values(value)
         if self.higher_is_better:
-            return all(got[k] >= goals[k] for k in goals)
-        return all(got[k] <= goals[k] for k in goals)
+            return all(got[k] > goals[k] if self.strict else got[k] >= goals[k] for k in goals)
+        return all(got[k] < goals[k] if self.strict else got[k] <= goals[k] for k in goals)
 
     def finite(self, value: Quality) -> bool:
         return all(math.isfinite(v) for v in self.values(value).values())
@@ -87,7 +90,7 @@ class Metric:
 
     def describe_target(self, target: Target) -> str:
         goals = self.targets(target)
-        sign = ">=" if self.higher_is_better else "<="
+        sign = (">" if self.higher_is_better else "<") + ("" if self.strict else "=")
         if not self.parts:
             return f"{sign} {goals[self.name]:g}"
         return " and ".join(f"{k} {sign} {v:g}" for k, v in goals.items())

@@ -15,19 +15,22 @@ config this model cannot compute, a missing tensor or one of the wrong shape is 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from trainperf.errors import TrainperfError, shown
-from trainperf.workloads.common.llm.hf import Shards, read_json
+from trainperf.files import write_json_atomic
+from trainperf.workloads.common.llm.hf import SINGLE, Shards, read_json
 from trainperf.workloads.common.llm.hf_deepseek import _hf_expert_shape, _named, expert_region, load_moe
 from trainperf.workloads.common.llm.moe import MoEConfig
 from trainperf.workloads.common.llm.qwen35 import Qwen35, Qwen35Config
 
-__all__ = ["Qwen35Checkpoint", "read_qwen35_config"]
+__all__ = ["Qwen35Checkpoint", "config_json", "read_qwen35_config", "write"]
 
 LINEAR = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
 FULL = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -163,3 +166,50 @@ class Qwen35Checkpoint(Shards):
         """Copy every parameter of `model` (plain or DTensor shards; its experts all, or this process's under
         expert parallelism) from the checkpoint."""
         load_moe(self, model)
+
+
+def config_json(config: Qwen35Config, max_positions: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+    """`config` as a text-only Qwen3.5 MoE config.json (`Qwen3_5MoeForCausalLM`'s), what
+    `read_qwen35_config` reads back to the same model."""
+    c, moe = config, config.moe
+    return {
+        "architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text", "hidden_size": c.dim,
+        "num_hidden_layers": c.layers, "vocab_size": c.vocab_size, "num_attention_heads": c.heads,
+        "num_key_value_heads": c.kv_heads, "head_dim": c.head_dim,
+        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta,
+                            "partial_rotary_factor": c.rotary_fraction},
+        "linear_num_key_heads": c.linear_k_heads, "linear_num_value_heads": c.linear_v_heads,
+        "linear_key_head_dim": c.linear_k_dim, "linear_value_head_dim": c.linear_v_dim,
+        "linear_conv_kernel_dim": c.conv_kernel, "full_attention_interval": c.full_attention_every,
+        "layer_types": ["full_attention" if c.full_attention(i) else "linear_attention" for i in range(c.layers)],
+        "num_experts": moe.experts, "num_experts_per_tok": moe.top_k, "moe_intermediate_size": moe.hidden,
+        "shared_expert_intermediate_size": moe.hidden * moe.shared, "norm_topk_prob": True,
+        "rms_norm_eps": c.norm_eps, "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
+        "max_position_embeddings": max_positions, "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def write(model: Qwen35, folder: Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """`model` as a text-only Hugging Face checkpoint (one shard, config.json), under the names and layouts
+    `Qwen35Checkpoint` reads (each routed expert its own [out, in] matrices): a mini's shipped policy."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    params = dict(_named(model))
+    probe = Qwen35Checkpoint.__new__(Qwen35Checkpoint)
+    probe.config, probe.prefix = model.config, "model."
+    tensors = {}
+    for ours, theirs in probe.names():
+        tensor = params[ours].detach().to(dtype)
+        if ".experts." in ours:
+            for expert in range(tensor.shape[0]):
+                tensors[theirs.replace(".experts.0.", f".experts.{expert}.")] = tensor[expert].T.contiguous()
+        else:
+            tensors[theirs] = tensor.contiguous()
+    partial = folder / (SINGLE + ".partial")
+    save_file(tensors, str(partial), metadata={"format": "pt"})
+    mask = os.umask(0)
+    os.umask(mask)
+    partial.chmod(0o666 & ~mask)  # safetensors writes owner-only; a checkpoint is as readable as any file
+    partial.replace(folder / SINGLE)
+    write_json_atomic(folder / "config.json", config_json(model.config, model.max_seq_len, dtype))

@@ -55,10 +55,10 @@ class StepResult:
     grad_norm: float
 
 
-def completion_logprobs(model: nn.Module, prompts: Sequence[Sequence[int]], rollouts: Rollouts,
-                        pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The trainer's log-probabilities of each completion's tokens [N, T] (with gradient) and their mask:
-    prompt and completion laid out right-padded, one forward, the next-token log-softmax gathered."""
+def layout(prompts: Sequence[Sequence[int]], rollouts: Rollouts, pad: int = 0
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Prompts and completions as the trainer reads them: `sequences` [N, P + T] right-padded, `positions`
+    [N, T] where each completion token sits in them, and the completion tokens' mask [N, T]."""
     tokens, lengths = rollouts.tokens, rollouts.lengths
     n, width = tokens.shape
     device = tokens.device
@@ -70,10 +70,24 @@ def completion_logprobs(model: nn.Module, prompts: Sequence[Sequence[int]], roll
     positions = prompt_lens[:, None] + torch.arange(width, device=device)[None]
     mask = torch.arange(width, device=device)[None] < lengths[:, None]
     seqs.scatter_(1, positions, torch.where(mask, tokens, pad))
-    logits = model(seqs[:, :-1]).float()
+    return seqs, positions, mask
+
+
+def logprobs_at(model: nn.Module, sequences: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor
+                ) -> torch.Tensor:
+    """The model's log-probability of `tokens` [N, T] at `positions` of `sequences` (one forward, the
+    next-token log-softmax gathered where the completion is)."""
+    logits = model(sequences[:, :-1]).float()
     picked = logits.gather(1, (positions - 1)[..., None].expand(-1, -1, logits.shape[-1]))
-    logprobs = torch.log_softmax(picked, -1).gather(-1, tokens[..., None])[..., 0]
-    return logprobs, mask.to(logprobs.dtype)
+    return torch.log_softmax(picked, -1).gather(-1, tokens[..., None])[..., 0]
+
+
+def completion_logprobs(model: nn.Module, prompts: Sequence[Sequence[int]], rollouts: Rollouts,
+                        pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The trainer's log-probabilities of each completion's tokens [N, T] (with gradient) and their mask:
+    prompt and completion laid out right-padded, one forward, the next-token log-softmax gathered."""
+    seqs, positions, mask = layout(prompts, rollouts, pad)
+    return logprobs_at(model, seqs, positions, rollouts.tokens), mask.to(torch.float32)
 
 
 def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer, engine: RolloutEngine,
