@@ -188,6 +188,9 @@ def test_a_short_mini_run_logs_the_grpo_keys(tmp_path: Path) -> None:
     assert keys["global_batch_size"] == 128 and keys["eval_samples"] == tasks.VALIDATION
     assert keys["generation_validation_rollout_temperature"] == 0.1 and keys["opt_name"] == "adamw"
     assert [r["metadata"]["samples_count"] for r in records if r["key"] == "eval_accuracy"] == [256]
+    # where a step's time went: generation and the sandbox's grading, kept with the result
+    counters = json.loads((out / "result.json").read_text())["counters"]
+    assert counters["rollout tokens"] > 0 and counters["reward seconds"] > 0 and counters["sandbox programs"] > 0
 
 
 @pytest.mark.second_tier
@@ -200,3 +203,13 @@ def test_two_processes_reach_the_mini_target(tmp_path: Path) -> None:
     assert main(["run", "qwen35_397b_grpo", "--nproc", "2", "--seed", "0", "--out", str(out), "--quiet"]) == 0
     result = json.loads((out / "result.json").read_text())
     assert result["status"] == "success" and result["final_metric"] > MINI.target
+
+
+def test_another_batch_moves_the_prompts_the_rate_and_the_clip_norm_as_the_rules_do() -> None:
+    recipe, said = FULL_RECIPES["gbs256"].for_batch(1024, "sqrt")
+    expected = FULL_RECIPES["gbs1024"]
+    assert (recipe.num_prompts_per_step, recipe.global_batch_size) == (64, 1024)
+    assert math.isclose(recipe.lr, expected.lr) and math.isclose(recipe.max_grad_norm, expected.max_grad_norm)
+    assert said[0] == "global_batch_size 256 -> 1024"
+    with pytest.raises(TrainperfError, match="multiple of num_generations_per_prompt"):
+        FULL_RECIPES["gbs256"].for_batch(100)

@@ -55,6 +55,9 @@ class RunResult:
     machine_load: dict[str, Any] | None = None
     # The shapes the training batches were padded to (Workload.shape_buckets; None: not bucketed).
     shape_buckets: dict[str, Any] | None = None
+    # The data side's running totals at the end of the run (DataParts.counters, process 0's): MiniGo's self-play
+    # games, an RL workload's rollout tokens and its rollout and reward seconds. None: the workload keeps none.
+    counters: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -95,4 +95,5 @@ def run_result(loop: Any, status: str, reason: str | None) -> RunResult:
         cadence=dataclasses.asdict(loop.cadence),
         layout=loop._layout,
         shape_buckets=workload.shape_buckets(recipe),
+        counters=loop._data.counters() if loop._data is not None and loop._data.counters is not None else None,
     )

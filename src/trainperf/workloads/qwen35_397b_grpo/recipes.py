@@ -3,6 +3,7 @@ learning rate and clip norm move with the batch as the closed rules compute them
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -56,6 +57,23 @@ class GRPORecipe(Recipe):
     max_steps: Count = 50
 
     CHOICES = {"executor": ("sandbox", "container")}
+    # The closed rules move the rate with the square root of the batch (1e-6 x sqrt(GBS / 256)).
+    LR_FIELDS = ("lr",)
+
+    def for_batch(self, batch: int, rule: str = "linear", warmup: str = "samples") -> tuple[Recipe, list[str]]:
+        """This recipe at another global batch, as Recipe's (the rate by `rule`; the closed rules' is `sqrt`),
+        the prompts a step moving with it (the batch is prompts x generations) and the clip norm as the closed
+        rules derive it from the batch (x sqrt(B0 / B))."""
+        if batch < 1 or batch % self.num_generations_per_prompt:
+            raise TrainperfError(f"batch size {batch}: expected a multiple of num_generations_per_prompt="
+                                 f"{self.num_generations_per_prompt} (the batch is prompts x generations)")
+        prompts = batch // self.num_generations_per_prompt
+        clip = self.max_grad_norm * math.sqrt(self.global_batch_size / batch) if self.max_grad_norm else 0.0
+        shadow = dataclasses.replace(self, num_prompts_per_step=prompts, max_grad_norm=clip)
+        scaled, said = Recipe.for_batch(shadow, batch, rule, warmup)
+        said += [f"num_prompts_per_step {self.num_prompts_per_step} -> {prompts}",
+                 f"max_grad_norm {self.max_grad_norm:.4g} -> {clip:.4g}"]
+        return scaled, said
 
     def validate(self) -> None:
         super().validate()
