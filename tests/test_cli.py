@@ -223,7 +223,8 @@ def test_the_make_commands_are_what_the_workloads_declare():
 
     declared = registry.makes()
     assert {command: name for command, (name, _) in declared.items()} == {
-        "make-phase1": "bert", "make-lora-base": "llama2_70b_lora", "make-minigo-target": "minigo"}
+        "make-phase1": "bert", "make-lora-base": "llama2_70b_lora", "make-minigo-target": "minigo",
+        "make-grpo-base": "qwen35_397b_grpo"}
     commands = next(a for a in build_parser()._actions if a.dest == "command").choices
     assert set(declared) <= set(commands)
     for path in Path(trainperf.cli.__file__).parent.glob("*.py"):
