@@ -15,6 +15,7 @@ from trainperf.workloads.common.llm.qwen35 import QWEN35_397B, Qwen35Config
 GENERATIONS = 16  # completions per prompt: the closed rules require 16
 VALIDATION_TASKS = 251  # rows of benchmark_r2e_gym_easy_val.jsonl, what 6.1.0's checker requires (see the page)
 MAX_SEQUENCE = 65_536  # prompt and completion tokens of one trajectory (the closed rules' max_sequence_length)
+FULL_STEPS = 30  # the RCP runs' budget (llm_post_training/rcp_logs/GBS256/seed_1.out: max_steps 30)
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class GRPORecipe(Recipe):
     # Where the tests run: "sandbox" (trainperf's, for tasks whose tests need only Python's standard library)
     # or "container" (the task's image under Apptainer, as the reference runs R2E-Gym's repositories).
     executor: str = "container"
-    max_steps: Count = 50
+    max_steps: Count = FULL_STEPS
 
     CHOICES = {"executor": ("sandbox", "container")}
     # The closed rules move the rate with the square root of the batch (1e-6 x sqrt(GBS / 256)).
@@ -103,13 +104,13 @@ def _full(gbs: int) -> GRPORecipe:
     """An RCP point (mlperf-logging 6.1.0 `rcps_qwen35_397b_grpo.json`, NVIDIA's reference runs on 64 GB300
     nodes): GBS / 16 prompts a step, 16 completions each, LR 1e-6 x sqrt(GBS / 256), clip 0.125 x sqrt(256 /
     GBS), accumulation GBS / 8; the closed rules' evaluation points (the first at GBS x ceil(2.5 + 3,840 /
-    GBS), then every step); a budget of 50 steps (trainperf's: the RCP runs converge at their first
-    evaluation, 7 to 18 steps)."""
+    GBS), then every step); the RCP run's budget of 30 steps (its log's max_steps; the RCP runs converge at
+    their first evaluation, 7 to 18 steps)."""
     return GRPORecipe(
         name=f"gbs{gbs}", global_batch_size=gbs, num_prompts_per_step=gbs // GENERATIONS, grad_accum_steps=gbs // 8,
-        max_epochs=0, max_samples=50 * gbs, target=0.69, eval_every=1, eval_first=1, eval_every_samples=gbs,
+        max_epochs=0, max_samples=FULL_STEPS * gbs, target=0.69, eval_every=1, eval_first=1, eval_every_samples=gbs,
         eval_first_samples=validation_start(gbs), log_epoch_num="samples", lr=round(1e-6 * math.sqrt(gbs / 256), 15),
-        max_grad_norm=round(0.125 * math.sqrt(256 / gbs), 12), precision="bf16")
+        max_grad_norm=round(0.125 * math.sqrt(256 / gbs), 12), precision="bf16", max_steps=FULL_STEPS)
 
 
 FULL_RECIPES = {r.name: r for r in (_full(256), _full(512), _full(1024))}
