@@ -10,9 +10,10 @@ naming the workload and the step. Recording them is `benchmarks/mini_ttt.py W --
 claim that its mini reaches its target.
 
 Exactness: a loss is kept as the float32 value the step returned (as a Python float). On the CPU kernel
-family it was recorded on (`torch.backends.cpu.get_cpu_capability()`, one thread) the losses repeat bit
-for bit; on another one (AVX2 vs AVX-512 kernels sum in other orders), they are held within RTOL_ELSEWHERE
-and the test says so.
+family it was recorded on (`torch.backends.cpu.get_cpu_capability()`, one thread) and the same CPU vendor
+(AMD's and Intel's AVX-512 kernels differ in the last bit; `cpu_vendor` keeps each record's) the losses
+repeat bit for bit; elsewhere (AVX2 vs AVX-512 kernels sum in other orders), they are held within
+RTOL_ELSEWHERE and the test says so.
 """
 
 from __future__ import annotations
@@ -40,6 +41,24 @@ SEED = 0
 THREADS = 1
 # Between kernel families (AVX2 and AVX-512 reduce in other orders) a few steps drift by ~1e-6 relative.
 RTOL_ELSEWHERE = 1e-4
+
+
+def cpu_vendor() -> str | None:
+    """The CPU's vendor (/proc/cpuinfo's vendor_id: GenuineIntel, AuthenticAMD), None where it is not known."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("vendor_id")), None)
+
+
+def recorded_here(name: str, data: dict[str, Any]) -> bool:
+    """Whether `name`'s record came from this CPU vendor (goldens.json's `cpu_vendor`, by workload, `default` for
+    records kept before it was): AMD's and Intel's AVX-512 kernels round differently in the last bit, so only
+    the same vendor repeats a record bit for bit (an unknown vendor is taken as the same)."""
+    vendors = data.get("cpu_vendor", {})
+    recorded, here = vendors.get(name, vendors.get("default")), cpu_vendor()
+    return recorded is None or here is None or recorded == here
 
 
 def settings() -> dict[str, Any]:
@@ -159,6 +178,9 @@ def record(name: str, entry: dict[str, Any], path: Path = PATH) -> str:
         data["settings"] = settings()
     data.setdefault("workloads", {})[name] = entry
     data["workloads"] = dict(sorted(data["workloads"].items()))
+    vendor = cpu_vendor()
+    if vendor is not None:
+        data.setdefault("cpu_vendor", {})[name] = vendor
     write_json_atomic(path, data)
     return digest(entry)
 
@@ -168,7 +190,7 @@ def differences(name: str, found: dict[str, Any], data: dict[str, Any]) -> list[
     recorded = data.get("workloads", {}).get(name)
     if recorded is None:
         return [f"{name}: no golden record (benchmarks/mini_ttt.py {name} --runs 10 --record writes it)"]
-    exact = data.get("settings") == settings()
+    exact = data.get("settings") == settings() and recorded_here(name, data)
     if found["sets"] != recorded["sets"] or found["steps"] != recorded["steps"]:
         return [f"{name}: the golden run's settings changed ({recorded['sets']} -> {found['sets']}); record again"]
 
