@@ -198,3 +198,31 @@ def write_csv_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, in hex."""
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def verify_manifest(folder: Path, names: tuple[str, ...], what: str, manifest_name: str = "base.json") -> None:
+    """The files `names` of a shipped asset (a mini's base model, say) are the ones its manifest's `sha256` map
+    names: a damaged or replaced file is one line, never a run that misses its calibrated target without a word."""
+    from trainperf.errors import TrainperfError
+
+    manifest = folder / manifest_name
+    try:
+        expected = json.loads(manifest.read_text(encoding="utf-8"))["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise TrainperfError(f"{manifest}: unreadable manifest of {what} (reinstall trainperf)") from None
+    for name in names:
+        path = folder / name
+        try:
+            found = sha256(path)
+        except OSError as exc:
+            raise TrainperfError(f"{path}: cannot read {what} ({exc.strerror})") from None
+        if found != expected.get(name):
+            raise TrainperfError(f"{path}: SHA-256 differs from {manifest} (a damaged or replaced file: the mini's "
+                                 "target was calibrated with the shipped one; reinstall trainperf)")

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from trainperf.contract import DataSource
-from trainperf.files import write_json_atomic
+from trainperf.files import sha256, verify_manifest, write_json_atomic
 from trainperf.workloads.common.llm.model import LlamaConfig
 from trainperf.workloads.llama2_70b_lora import data as gov
 
@@ -152,34 +152,9 @@ class GovReportLike(DataSource):
 BASE_FILES = ("config.json", "model.safetensors")
 
 
-def sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def verify_shipped_base(folder: Path) -> None:
-    """The shipped base (the one the mini's target was calibrated with) is the one its manifest names:
-    a damaged or replaced file is one line, never a run that misses its target without a word."""
-    import json
-
-    from trainperf.errors import TrainperfError
-
-    manifest = folder / "base.json"
-    try:
-        expected = json.loads(manifest.read_text(encoding="utf-8"))["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise TrainperfError(f"{manifest}: unreadable manifest of the shipped LoRA base (reinstall trainperf)"
-                             ) from None
-    for name in BASE_FILES:
-        path = folder / name
-        try:
-            found = sha256(path)
-        except OSError as exc:
-            raise TrainperfError(f"{path}: cannot read the shipped LoRA base ({exc.strerror})") from None
-        if found != expected.get(name):
-            raise TrainperfError(f"{path}: SHA-256 differs from {manifest} (a damaged or replaced file: the mini's "
-                                 "target was calibrated with the shipped base; reinstall trainperf)")
+    """The shipped base (the one the mini's target was calibrated with) is the one its manifest names."""
+    verify_manifest(folder, BASE_FILES, "the shipped LoRA base")
 
 
 def make_base(out: Path, steps: int, say: Callable[[str], None], seed: int) -> dict[str, Any]:

@@ -7,8 +7,6 @@ the mini's GRPO run starts from it, as the reference starts from Qwen3.5-397B-A1
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import random
 from collections.abc import Callable
@@ -16,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainperf.errors import TrainperfError
-from trainperf.files import write_json_atomic
+from trainperf.files import sha256, verify_manifest, write_json_atomic
 from trainperf.workloads.qwen35_397b_grpo import tasks
 
 PACKAGE = Path(__file__).parent / "mini" / "policy"
@@ -67,27 +65,9 @@ def prompt(statement: str) -> str:
     return statement + ":"
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def verify_shipped(folder: Path) -> None:
     """The shipped base is the one its manifest names (the mini's target was calibrated from it)."""
-    manifest = folder / "base.json"
-    try:
-        expected = json.loads(manifest.read_text(encoding="utf-8"))["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise TrainperfError(f"{manifest}: unreadable manifest of the shipped GRPO base (reinstall trainperf)"
-                             ) from None
-    for name in POLICY_FILES:
-        path = folder / name
-        try:
-            found = sha256(path)
-        except OSError as exc:
-            raise TrainperfError(f"{path}: cannot read the shipped GRPO base ({exc.strerror})") from None
-        if found != expected.get(name):
-            raise TrainperfError(f"{path}: SHA-256 differs from {manifest} (a damaged or replaced file: the mini's "
-                                 "target was calibrated with the shipped base; reinstall trainperf)")
+    verify_manifest(folder, POLICY_FILES, "the shipped GRPO base")
 
 
 def make_base(out: Path, steps: int, say: Callable[[str], None], seed: int) -> dict[str, Any]:

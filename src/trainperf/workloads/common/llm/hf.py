@@ -402,8 +402,6 @@ def _plain_named(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 def write(model: nn.Module, config: LlamaConfig, folder: Path, dtype: torch.dtype = torch.bfloat16) -> None:
     """The base of `model` as a Hugging Face checkpoint (one shard), as a conversion would write it."""
-    from safetensors.torch import save_file
-
     folder.mkdir(parents=True, exist_ok=True)
     params = dict(_plain_named(model))
     tensors = {}
@@ -414,13 +412,20 @@ def write(model: nn.Module, config: LlamaConfig, folder: Path, dtype: torch.dtyp
         elif theirs.endswith("k_proj.weight"):
             tensor = _permute(tensor, config.kv_heads)
         tensors[theirs] = tensor.contiguous()
+    save_single(tensors, folder)
+    write_json_atomic(folder / "config.json", config_json(config, dtype))
+
+
+def save_single(tensors: dict[str, torch.Tensor], folder: Path) -> None:
+    """`tensors` as the folder's one safetensors shard, written atomically and as readable as any file."""
+    from safetensors.torch import save_file
+
     partial = folder / (SINGLE + ".partial")
     save_file(tensors, str(partial), metadata={"format": "pt"})
     mask = os.umask(0)
     os.umask(mask)
     partial.chmod(0o666 & ~mask)  # safetensors writes owner-only; a checkpoint is as readable as any file
     partial.replace(folder / SINGLE)
-    write_json_atomic(folder / "config.json", config_json(config, dtype))
 
 
 def config_json(config: LlamaConfig, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:

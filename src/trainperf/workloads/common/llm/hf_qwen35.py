@@ -15,7 +15,6 @@ config this model cannot compute, a missing tensor or one of the wrong shape is 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from torch import nn
 
 from trainperf.errors import TrainperfError, shown
 from trainperf.files import write_json_atomic
-from trainperf.workloads.common.llm.hf import SINGLE, Shards, read_json
+from trainperf.workloads.common.llm.hf import Shards, read_json, save_single
 from trainperf.workloads.common.llm.hf_deepseek import _hf_expert_shape, _named, expert_region, load_moe
 from trainperf.workloads.common.llm.moe import MoEConfig
 from trainperf.workloads.common.llm.qwen35 import Qwen35, Qwen35Config
@@ -192,8 +191,6 @@ def config_json(config: Qwen35Config, max_positions: int, dtype: torch.dtype = t
 def write(model: Qwen35, folder: Path, dtype: torch.dtype = torch.bfloat16) -> None:
     """`model` as a text-only Hugging Face checkpoint (one shard, config.json), under the names and layouts
     `Qwen35Checkpoint` reads (each routed expert its own [out, in] matrices): a mini's shipped policy."""
-    from safetensors.torch import save_file
-
     folder.mkdir(parents=True, exist_ok=True)
     params = dict(_named(model))
     probe = Qwen35Checkpoint.__new__(Qwen35Checkpoint)
@@ -206,10 +203,5 @@ def write(model: Qwen35, folder: Path, dtype: torch.dtype = torch.bfloat16) -> N
                 tensors[theirs.replace(".experts.0.", f".experts.{expert}.")] = tensor[expert].T.contiguous()
         else:
             tensors[theirs] = tensor.contiguous()
-    partial = folder / (SINGLE + ".partial")
-    save_file(tensors, str(partial), metadata={"format": "pt"})
-    mask = os.umask(0)
-    os.umask(mask)
-    partial.chmod(0o666 & ~mask)  # safetensors writes owner-only; a checkpoint is as readable as any file
-    partial.replace(folder / SINGLE)
+    save_single(tensors, folder)
     write_json_atomic(folder / "config.json", config_json(model.config, model.max_seq_len, dtype))
