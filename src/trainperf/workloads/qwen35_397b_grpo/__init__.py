@@ -18,7 +18,6 @@ expert parallelism over Qwen3.5, the OpenHands agent in the tasks' Apptainer ima
 
 from __future__ import annotations
 
-import time
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -47,7 +46,7 @@ from trainperf.workloads.common.llm.hf_qwen35 import Qwen35Checkpoint
 from trainperf.workloads.common.llm.qwen35 import Qwen35
 from trainperf.workloads.common.rl import grpo, sandbox
 from trainperf.workloads.common.rl.engine import Sampling, TorchEngine
-from trainperf.workloads.common.rl.loop import layout, logprobs_at
+from trainperf.workloads.common.rl.loop import Phases, batch_loss, logprobs_at, rollout_batch
 from trainperf.workloads.common.rl.rewards import SandboxRewarder
 from trainperf.workloads.qwen35_397b_grpo import data, policy, tasks
 from trainperf.workloads.qwen35_397b_grpo.recipes import FULL_RECIPES, MINI, MINI_MODEL, VALIDATION_TASKS, GRPORecipe
@@ -165,9 +164,7 @@ class GRPOWorkload(Workload[GRPORecipe]):
 
         def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
             # summed over the micro-batch's valid tokens: the harness divides by the global batch's (loss_units)
-            logprobs = logprobs_at(model, batch["sequences"], batch["positions"], batch["tokens"])
-            return grpo.clipped_pg_loss(logprobs, batch["gen_logprobs"], batch["advantages"], batch["mask"],
-                                        batch["keep"], 1.0, config)
+            return batch_loss(model, batch, 1.0, config)
 
         def loss_units(batch: dict[str, torch.Tensor]) -> torch.Tensor:
             return (batch["mask"] * batch["keep"][:, None]).sum()
@@ -238,8 +235,12 @@ class GRPOWorkload(Workload[GRPORecipe]):
         steps = len(train) // per_step
         sampling = _sampling(recipe, text, training=True)
         device = ctx.device
-        totals = {"rollout tokens": 0.0, "rollout seconds": 0.0, "reward seconds": 0.0, "sandbox programs": 0.0,
-                  "reward sum": 0.0}
+        phases = Phases()
+        totals = {"sandbox programs": 0.0, "reward sum": 0.0}
+
+        def counters() -> dict[str, float]:
+            return {"rollout tokens": float(phases.rollout_tokens), "rollout seconds": phases.seconds["rollout"],
+                    "reward seconds": phases.seconds["reward"], **totals}
 
         def train_batches(view: EpochView) -> Iterator[dict[str, torch.Tensor]]:
             order = torch.randperm(len(train), generator=ctx.generator(f"tasks {view.epoch}")).tolist()
@@ -248,26 +249,13 @@ class GRPOWorkload(Workload[GRPORecipe]):
             engine = TorchEngine(view.model, pad=text.pad)
             for step in range(steps):
                 chosen = [order[step * per_step + i] for i in mine]
-                owner = [i for i in chosen for _ in range(group)]
-                repeated = [prompts[i] for i in owner]
-                start = time.perf_counter()
-                rollouts = engine.generate(repeated, sampling, rollout_gen)
-                middle = time.perf_counter()
                 before = rewarder.runs
-                rewards = rewarder(owner, rollouts).float().to(device)
-                totals["reward seconds"] += time.perf_counter() - middle
-                totals["rollout seconds"] += middle - start
-                totals["rollout tokens"] += rollouts.generated_tokens
+                batch, rewards = rollout_batch(view.model, engine, [prompts[i] for i in chosen], chosen, group,
+                                               sampling, rewarder, rollout_gen, phases, text.pad,
+                                               recipe.overlong_filtering)
                 totals["sandbox programs"] += rewarder.runs - before
                 totals["reward sum"] += float(rewards.sum())
-                sequences, positions, mask = layout(repeated, rollouts, text.pad)
-                with torch.no_grad():
-                    trainer = logprobs_at(view.model, sequences, positions, rollouts.tokens)
-                keep = grpo.sample_mask(rollouts.truncated, rollouts.logprobs, trainer, mask.float(),
-                                        overlong_filtering=recipe.overlong_filtering)
-                yield {"sequences": sequences, "positions": positions, "tokens": rollouts.tokens,
-                       "mask": mask.float(), "gen_logprobs": rollouts.logprobs,
-                       "advantages": grpo.group_advantages(rewards, group), "keep": keep}
+                yield batch
 
         def evaluate(forward: Callable[[Any], Any]) -> EvalPartial:
             share = ctx.shard(len(val))
@@ -282,7 +270,7 @@ class GRPOWorkload(Workload[GRPORecipe]):
 
         return DataParts(train_batches=train_batches, steps_per_epoch=steps,
                          train_samples=steps * recipe.global_batch_size, eval_samples=len(val), evaluate=evaluate,
-                         counters=lambda: dict(totals))
+                         counters=counters)
 
     def make(self, command: str, out: Path, say: Callable[[str], None], options: dict[str, Any]) -> None:
         """`trainperf make-grpo-base`: the mini's shipped policy (see policy.py)."""

@@ -90,6 +90,40 @@ def completion_logprobs(model: nn.Module, prompts: Sequence[Sequence[int]], roll
     return logprobs_at(model, seqs, positions, rollouts.tokens), mask.to(torch.float32)
 
 
+def rollout_batch(model: nn.Module, engine: RolloutEngine, prompts: Sequence[Sequence[int]], owners: Sequence[int],
+                  group: int, sampling: Sampling, rewarder: Rewarder, generator: torch.Generator, phases: Phases,
+                  pad: int = 0, overlong_filtering: bool = True) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """What one step trains on, in the reference's order: `group` completions of each prompt (`owners[i]` is
+    prompt i's task for the rewarder), their rewards, the group-relative advantages, the trainer's no-gradient
+    log-probs and the sequence masks (with `overlong_filtering`, the reference's, a completion cut at
+    `max_new_tokens` without its stop token does not train). The batch (tensors of one row a completion) and
+    the rewards; rollout and reward time counted in `phases`."""
+    start = time.perf_counter()
+    repeated = [p for p in prompts for _ in range(group)]
+    owner = [o for o in owners for _ in range(group)]
+    rollouts = engine.generate(repeated, sampling, generator)
+    phases.rollout_tokens += rollouts.generated_tokens
+    start = phases.add("rollout", start)
+    rewards = rewarder(owner, rollouts).float().to(rollouts.tokens.device)
+    phases.add("reward", start)
+    sequences, positions, mask = layout(repeated, rollouts, pad)
+    with torch.no_grad():
+        trainer = logprobs_at(model, sequences, positions, rollouts.tokens)
+    keep = grpo.sample_mask(rollouts.truncated, rollouts.logprobs, trainer, mask.float(),
+                            overlong_filtering=overlong_filtering)
+    batch = {"sequences": sequences, "positions": positions, "tokens": rollouts.tokens, "mask": mask.float(),
+             "gen_logprobs": rollouts.logprobs, "advantages": grpo.group_advantages(rewards, group), "keep": keep}
+    return batch, rewards
+
+
+def batch_loss(model: nn.Module, batch: dict[str, torch.Tensor], valid_tokens: torch.Tensor | float,
+               config: grpo.PGLossConfig = grpo.PGLossConfig()) -> torch.Tensor:
+    """The clipped policy-gradient loss of a `rollout_batch` (or a slice of its rows) over `valid_tokens`."""
+    logprobs = logprobs_at(model, batch["sequences"], batch["positions"], batch["tokens"])
+    return grpo.clipped_pg_loss(logprobs, batch["gen_logprobs"], batch["advantages"], batch["mask"], batch["keep"],
+                                valid_tokens, config)
+
+
 def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer, engine: RolloutEngine,
               prompts: Sequence[Sequence[int]], group: int, sampling: Sampling, rewarder: Rewarder,
               generator: torch.Generator, phases: Phases, max_grad_norm: float = 1.0,
@@ -97,41 +131,23 @@ def grpo_step(model: nn.Module, optimizer: torch.optim.Optimizer, engine: Rollou
               overlong_filtering: bool = True) -> StepResult:
     """Generate `group` completions of each prompt, reward them, and take one optimizer step on the
     clipped policy-gradient loss (token-level over the whole batch, micro-batches of `micro_batch`
-    completions accumulated; 0: one). With `overlong_filtering` (the reference's), a completion cut at
-    `max_new_tokens` without its stop token does not train."""
+    completions accumulated; 0: one)."""
+    batch, rewards = rollout_batch(model, engine, prompts, range(len(prompts)), group, sampling, rewarder,
+                                   generator, phases, overlong_filtering=overlong_filtering)
     start = time.perf_counter()
-    repeated = [p for p in prompts for _ in range(group)]
-    owner = [i for i in range(len(prompts)) for _ in range(group)]
-    rollouts = engine.generate(repeated, sampling, generator)
-    phases.rollout_tokens += rollouts.generated_tokens
-    start = phases.add("rollout", start)
-    rewards = rewarder(owner, rollouts).float()
-    start = phases.add("reward", start)
-    advantages = grpo.group_advantages(rewards, group)
-    n = len(repeated)
+    keep = batch["keep"]
+    valid = float((batch["mask"] * keep[:, None]).sum())
+    n = len(keep)
     size = micro_batch or n
-    chunks = [slice(i, min(i + size, n)) for i in range(0, n, size)]
-    with torch.no_grad():
-        masks = []
-        for part in chunks:
-            sub = Rollouts(rollouts.tokens[part], rollouts.lengths[part], rollouts.logprobs[part],
-                           rollouts.truncated[part])
-            logprobs, token_mask = completion_logprobs(model, repeated[part], sub)
-            masks.append(grpo.sample_mask(sub.truncated, sub.logprobs, logprobs, token_mask,
-                                          overlong_filtering=overlong_filtering))
-        keep = torch.cat(masks)
-    valid = float((rollouts.lengths.float() * keep).sum())
     total = 0.0
-    for part, part_keep in zip(chunks, keep.split([c.stop - c.start for c in chunks]), strict=True):
-        sub = Rollouts(rollouts.tokens[part], rollouts.lengths[part], rollouts.logprobs[part], rollouts.truncated[part])
-        logprobs, token_mask = completion_logprobs(model, repeated[part], sub)
-        loss = grpo.clipped_pg_loss(logprobs, sub.logprobs, advantages[part], token_mask, part_keep, valid, loss_config)
+    for first in range(0, n, size):
+        loss = batch_loss(model, {k: v[first:first + size] for k, v in batch.items()}, valid, loss_config)
         loss.backward()
         total += float(loss.detach())
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    phases.train_tokens += int(rollouts.lengths.sum()) + sum(len(p) for p in repeated)
+    phases.train_tokens += int(batch["mask"].sum()) + group * sum(len(p) for p in prompts)
     start = phases.add("train", start)
     engine.load_weights(model.state_dict())
     phases.add("sync", start)
